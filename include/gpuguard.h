@@ -1,0 +1,55 @@
+/* gpuguard: the C API of libgpuguard.so.
+ *
+ * A program running under LD_PRELOAD=libgpuguard.so can ask gpuguard directly. Look
+ * the functions up with dlsym(RTLD_DEFAULT, "gpuguard_...") so the program still runs
+ * without gpuguard, or link against libgpuguard.so. From Python:
+ *     lib = ctypes.CDLL(None); lib.gpuguard_device_counters(...)
+ *
+ * Every function is safe to call from any thread, at any time, also before the
+ * program's first CUDA call (counters are zero then).
+ */
+#ifndef GPUGUARD_H
+#define GPUGUARD_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Counters of one device, as gpuguard counts them at the driver layer. */
+typedef struct gpuguard_device_counters {
+    int32_t device;          /* the ordinal asked for */
+    uint32_t reserved0;
+    uint64_t total_bytes;    /* device memory as the driver states it; 0 if not yet known */
+    uint64_t cap_bytes;      /* 0: no cap on this device */
+    uint64_t current_bytes;  /* live device memory (all kinds but pinned host) */
+    uint64_t peak_bytes;     /* highest current_bytes so far */
+    uint64_t allocs;         /* successful allocations */
+    uint64_t frees;          /* frees of allocations gpuguard saw */
+    uint64_t failed;         /* allocations the driver refused */
+    uint64_t denied;         /* allocations refused by a cap */
+    uint64_t unknown_frees;  /* frees of addresses gpuguard never saw */
+} gpuguard_device_counters;
+
+/* The library's version, e.g. "0.1.0". Never NULL. */
+const char *gpuguard_version(void);
+
+/* Fills *out for `device` (0..63). Returns 0, or -1 for a bad device or NULL out. */
+int gpuguard_device_counters(int device, gpuguard_device_counters *out);
+
+/* Pinned host memory: current and peak bytes (either pointer may be NULL). Returns 0. */
+int gpuguard_host_pinned(uint64_t *current_bytes, uint64_t *peak_bytes);
+
+/* Writes a report now, with `reason` (NULL: "request") in its name and body. On success
+ * returns 0 and copies the file's path into path_out (NUL-terminated, truncated to
+ * path_len; path_out may be NULL). Returns -1 if no file could be written (the report
+ * then went to stderr). */
+int gpuguard_write_report(const char *reason, char *path_out, size_t path_len);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* GPUGUARD_H */

@@ -1,0 +1,283 @@
+//! Configuration from `GPUGUARD_*` variables, parsed once when the library loads.
+//!
+//! Parsing is pure: it takes a lookup function, so the rules are unit-tested without
+//! touching the process environment. A malformed value is an error that names the
+//! variable, the value and the accepted forms; the loader turns it into exit status 2.
+
+use std::fmt;
+use std::path::PathBuf;
+
+/// How much gpuguard says on stderr about itself.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum LogLevel {
+    Off = 0,
+    Warn = 1,
+    Info = 2,
+    Debug = 3,
+}
+
+/// Native frames kept per allocation when `GPUGUARD_STACK_DEPTH` is not set.
+pub const DEFAULT_STACK_DEPTH: usize = 16;
+/// Upper bound on `GPUGUARD_STACK_DEPTH`: deeper stacks cost time and rarely help.
+pub const MAX_STACK_DEPTH: usize = 64;
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Config {
+    /// Where reports go; `None` means the working directory at load time.
+    pub dir: Option<PathBuf>,
+    pub log: LogLevel,
+    pub stack_depth: usize,
+    /// Signal number that asks for a report, or `None` when disabled.
+    pub report_signal: Option<i32>,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            dir: None,
+            log: LogLevel::Warn,
+            stack_depth: DEFAULT_STACK_DEPTH,
+            report_signal: Some(libc::SIGUSR1),
+        }
+    }
+}
+
+/// A variable gpuguard could not accept.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConfigError {
+    pub var: String,
+    pub value: String,
+    pub accepted: String,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{}={:?} is not valid; accepted: {}",
+            self.var, self.value, self.accepted
+        )
+    }
+}
+
+/// Every variable this version understands. Anything else starting with `GPUGUARD_`
+/// is refused, so a misspelt or newer option is never silently ignored.
+pub const KNOWN_VARS: &[&str] = &[
+    "GPUGUARD_DIR",
+    "GPUGUARD_LOG",
+    "GPUGUARD_STACK_DEPTH",
+    "GPUGUARD_REPORT_SIGNAL",
+];
+
+impl Config {
+    /// Parses the configuration. `vars` lists every `GPUGUARD_*` name present (for the
+    /// unknown-variable check); `get` returns a variable's value.
+    pub fn parse<'a>(
+        vars: impl IntoIterator<Item = &'a str>,
+        get: impl Fn(&str) -> Option<String>,
+    ) -> Result<Config, ConfigError> {
+        for name in vars {
+            if name.starts_with("GPUGUARD_") && !KNOWN_VARS.contains(&name) {
+                return Err(ConfigError {
+                    var: name.to_string(),
+                    value: get(name).unwrap_or_default(),
+                    accepted: format!("only the variables {}", KNOWN_VARS.join(", ")),
+                });
+            }
+        }
+        let mut cfg = Config::default();
+        if let Some(v) = get("GPUGUARD_DIR") {
+            if v.is_empty() {
+                return Err(err("GPUGUARD_DIR", &v, "a directory path"));
+            }
+            cfg.dir = Some(PathBuf::from(v));
+        }
+        if let Some(v) = get("GPUGUARD_LOG") {
+            cfg.log =
+                parse_log(&v).ok_or_else(|| err("GPUGUARD_LOG", &v, "off, warn, info, debug"))?;
+        }
+        if let Some(v) = get("GPUGUARD_STACK_DEPTH") {
+            cfg.stack_depth = v
+                .trim()
+                .parse::<usize>()
+                .ok()
+                .filter(|d| *d <= MAX_STACK_DEPTH)
+                .ok_or_else(|| {
+                    err(
+                        "GPUGUARD_STACK_DEPTH",
+                        &v,
+                        &format!("a whole number of frames from 0 (off) to {MAX_STACK_DEPTH}"),
+                    )
+                })?;
+        }
+        if let Some(v) = get("GPUGUARD_REPORT_SIGNAL") {
+            cfg.report_signal = parse_signal(&v).ok_or_else(|| {
+                err(
+                    "GPUGUARD_REPORT_SIGNAL",
+                    &v,
+                    "none, a signal name (USR1, SIGUSR2, HUP, RTMIN+3, ...) or number; not KILL, STOP or a fault signal",
+                )
+            })?;
+        }
+        Ok(cfg)
+    }
+}
+
+fn err(var: &str, value: &str, accepted: &str) -> ConfigError {
+    ConfigError {
+        var: var.to_string(),
+        value: value.to_string(),
+        accepted: accepted.to_string(),
+    }
+}
+
+fn parse_log(v: &str) -> Option<LogLevel> {
+    match v.trim().to_ascii_lowercase().as_str() {
+        "off" | "none" | "0" => Some(LogLevel::Off),
+        "warn" | "warning" => Some(LogLevel::Warn),
+        "info" => Some(LogLevel::Info),
+        "debug" => Some(LogLevel::Debug),
+        _ => None,
+    }
+}
+
+const SIGNAL_NAMES: &[(&str, i32)] = &[
+    ("HUP", libc::SIGHUP),
+    ("INT", libc::SIGINT),
+    ("QUIT", libc::SIGQUIT),
+    ("USR1", libc::SIGUSR1),
+    ("USR2", libc::SIGUSR2),
+    ("PIPE", libc::SIGPIPE),
+    ("ALRM", libc::SIGALRM),
+    ("TERM", libc::SIGTERM),
+    ("CHLD", libc::SIGCHLD),
+    ("CONT", libc::SIGCONT),
+    ("TSTP", libc::SIGTSTP),
+    ("TTIN", libc::SIGTTIN),
+    ("TTOU", libc::SIGTTOU),
+    ("URG", libc::SIGURG),
+    ("XCPU", libc::SIGXCPU),
+    ("XFSZ", libc::SIGXFSZ),
+    ("VTALRM", libc::SIGVTALRM),
+    ("PROF", libc::SIGPROF),
+    ("WINCH", libc::SIGWINCH),
+    ("IO", libc::SIGIO),
+    ("PWR", libc::SIGPWR),
+    ("SYS", libc::SIGSYS),
+];
+
+/// Signals a report could never safely ride on: uncatchable, or raised by faults.
+const FORBIDDEN_SIGNALS: &[i32] = &[
+    libc::SIGKILL,
+    libc::SIGSTOP,
+    libc::SIGSEGV,
+    libc::SIGBUS,
+    libc::SIGILL,
+    libc::SIGFPE,
+    libc::SIGTRAP,
+    libc::SIGABRT,
+];
+
+/// `Some(None)` for "none", `Some(Some(n))` for a usable signal, `None` when malformed.
+pub fn parse_signal(v: &str) -> Option<Option<i32>> {
+    let s = v.trim().to_ascii_uppercase();
+    if s == "NONE" || s == "OFF" {
+        return Some(None);
+    }
+    let bare = s.strip_prefix("SIG").unwrap_or(&s);
+    let (rtmin, rtmax) = (libc::SIGRTMIN(), libc::SIGRTMAX());
+    let num = if let Ok(n) = bare.parse::<i32>() {
+        n
+    } else if let Some(&(_, n)) = SIGNAL_NAMES.iter().find(|(name, _)| *name == bare) {
+        n
+    } else if let Some(rest) = bare.strip_prefix("RTMIN") {
+        rtmin + parse_offset(rest)?
+    } else if let Some(rest) = bare.strip_prefix("RTMAX") {
+        rtmax - parse_offset(rest.replacen('-', "+", 1).as_str())?
+    } else {
+        return None;
+    };
+    let valid = (1..=rtmax).contains(&num) && !FORBIDDEN_SIGNALS.contains(&num);
+    valid.then_some(Some(num))
+}
+
+fn parse_offset(rest: &str) -> Option<i32> {
+    if rest.is_empty() {
+        return Some(0);
+    }
+    rest.strip_prefix('+')?.parse::<i32>().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn parse(pairs: &[(&str, &str)]) -> Result<Config, ConfigError> {
+        let map: HashMap<String, String> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        Config::parse(pairs.iter().map(|(k, _)| *k), |k| map.get(k).cloned())
+    }
+
+    #[test]
+    fn defaults_when_nothing_is_set() {
+        let c = parse(&[]).unwrap();
+        assert_eq!(c, Config::default());
+        assert_eq!(c.stack_depth, 16);
+        assert_eq!(c.report_signal, Some(libc::SIGUSR1));
+        assert_eq!(c.log, LogLevel::Warn);
+    }
+
+    #[test]
+    fn accepted_values() {
+        let c = parse(&[
+            ("GPUGUARD_DIR", "/tmp/x"),
+            ("GPUGUARD_LOG", "DEBUG"),
+            ("GPUGUARD_STACK_DEPTH", "0"),
+            ("GPUGUARD_REPORT_SIGNAL", "sigusr2"),
+        ])
+        .unwrap();
+        assert_eq!(c.dir, Some(PathBuf::from("/tmp/x")));
+        assert_eq!(c.log, LogLevel::Debug);
+        assert_eq!(c.stack_depth, 0);
+        assert_eq!(c.report_signal, Some(libc::SIGUSR2));
+        assert_eq!(parse_signal("none"), Some(None));
+        assert_eq!(parse_signal("10"), Some(Some(10)));
+        assert_eq!(parse_signal("HUP"), Some(Some(libc::SIGHUP)));
+        assert_eq!(parse_signal("RTMIN+2"), Some(Some(libc::SIGRTMIN() + 2)));
+        assert_eq!(parse_signal("rtmax"), Some(Some(libc::SIGRTMAX())));
+        assert_eq!(parse_signal("RTMAX-1"), Some(Some(libc::SIGRTMAX() - 1)));
+    }
+
+    #[test]
+    fn malformed_values_name_variable_value_and_forms() {
+        let e = parse(&[("GPUGUARD_LOG", "loud")]).unwrap_err();
+        assert_eq!(e.var, "GPUGUARD_LOG");
+        assert_eq!(e.value, "loud");
+        let text = e.to_string();
+        assert!(text.contains("GPUGUARD_LOG") && text.contains("loud") && text.contains("debug"));
+
+        for bad in ["-1", "abc", "65", "1.5", ""] {
+            let e = parse(&[("GPUGUARD_STACK_DEPTH", bad)]).unwrap_err();
+            assert_eq!(e.var, "GPUGUARD_STACK_DEPTH", "{bad}");
+        }
+        for bad in [
+            "KILL", "SIGSTOP", "9", "SEGV", "0", "999", "USR3", "RTMIN+x",
+        ] {
+            assert_eq!(parse_signal(bad), None, "{bad}");
+            assert!(parse(&[("GPUGUARD_REPORT_SIGNAL", bad)]).is_err());
+        }
+        assert!(parse(&[("GPUGUARD_DIR", "")]).is_err());
+    }
+
+    #[test]
+    fn unknown_gpuguard_variables_are_refused() {
+        let e = parse(&[("GPUGUARD_CAPP", "1GiB")]).unwrap_err();
+        assert_eq!(e.var, "GPUGUARD_CAPP");
+        assert!(e.accepted.contains("GPUGUARD_LOG"));
+        // Other prefixes are none of gpuguard's business.
+        assert!(parse(&[("GPUGUARDX", "1"), ("CUDA_VISIBLE_DEVICES", "0")]).is_ok());
+    }
+}

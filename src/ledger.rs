@@ -1,0 +1,471 @@
+//! The ledger: every live allocation gpuguard has seen, and per-device counters.
+//!
+//! Safe Rust, no FFI. The map is a sharded `DashMap` keyed by (address space, address),
+//! so threads allocating at once contend only when they hit the same shard; the
+//! counters are plain atomics, one cache line per device.
+
+use dashmap::DashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+/// Device ordinals gpuguard keeps counters for; records on higher ordinals are still
+/// kept and reported, only their counters are folded into the last slot.
+pub const MAX_DEVICES: usize = 64;
+
+/// What kind of memory a record stands for. Host-pinned memory is kept apart from
+/// device memory in the counters.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum Kind {
+    Device,
+    Managed,
+    Pitch,
+    Vmm,
+    Pool,
+    Array,
+    Host,
+}
+
+impl Kind {
+    pub const ALL: [Kind; 7] = [
+        Kind::Device,
+        Kind::Managed,
+        Kind::Pitch,
+        Kind::Vmm,
+        Kind::Pool,
+        Kind::Array,
+        Kind::Host,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::Device => "device",
+            Kind::Managed => "managed",
+            Kind::Pitch => "pitch",
+            Kind::Vmm => "vmm",
+            Kind::Pool => "pool",
+            Kind::Array => "array",
+            Kind::Host => "host",
+        }
+    }
+
+    pub fn is_host(self) -> bool {
+        self == Kind::Host
+    }
+}
+
+/// Which number space a key lives in: device addresses, VMM handles, array handles and
+/// host addresses are different things and may collide numerically.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum Space {
+    DevicePtr,
+    VmmHandle,
+    Array,
+    HostPtr,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Key {
+    pub space: Space,
+    pub value: u64,
+}
+
+impl std::hash::Hash for Key {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        state.write_u64(self.value ^ ((self.space as u64) << 61));
+    }
+}
+
+impl Key {
+    pub fn device(addr: u64) -> Key {
+        Key {
+            space: Space::DevicePtr,
+            value: addr,
+        }
+    }
+    pub fn vmm(handle: u64) -> Key {
+        Key {
+            space: Space::VmmHandle,
+            value: handle,
+        }
+    }
+    pub fn array(handle: u64) -> Key {
+        Key {
+            space: Space::Array,
+            value: handle,
+        }
+    }
+    pub fn host(addr: u64) -> Key {
+        Key {
+            space: Space::HostPtr,
+            value: addr,
+        }
+    }
+}
+
+/// One live allocation. Kept small: a million of these must fit in ~128 MB.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Record {
+    pub bytes: u64,
+    /// The context it was made in (0 when unknown), so a context teardown can drop it.
+    pub ctx: u64,
+    /// Monotonic nanoseconds at allocation.
+    pub t_ns: u64,
+    /// Interned call site, `NO_SITE` when stacks are off.
+    pub site: u32,
+    pub thread: u32,
+    /// Device ordinal; for host memory the device of the context it belongs to.
+    pub device: i16,
+    pub kind: Kind,
+    /// Index of the API that made it, in the hook table.
+    pub api: u8,
+}
+
+pub const NO_SITE: u32 = u32::MAX;
+
+/// Multiplicative hashing: keys are addresses or handles, already well spread in the
+/// high bits; SipHash would cost more than the rest of a lookup.
+#[derive(Default)]
+pub struct AddrHasher(u64);
+
+impl Hasher for AddrHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = (self.0.rotate_left(5) ^ u64::from(*b)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        }
+    }
+    fn write_u64(&mut self, v: u64) {
+        // Fold the high half in so both shard selection (high bits) and bucket
+        // selection (low bits) see every bit of the address.
+        let x = (self.0 ^ v).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        self.0 = x ^ (x >> 29);
+    }
+}
+
+pub type AddrMap<V> = DashMap<Key, V, BuildHasherDefault<AddrHasher>>;
+
+/// Counters of one device, alone on a cache line so devices do not share one.
+#[derive(Default)]
+#[repr(align(128))]
+pub struct DeviceCounters {
+    pub current: AtomicU64,
+    pub peak: AtomicU64,
+    pub allocs: AtomicU64,
+    pub frees: AtomicU64,
+    pub failed: AtomicU64,
+    pub denied: AtomicU64,
+    pub unknown_frees: AtomicU64,
+    /// Set once a device has been touched, so reports list only devices in use.
+    pub seen: AtomicU64,
+}
+
+/// A plain copy of the counters at one moment.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CountersSnapshot {
+    pub current: u64,
+    pub peak: u64,
+    pub allocs: u64,
+    pub frees: u64,
+    pub failed: u64,
+    pub denied: u64,
+    pub unknown_frees: u64,
+}
+
+impl DeviceCounters {
+    fn add(&self, bytes: u64) {
+        let now = self.current.fetch_add(bytes, Relaxed) + bytes;
+        self.peak.fetch_max(now, Relaxed);
+    }
+
+    fn sub(&self, bytes: u64) {
+        // Saturating: a teardown racing a free must never wrap the counter.
+        let _ = self
+            .current
+            .fetch_update(Relaxed, Relaxed, |c| Some(c.saturating_sub(bytes)));
+    }
+
+    pub fn snapshot(&self) -> CountersSnapshot {
+        CountersSnapshot {
+            current: self.current.load(Relaxed),
+            peak: self.peak.load(Relaxed),
+            allocs: self.allocs.load(Relaxed),
+            frees: self.frees.load(Relaxed),
+            failed: self.failed.load(Relaxed),
+            denied: self.denied.load(Relaxed),
+            unknown_frees: self.unknown_frees.load(Relaxed),
+        }
+    }
+}
+
+pub struct Ledger {
+    live: AddrMap<Record>,
+    devices: Box<[DeviceCounters]>,
+    host: DeviceCounters,
+}
+
+impl Default for Ledger {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Ledger {
+    pub fn new() -> Ledger {
+        Ledger {
+            // More shards than the default (4 x cores) keeps 16 allocating threads
+            // from meeting on one lock.
+            live: DashMap::with_capacity_and_hasher_and_shard_amount(
+                1024,
+                BuildHasherDefault::default(),
+                128,
+            ),
+            devices: (0..MAX_DEVICES)
+                .map(|_| DeviceCounters::default())
+                .collect(),
+            host: DeviceCounters::default(),
+        }
+    }
+
+    /// Counters of a device; ordinals past the table share its last slot.
+    pub fn device(&self, device: i32) -> &DeviceCounters {
+        let i = (device.max(0) as usize).min(MAX_DEVICES - 1);
+        &self.devices[i]
+    }
+
+    pub fn host(&self) -> &DeviceCounters {
+        &self.host
+    }
+
+    fn counters_for(&self, rec: &Record) -> &DeviceCounters {
+        if rec.kind.is_host() {
+            &self.host
+        } else {
+            self.device(rec.device.into())
+        }
+    }
+
+    /// A successful allocation.
+    pub fn insert(&self, key: Key, rec: Record) {
+        let c = self.counters_for(&rec);
+        c.seen.store(1, Relaxed);
+        c.allocs.fetch_add(1, Relaxed);
+        c.add(rec.bytes);
+        if let Some(old) = self.live.insert(key, rec) {
+            // The driver handed out an address we still hold: our books missed a free
+            // (an unhooked path). Drop the stale bytes so the counters stay true.
+            self.counters_for(&old).sub(old.bytes);
+        }
+    }
+
+    /// Takes a record out before its memory is freed, so an address the driver reuses
+    /// at once for another thread cannot be confused with this one. `None` for an
+    /// address gpuguard never saw.
+    pub fn take(&self, key: Key) -> Option<Record> {
+        let (_, rec) = self.live.remove(&key)?;
+        self.counters_for(&rec).sub(rec.bytes);
+        Some(rec)
+    }
+
+    /// A free of an address gpuguard never saw, passed to the driver untouched.
+    pub fn unknown_free(&self, key: Key, device: i32) {
+        let c = if key.space == Space::HostPtr {
+            &self.host
+        } else {
+            self.device(device)
+        };
+        c.unknown_frees.fetch_add(1, Relaxed);
+    }
+
+    /// The free went through: count it.
+    pub fn confirm_free(&self, rec: &Record) {
+        self.counters_for(rec).frees.fetch_add(1, Relaxed);
+    }
+
+    /// The free failed in the driver: the memory is still live, put the record back.
+    pub fn restore(&self, key: Key, rec: Record) {
+        self.counters_for(&rec).add(rec.bytes);
+        self.live.insert(key, rec);
+    }
+
+    /// A failed allocation (the driver said no).
+    pub fn failed(&self, device: i32, host: bool) {
+        let c = if host {
+            &self.host
+        } else {
+            self.device(device)
+        };
+        c.seen.store(1, Relaxed);
+        c.failed.fetch_add(1, Relaxed);
+    }
+
+    /// Drops every record matching `pred` (a context destroyed, a device reset): the
+    /// driver freed them all at once. Returns (count, bytes) dropped.
+    pub fn drop_where(&self, pred: impl Fn(&Key, &Record) -> bool) -> (u64, u64) {
+        let (mut n, mut bytes) = (0, 0);
+        self.live.retain(|k, r| {
+            if pred(k, r) {
+                self.counters_for(r).sub(r.bytes);
+                self.counters_for(r).frees.fetch_add(1, Relaxed);
+                n += 1;
+                bytes += r.bytes;
+                false
+            } else {
+                true
+            }
+        });
+        (n, bytes)
+    }
+
+    pub fn get(&self, key: &Key) -> Option<Record> {
+        self.live.get(key).map(|r| *r)
+    }
+
+    pub fn len(&self) -> usize {
+        self.live.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.live.is_empty()
+    }
+
+    /// A copy of every live record, for a report. Shards are read one at a time, so
+    /// allocating threads are never stopped for long.
+    pub fn live(&self) -> Vec<(Key, Record)> {
+        let mut out = Vec::with_capacity(self.live.len() + 16);
+        for e in self.live.iter() {
+            out.push((*e.key(), *e.value()));
+        }
+        out
+    }
+
+    /// Devices that have been touched, in ordinal order.
+    pub fn seen_devices(&self) -> Vec<i32> {
+        (0..MAX_DEVICES)
+            .filter(|&i| self.devices[i].seen.load(Relaxed) != 0)
+            .map(|i| i as i32)
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    fn rec(bytes: u64, device: i16, kind: Kind) -> Record {
+        Record {
+            bytes,
+            ctx: 1,
+            t_ns: 0,
+            site: NO_SITE,
+            thread: 1,
+            device,
+            kind,
+            api: 0,
+        }
+    }
+
+    #[test]
+    fn alloc_free_keeps_counters_and_peak() {
+        let l = Ledger::new();
+        l.insert(Key::device(0x1000), rec(100, 0, Kind::Device));
+        l.insert(Key::device(0x2000), rec(50, 0, Kind::Pitch));
+        let r = l.take(Key::device(0x1000)).unwrap();
+        l.confirm_free(&r);
+        let s = l.device(0).snapshot();
+        assert_eq!((s.current, s.peak, s.allocs, s.frees), (50, 150, 2, 1));
+        assert_eq!(l.len(), 1);
+        assert_eq!(l.seen_devices(), vec![0]);
+    }
+
+    #[test]
+    fn host_memory_is_kept_apart() {
+        let l = Ledger::new();
+        l.insert(Key::host(0x1000), rec(4096, 0, Kind::Host));
+        assert_eq!(l.device(0).snapshot().current, 0);
+        assert_eq!(l.host().snapshot().current, 4096);
+    }
+
+    #[test]
+    fn unknown_free_is_counted_and_failed_free_restores() {
+        let l = Ledger::new();
+        assert!(l.take(Key::device(0xdead)).is_none());
+        l.unknown_free(Key::device(0xdead), 1);
+        assert_eq!(l.device(1).snapshot().unknown_frees, 1);
+        l.insert(Key::device(0x10), rec(10, 1, Kind::Device));
+        let r = l.take(Key::device(0x10)).unwrap();
+        assert_eq!(l.device(1).snapshot().current, 0);
+        l.restore(Key::device(0x10), r);
+        let s = l.device(1).snapshot();
+        assert_eq!((s.current, s.frees, s.allocs), (10, 0, 1));
+    }
+
+    #[test]
+    fn same_value_in_different_spaces_does_not_collide() {
+        let l = Ledger::new();
+        l.insert(Key::device(7), rec(1, 0, Kind::Device));
+        l.insert(Key::vmm(7), rec(2, 0, Kind::Vmm));
+        l.insert(Key::array(7), rec(3, 0, Kind::Array));
+        assert_eq!(l.len(), 3);
+        assert_eq!(l.device(0).snapshot().current, 6);
+    }
+
+    #[test]
+    fn drop_where_clears_a_device() {
+        let l = Ledger::new();
+        l.insert(Key::device(1), rec(10, 0, Kind::Device));
+        l.insert(Key::device(2), rec(20, 1, Kind::Device));
+        l.insert(Key::host(3), rec(30, 0, Kind::Host));
+        let (n, b) = l.drop_where(|_, r| r.device == 0);
+        assert_eq!((n, b), (2, 40));
+        assert_eq!(l.device(0).snapshot().current, 0);
+        assert_eq!(l.host().snapshot().current, 0);
+        assert_eq!(l.device(1).snapshot().current, 20);
+    }
+
+    #[test]
+    fn reinserted_address_does_not_double_count() {
+        let l = Ledger::new();
+        l.insert(Key::device(1), rec(10, 0, Kind::Device));
+        l.insert(Key::device(1), rec(30, 0, Kind::Device));
+        assert_eq!(l.device(0).snapshot().current, 30);
+    }
+
+    #[test]
+    fn concurrent_threads_balance() {
+        let l = Arc::new(Ledger::new());
+        let threads: Vec<_> = (0..8u64)
+            .map(|t| {
+                let l = l.clone();
+                std::thread::spawn(move || {
+                    for i in 0..5000u64 {
+                        let k = Key::device((t << 32) | i);
+                        l.insert(k, rec(i + 1, 0, Kind::Device));
+                        if i % 2 == 0 {
+                            let r = l.take(k).unwrap();
+                            l.confirm_free(&r);
+                        }
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        let expect: u64 = 8
+            * (0..5000u64)
+                .filter(|i| i % 2 == 1)
+                .map(|i| i + 1)
+                .sum::<u64>();
+        let s = l.device(0).snapshot();
+        assert_eq!(s.current, expect);
+        assert_eq!(s.allocs, 40000);
+        assert_eq!(s.frees, 20000);
+        let live_sum: u64 = l.live().iter().map(|(_, r)| r.bytes).sum();
+        assert_eq!(live_sum, expect);
+    }
+}

@@ -1,0 +1,159 @@
+//! The report model, schema `gpuguard-report/1`: one set of types shared by the shim
+//! (which writes reports), the `gpuguard` CLI (which reads them) and the tests.
+
+use serde::{Deserialize, Serialize};
+
+pub const SCHEMA: &str = "gpuguard-report/1";
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct Report {
+    pub schema: String,
+    pub gpuguard_version: String,
+    /// Why it was written: `exit`, `signal`, `request`, ...
+    pub reason: String,
+    /// Per-process sequence number, also in the file name.
+    pub seq: u64,
+    pub pid: u32,
+    pub program: String,
+    pub argv: Vec<String>,
+    pub time_unix_ms: u64,
+    /// Seconds since gpuguard saw the first CUDA call.
+    pub uptime_s: f64,
+    pub devices: Vec<DeviceReport>,
+    pub host_pinned: HostReport,
+    /// Live allocations, largest first. `live_omitted` says how many were left out.
+    pub live: Vec<LiveAllocation>,
+    #[serde(default)]
+    pub live_omitted: u64,
+    /// Call sites of live allocations, most bytes first.
+    pub sites: Vec<Site>,
+    #[serde(default)]
+    pub config: ReportConfig,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct DeviceReport {
+    pub device: i32,
+    /// The device's memory as the driver states it (0 when it could not be asked).
+    pub total_bytes: u64,
+    /// The cap on this device, `null` when uncapped.
+    pub cap_bytes: Option<u64>,
+    pub current_bytes: u64,
+    pub peak_bytes: u64,
+    pub allocs: u64,
+    pub frees: u64,
+    pub failed: u64,
+    #[serde(default)]
+    pub denied: u64,
+    /// Frees of addresses gpuguard never saw allocated, passed to the driver untouched.
+    #[serde(default)]
+    pub unknown_frees: u64,
+    /// Live bytes by kind (`device`, `managed`, `pitch`, `vmm`, `pool`, `array`).
+    #[serde(default)]
+    pub by_kind: std::collections::BTreeMap<String, u64>,
+    #[serde(default)]
+    pub live_count: u64,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct HostReport {
+    pub current_bytes: u64,
+    pub peak_bytes: u64,
+    #[serde(default)]
+    pub allocs: u64,
+    #[serde(default)]
+    pub frees: u64,
+    #[serde(default)]
+    pub live_count: u64,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct LiveAllocation {
+    /// Hex, `0x...`: the device address, or the handle for VMM and arrays.
+    pub address: String,
+    pub bytes: u64,
+    /// Device ordinal; for pinned host memory the device of its context.
+    pub device: i32,
+    pub kind: String,
+    /// The API the program called (a runtime call labels the driver call beneath it).
+    pub api: String,
+    #[serde(default)]
+    pub thread: u32,
+    pub age_s: f64,
+    /// Index into `sites`, `null` when stacks are off.
+    pub site: Option<u32>,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct Site {
+    pub id: u32,
+    /// Innermost first, gpuguard's and the CUDA libraries' own frames trimmed off.
+    pub frames: Vec<String>,
+    pub live_bytes: u64,
+    pub live_count: u64,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct ReportConfig {
+    #[serde(default)]
+    pub stack_depth: usize,
+    #[serde(default)]
+    pub report_signal: Option<i32>,
+    #[serde(default)]
+    pub dir: String,
+}
+
+/// `1.5 GiB`-style sizes for people.
+pub fn human_bytes(b: u64) -> String {
+    const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
+    let mut v = b as f64;
+    let mut i = 0;
+    while v >= 1024.0 && i + 1 < UNITS.len() {
+        v /= 1024.0;
+        i += 1;
+    }
+    if i == 0 {
+        format!("{b} B")
+    } else {
+        format!("{v:.1} {}", UNITS[i])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn human_bytes_reads_well() {
+        assert_eq!(human_bytes(0), "0 B");
+        assert_eq!(human_bytes(1023), "1023 B");
+        assert_eq!(human_bytes(1536), "1.5 KiB");
+        assert_eq!(human_bytes(4 << 30), "4.0 GiB");
+    }
+
+    #[test]
+    fn round_trips_through_json() {
+        let r = Report {
+            schema: SCHEMA.into(),
+            reason: "exit".into(),
+            devices: vec![DeviceReport {
+                device: 0,
+                cap_bytes: None,
+                current_bytes: 5,
+                ..Default::default()
+            }],
+            live: vec![LiveAllocation {
+                address: "0x10".into(),
+                bytes: 5,
+                site: None,
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let text = serde_json::to_string(&r).unwrap();
+        assert!(text.contains("\"cap_bytes\":null"));
+        assert!(text.contains("\"site\":null"));
+        let back: Report = serde_json::from_str(&text).unwrap();
+        assert_eq!(back, r);
+    }
+}

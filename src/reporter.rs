@@ -1,0 +1,291 @@
+//! Turns the ledger into a `Report` and writes it atomically. Safe Rust: everything the
+//! process must be asked (symbol names, device sizes) comes in as closures.
+
+use crate::ledger::{Kind, Ledger, NO_SITE};
+use crate::report::{DeviceReport, HostReport, LiveAllocation, Report, ReportConfig, SCHEMA, Site};
+use crate::sites::SiteTable;
+use std::collections::HashMap;
+use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+
+/// One native frame as the symbolizer sees it.
+pub struct FrameInfo {
+    pub text: String,
+    /// Inside gpuguard or a CUDA library: trimmed from the top of a site.
+    pub internal: bool,
+}
+
+pub struct ReportInput<'a> {
+    pub reason: &'a str,
+    pub seq: u64,
+    pub pid: u32,
+    pub program: &'a str,
+    pub argv: Vec<String>,
+    pub time_unix_ms: u64,
+    pub uptime_s: f64,
+    /// Monotonic now, in the clock records were stamped with.
+    pub now_ns: u64,
+    pub ledger: &'a Ledger,
+    pub sites: &'a SiteTable,
+    pub api_name: &'a dyn Fn(u8) -> &'static str,
+    pub symbolize: &'a dyn Fn(usize) -> FrameInfo,
+    pub device_total: &'a dyn Fn(i32) -> u64,
+    pub config: ReportConfig,
+}
+
+pub fn build(input: &ReportInput<'_>) -> Report {
+    let ledger = input.ledger;
+    let mut live = ledger.live();
+    live.sort_unstable_by(|a, b| b.1.bytes.cmp(&a.1.bytes).then(a.0.value.cmp(&b.0.value)));
+
+    // Per device: live count and bytes by kind, from the records themselves.
+    let mut per_dev: HashMap<i32, (u64, std::collections::BTreeMap<String, u64>)> = HashMap::new();
+    let mut host_live = 0u64;
+    let mut site_use: HashMap<u32, (u64, u64)> = HashMap::new();
+    for (_, r) in &live {
+        if r.kind == Kind::Host {
+            host_live += 1;
+        } else {
+            let e = per_dev.entry(r.device.into()).or_default();
+            e.0 += 1;
+            *e.1.entry(r.kind.name().to_string()).or_default() += r.bytes;
+        }
+        if r.site != NO_SITE {
+            let s = site_use.entry(r.site).or_default();
+            s.0 += r.bytes;
+            s.1 += 1;
+        }
+    }
+
+    let mut device_ids = ledger.seen_devices();
+    for d in per_dev.keys() {
+        if !device_ids.contains(d) {
+            device_ids.push(*d);
+        }
+    }
+    device_ids.sort_unstable();
+    let devices = device_ids
+        .into_iter()
+        .map(|d| {
+            let c = ledger.device(d).snapshot();
+            let (live_count, by_kind) = per_dev.remove(&d).unwrap_or_default();
+            DeviceReport {
+                device: d,
+                total_bytes: (input.device_total)(d),
+                cap_bytes: None,
+                current_bytes: c.current,
+                peak_bytes: c.peak,
+                allocs: c.allocs,
+                frees: c.frees,
+                failed: c.failed,
+                denied: c.denied,
+                unknown_frees: c.unknown_frees,
+                by_kind,
+                live_count,
+            }
+        })
+        .collect();
+
+    let h = ledger.host().snapshot();
+    let host_pinned = HostReport {
+        current_bytes: h.current,
+        peak_bytes: h.peak,
+        allocs: h.allocs,
+        frees: h.frees,
+        live_count: host_live,
+    };
+
+    // Sites: symbolize only those that hold live memory, each address once.
+    let all_sites = input.sites.all();
+    let mut names: HashMap<usize, FrameInfo> = HashMap::new();
+    let mut sites: Vec<Site> = site_use
+        .iter()
+        .filter_map(|(&id, &(bytes, count))| {
+            let stack = all_sites.get(id as usize)?;
+            for &pc in stack.iter() {
+                names.entry(pc).or_insert_with(|| (input.symbolize)(pc));
+            }
+            let infos: Vec<&FrameInfo> = stack.iter().map(|pc| &names[pc]).collect();
+            // Trim gpuguard's and CUDA's own frames off the top, but never to nothing.
+            let first_user = infos.iter().position(|f| !f.internal).unwrap_or(0);
+            Some(Site {
+                id,
+                frames: infos[first_user..].iter().map(|f| f.text.clone()).collect(),
+                live_bytes: bytes,
+                live_count: count,
+            })
+        })
+        .collect();
+    sites.sort_unstable_by(|a, b| b.live_bytes.cmp(&a.live_bytes).then(a.id.cmp(&b.id)));
+
+    let live = live
+        .into_iter()
+        .map(|(k, r)| LiveAllocation {
+            address: format!("{:#x}", k.value),
+            bytes: r.bytes,
+            device: r.device.into(),
+            kind: r.kind.name().to_string(),
+            api: (input.api_name)(r.api).to_string(),
+            thread: r.thread,
+            age_s: input.now_ns.saturating_sub(r.t_ns) as f64 / 1e9,
+            site: (r.site != NO_SITE).then_some(r.site),
+        })
+        .collect();
+
+    Report {
+        schema: SCHEMA.to_string(),
+        gpuguard_version: env!("CARGO_PKG_VERSION").to_string(),
+        reason: input.reason.to_string(),
+        seq: input.seq,
+        pid: input.pid,
+        program: input.program.to_string(),
+        argv: input.argv.clone(),
+        time_unix_ms: input.time_unix_ms,
+        uptime_s: input.uptime_s,
+        devices,
+        host_pinned,
+        live,
+        live_omitted: 0,
+        sites,
+        config: input.config.clone(),
+    }
+}
+
+/// `gpuguard.<program>.<pid>.<seq>.<reason>.json`, the program name reduced to
+/// characters that are safe in a file name.
+pub fn file_name(program: &str, pid: u32, seq: u64, reason: &str) -> String {
+    let clean = |s: &str| -> String {
+        let c: String = s
+            .chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || "._-+".contains(c) {
+                    c
+                } else {
+                    '_'
+                }
+            })
+            .collect();
+        if c.is_empty() { "unknown".into() } else { c }
+    };
+    format!(
+        "gpuguard.{}.{pid}.{seq}.{}.json",
+        clean(program),
+        clean(reason)
+    )
+}
+
+/// Writes `bytes` as `dir/name` so that a reader never sees a partial file: a private
+/// temporary (mode 0600, created new, never through a symlink) renamed into place.
+pub fn write_atomic(dir: &Path, name: &str, bytes: &[u8]) -> std::io::Result<PathBuf> {
+    let tmp = dir.join(format!(".{name}.tmp"));
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(&tmp)?;
+    let written = f.write_all(bytes).and_then(|_| f.flush());
+    drop(f);
+    if let Err(e) = written {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(e);
+    }
+    let dest = dir.join(name);
+    // rename() replaces a symlink at `dest` rather than writing through it.
+    if let Err(e) = std::fs::rename(&tmp, &dest) {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(e);
+    }
+    Ok(dest)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ledger::{Key, Record};
+
+    fn input<'a>(ledger: &'a Ledger, sites: &'a SiteTable) -> ReportInput<'a> {
+        ReportInput {
+            reason: "exit",
+            seq: 1,
+            pid: 42,
+            program: "prog",
+            argv: vec!["prog".into()],
+            time_unix_ms: 1,
+            uptime_s: 1.0,
+            now_ns: 3_000_000_000,
+            ledger,
+            sites,
+            api_name: &|_| "cuMemAlloc_v2",
+            symbolize: &|pc| FrameInfo {
+                text: format!("f{pc}"),
+                internal: pc < 10,
+            },
+            device_total: &|_| 1 << 30,
+            config: ReportConfig::default(),
+        }
+    }
+
+    #[test]
+    fn live_list_sites_and_counters() {
+        let ledger = Ledger::new();
+        let sites = SiteTable::new();
+        let s = sites.intern(&[1, 2, 100, 200]);
+        let rec = |bytes, kind| Record {
+            bytes,
+            ctx: 0,
+            t_ns: 1_000_000_000,
+            site: s,
+            thread: 7,
+            device: 0,
+            kind,
+            api: 0,
+        };
+        ledger.insert(Key::device(0x1000), rec(10, Kind::Device));
+        ledger.insert(Key::device(0x2000), rec(30, Kind::Pool));
+        ledger.insert(Key::host(0x3000), rec(5, Kind::Host));
+        let r = build(&input(&ledger, &sites));
+        assert_eq!(r.schema, SCHEMA);
+        assert_eq!(r.devices.len(), 1);
+        assert_eq!(r.devices[0].current_bytes, 40);
+        assert_eq!(r.devices[0].live_count, 2);
+        assert_eq!(r.devices[0].by_kind["pool"], 30);
+        assert_eq!(r.host_pinned.current_bytes, 5);
+        assert_eq!(r.live.len(), 3);
+        assert_eq!(r.live[0].address, "0x2000");
+        assert_eq!(r.live[0].bytes, 30);
+        assert!((r.live[0].age_s - 2.0).abs() < 1e-9);
+        assert_eq!(r.sites.len(), 1);
+        // Internal frames (pc < 10 here) are trimmed from the top.
+        assert_eq!(r.sites[0].frames, vec!["f100", "f200"]);
+        assert_eq!(r.sites[0].live_bytes, 45);
+        assert_eq!(r.sites[0].live_count, 3);
+    }
+
+    #[test]
+    fn file_names_are_safe() {
+        assert_eq!(
+            file_name("python3", 12, 3, "exit"),
+            "gpuguard.python3.12.3.exit.json"
+        );
+        assert_eq!(file_name("a/b c", 1, 1, "x"), "gpuguard.a_b_c.1.1.x.json");
+    }
+
+    #[test]
+    fn atomic_write_is_private_and_replaces_symlinks() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = std::env::temp_dir().join(format!("gg-write-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let victim = dir.join("victim");
+        std::fs::write(&victim, b"keep").unwrap();
+        std::os::unix::fs::symlink(&victim, dir.join("r.json")).unwrap();
+        let p = write_atomic(&dir, "r.json", b"{}").unwrap();
+        assert_eq!(std::fs::read(&p).unwrap(), b"{}");
+        assert_eq!(std::fs::read(&victim).unwrap(), b"keep");
+        let mode = std::fs::metadata(&p).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

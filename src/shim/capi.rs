@@ -1,0 +1,135 @@
+//! The C API declared in `include/gpuguard.h`, for programs that want to ask gpuguard
+//! directly (C, C++, Python's ctypes).
+
+use super::{active_books, books, shielded};
+use crate::ledger::MAX_DEVICES;
+use std::ffi::{CStr, c_char, c_int};
+
+/// Mirrors `struct gpuguard_device_counters` in the header.
+#[repr(C)]
+pub struct DeviceCounters {
+    pub device: i32,
+    pub reserved0: u32,
+    pub total_bytes: u64,
+    pub cap_bytes: u64,
+    pub current_bytes: u64,
+    pub peak_bytes: u64,
+    pub allocs: u64,
+    pub frees: u64,
+    pub failed: u64,
+    pub denied: u64,
+    pub unknown_frees: u64,
+}
+
+static VERSION: &CStr =
+    match CStr::from_bytes_with_nul(concat!(env!("CARGO_PKG_VERSION"), "\0").as_bytes()) {
+        Ok(v) => v,
+        Err(_) => panic!("version"),
+    };
+
+#[cfg_attr(not(test), unsafe(no_mangle))]
+pub extern "C" fn gpuguard_version() -> *const c_char {
+    VERSION.as_ptr()
+}
+
+/// Counters of one device; zeros before gpuguard has seen any CUDA call.
+///
+/// # Safety
+/// `out` is NULL or points to a writable `gpuguard_device_counters`.
+#[cfg_attr(not(test), unsafe(no_mangle))]
+pub unsafe extern "C" fn gpuguard_device_counters(
+    device: c_int,
+    out: *mut DeviceCounters,
+) -> c_int {
+    if out.is_null() || device < 0 || device as usize >= MAX_DEVICES {
+        return -1;
+    }
+    let mut c = DeviceCounters {
+        device,
+        reserved0: 0,
+        total_bytes: 0,
+        cap_bytes: 0,
+        current_bytes: 0,
+        peak_bytes: 0,
+        allocs: 0,
+        frees: 0,
+        failed: 0,
+        denied: 0,
+        unknown_frees: 0,
+    };
+    if let Some(b) = active_books() {
+        let s = b.ledger.device(device).snapshot();
+        c.total_bytes = b.total(device);
+        c.current_bytes = s.current;
+        c.peak_bytes = s.peak;
+        c.allocs = s.allocs;
+        c.frees = s.frees;
+        c.failed = s.failed;
+        c.denied = s.denied;
+        c.unknown_frees = s.unknown_frees;
+    }
+    // SAFETY: out checked non-null; the caller provides the struct.
+    unsafe { out.write(c) };
+    0
+}
+
+/// Pinned host memory: current and peak bytes.
+///
+/// # Safety
+/// Each pointer is NULL or points to a writable `uint64_t`.
+#[cfg_attr(not(test), unsafe(no_mangle))]
+pub unsafe extern "C" fn gpuguard_host_pinned(current: *mut u64, peak: *mut u64) -> c_int {
+    let s = active_books()
+        .map(|b| b.ledger.host().snapshot())
+        .unwrap_or_default();
+    // SAFETY: each pointer is written only when non-null.
+    unsafe {
+        if !current.is_null() {
+            current.write(s.current);
+        }
+        if !peak.is_null() {
+            peak.write(s.peak);
+        }
+    }
+    0
+}
+
+/// Writes a report now. `reason` may be NULL (`request`). On success the file's path
+/// is copied into `path_out` (NUL-terminated, truncated to `path_len`) and 0 returned;
+/// -1 when the report could not be written to a file.
+///
+/// # Safety
+/// `reason` is NULL or a C string; `path_out` is NULL or has `path_len` writable bytes.
+#[cfg_attr(not(test), unsafe(no_mangle))]
+pub unsafe extern "C" fn gpuguard_write_report(
+    reason: *const c_char,
+    path_out: *mut c_char,
+    path_len: usize,
+) -> c_int {
+    let reason = if reason.is_null() {
+        "request".to_string()
+    } else {
+        // SAFETY: the caller passes a C string.
+        unsafe { CStr::from_ptr(reason) }
+            .to_string_lossy()
+            .into_owned()
+    };
+    let written = shielded(|| {
+        books()?;
+        super::worker::write_report(&reason)
+    })
+    .flatten();
+    let Some(path) = written else {
+        return -1;
+    };
+    if !path_out.is_null() && path_len > 0 {
+        let bytes = path.as_os_str().as_encoded_bytes();
+        let n = bytes.len().min(path_len - 1);
+        // SAFETY: at most path_len bytes written into the caller's buffer.
+        unsafe {
+            std::ptr::copy_nonoverlapping(bytes.as_ptr(), path_out as *mut u8, n);
+            *path_out.add(n) = 0;
+        }
+    }
+    0
+}

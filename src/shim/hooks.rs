@@ -1,0 +1,909 @@
+//! The one table of hooked CUDA functions. Each row declares a function once; from it
+//! come the exported symbol, the wrapper the `dlsym` override hands out, the wrapper
+//! `cuGetProcAddress` hands out (by base name and version), the real-pointer slots,
+//! and the API names used in reports. Every wrapper is thin: find the real pointer,
+//! call the row's handler with it.
+
+use super::real::{Path, Slots};
+use super::track::{self, Made, SUCCESS};
+use crate::ledger::{Key, Kind};
+use std::ffi::{CStr, c_char, c_int, c_uint, c_void};
+
+pub type CUdeviceptr = cudarc::driver::sys::CUdeviceptr;
+type Stream = *mut c_void;
+type Ctx = *mut c_void;
+type MemHandle = u64;
+
+/// Which library a hooked function belongs to.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Lib {
+    Driver,
+    Runtime,
+}
+
+impl Lib {
+    fn soname(self) -> &'static CStr {
+        match self {
+            Lib::Driver => c"libcuda.so.1",
+            Lib::Runtime => c"libcudart.so",
+        }
+    }
+
+    /// What a wrapper answers when the real function cannot be found at all: the
+    /// library's own "not initialized" code, a valid value of its error enum.
+    fn missing(self) -> c_int {
+        match self {
+            Lib::Driver => cudarc::driver::sys::cudaError_enum::CUDA_ERROR_NOT_INITIALIZED as c_int,
+            Lib::Runtime => cudarc::runtime::sys::cudaError::cudaErrorInitializationError as c_int,
+        }
+    }
+}
+
+/// One row of the table, as the lookup paths see it.
+pub struct Entry {
+    pub name: &'static str,
+    pub lib: Lib,
+    /// `cuGetProcAddress` base name and the CUDA version that introduced this variant.
+    pub base: &'static str,
+    pub since: c_int,
+    /// The per-thread-default-stream (`_ptsz`) variant of its base name.
+    pub ptds: bool,
+    pub slots: &'static Slots,
+    /// Wrappers by path: exported symbol, `dlsym`, `cuGetProcAddress`.
+    pub wrappers: [Wrapper; 3],
+}
+
+#[derive(Clone, Copy)]
+pub struct Wrapper(pub *const c_void);
+// SAFETY: a code address, never written through.
+unsafe impl Sync for Wrapper {}
+
+macro_rules! hooks {
+    ($(
+        $lib:ident fn $name:ident ( $($arg:ident : $ty:ty),* $(,)? )
+            [$base:literal, $since:literal, $ptds:literal] => $handler:path;
+    )*) => {
+        /// Every hooked function, in table order; `Api::X as u8` is its row.
+        #[allow(non_camel_case_types, clippy::upper_case_acronyms)]
+        #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+        #[repr(u8)]
+        pub enum Api { $($name),* }
+
+        #[allow(non_snake_case, clippy::missing_safety_doc)]
+        pub mod row {
+            $(
+            pub mod $name {
+                #[allow(unused_imports)]
+                use super::super::*;
+                pub type Real = unsafe extern "C" fn($($ty),*) -> c_int;
+                pub static SLOTS: Slots = Slots::new();
+                const NAME: &CStr = match CStr::from_bytes_with_nul(concat!(stringify!($name), "\0").as_bytes()) {
+                    Ok(c) => c,
+                    Err(_) => panic!("bad name"),
+                };
+
+                #[inline(always)]
+                pub unsafe fn call(path: Path, $($arg: $ty),*) -> c_int {
+                    match SLOTS.get(path, NAME, Lib::$lib.soname()) {
+                        // SAFETY: the slot holds the real function of this row's signature.
+                        Some(p) => unsafe {
+                            let real = std::mem::transmute::<*mut c_void, Real>(p);
+                            $handler(Api::$name as u8, real, $($arg),*)
+                        },
+                        None => Lib::$lib.missing(),
+                    }
+                }
+
+                pub unsafe extern "C" fn via_dlsym($($arg: $ty),*) -> c_int {
+                    unsafe { call(Path::Dlsym, $($arg),*) }
+                }
+
+                pub unsafe extern "C" fn via_proc($($arg: $ty),*) -> c_int {
+                    unsafe { call(Path::Proc, $($arg),*) }
+                }
+            }
+            )*
+        }
+
+        $(
+            #[allow(non_snake_case, clippy::missing_safety_doc)]
+            #[cfg_attr(not(test), unsafe(no_mangle))]
+            pub unsafe extern "C" fn $name($($arg: $ty),*) -> c_int {
+                unsafe { row::$name::call(Path::Symbol, $($arg),*) }
+            }
+        )*
+
+        pub static TABLE: &[Entry] = &[$(
+            Entry {
+                name: stringify!($name),
+                lib: Lib::$lib,
+                base: $base,
+                since: $since,
+                ptds: $ptds,
+                slots: &row::$name::SLOTS,
+                wrappers: [
+                    Wrapper($name as *const c_void),
+                    Wrapper(row::$name::via_dlsym as *const c_void),
+                    Wrapper(row::$name::via_proc as *const c_void),
+                ],
+            }
+        ),*];
+    };
+}
+
+hooks! {
+    // Device memory.
+    Driver fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, bytes: usize) ["cuMemAlloc", 3020, false] => mem_alloc;
+    Driver fn cuMemAllocPitch_v2(dptr: *mut CUdeviceptr, pitch: *mut usize, width: usize, height: usize, elem: c_uint) ["cuMemAllocPitch", 3020, false] => mem_alloc_pitch;
+    Driver fn cuMemAllocManaged(dptr: *mut CUdeviceptr, bytes: usize, flags: c_uint) ["cuMemAllocManaged", 6000, false] => mem_alloc_managed;
+    Driver fn cuMemFree_v2(dptr: CUdeviceptr) ["cuMemFree", 3020, false] => mem_free;
+    // Stream-ordered allocations.
+    Driver fn cuMemAllocAsync(dptr: *mut CUdeviceptr, bytes: usize, stream: Stream) ["cuMemAllocAsync", 11020, false] => mem_alloc_async;
+    Driver fn cuMemAllocAsync_ptsz(dptr: *mut CUdeviceptr, bytes: usize, stream: Stream) ["cuMemAllocAsync", 11020, true] => mem_alloc_async;
+    Driver fn cuMemAllocFromPoolAsync(dptr: *mut CUdeviceptr, bytes: usize, pool: *mut c_void, stream: Stream) ["cuMemAllocFromPoolAsync", 11020, false] => mem_alloc_from_pool;
+    Driver fn cuMemAllocFromPoolAsync_ptsz(dptr: *mut CUdeviceptr, bytes: usize, pool: *mut c_void, stream: Stream) ["cuMemAllocFromPoolAsync", 11020, true] => mem_alloc_from_pool;
+    Driver fn cuMemFreeAsync(dptr: CUdeviceptr, stream: Stream) ["cuMemFreeAsync", 11020, false] => mem_free_async;
+    Driver fn cuMemFreeAsync_ptsz(dptr: CUdeviceptr, stream: Stream) ["cuMemFreeAsync", 11020, true] => mem_free_async;
+    // Virtual memory management: the handle is the physical memory.
+    Driver fn cuMemCreate(handle: *mut MemHandle, bytes: usize, prop: *const MemAllocationProp, flags: u64) ["cuMemCreate", 10020, false] => mem_create;
+    Driver fn cuMemRelease(handle: MemHandle) ["cuMemRelease", 10020, false] => mem_release;
+    // Pinned host memory.
+    Driver fn cuMemHostAlloc(pp: *mut *mut c_void, bytes: usize, flags: c_uint) ["cuMemHostAlloc", 2020, false] => mem_host_alloc;
+    Driver fn cuMemAllocHost_v2(pp: *mut *mut c_void, bytes: usize) ["cuMemAllocHost", 3020, false] => mem_alloc_host;
+    Driver fn cuMemFreeHost(p: *mut c_void) ["cuMemFreeHost", 2000, false] => mem_free_host;
+    // Arrays.
+    Driver fn cuArrayCreate_v2(arr: *mut *mut c_void, desc: *const ArrayDescriptor) ["cuArrayCreate", 3020, false] => array_create;
+    Driver fn cuArray3DCreate_v2(arr: *mut *mut c_void, desc: *const Array3dDescriptor) ["cuArray3DCreate", 3020, false] => array3d_create;
+    Driver fn cuMipmappedArrayCreate(arr: *mut *mut c_void, desc: *const Array3dDescriptor, levels: c_uint) ["cuMipmappedArrayCreate", 5000, false] => mipmapped_create;
+    Driver fn cuArrayDestroy(arr: *mut c_void) ["cuArrayDestroy", 2000, false] => array_destroy;
+    Driver fn cuMipmappedArrayDestroy(arr: *mut c_void) ["cuMipmappedArrayDestroy", 5000, false] => array_destroy;
+    // Teardowns that free everything at once.
+    Driver fn cuCtxDestroy_v2(ctx: Ctx) ["cuCtxDestroy", 4000, false] => ctx_destroy;
+    Driver fn cuDevicePrimaryCtxReset_v2(dev: c_int) ["cuDevicePrimaryCtxReset", 11000, false] => primary_ctx_reset;
+    // The lookup that hands out every other driver function.
+    Driver fn cuGetProcAddress(symbol: *const c_char, pfn: *mut *mut c_void, version: c_int, flags: u64) ["cuGetProcAddress", 11030, false] => get_proc_address;
+    Driver fn cuGetProcAddress_v2(symbol: *const c_char, pfn: *mut *mut c_void, version: c_int, flags: u64, status: *mut c_int) ["cuGetProcAddress", 12000, false] => get_proc_address_v2;
+    // Runtime calls: they label the driver record beneath them.
+    Runtime fn cudaMalloc(p: *mut *mut c_void, bytes: usize) ["", 0, false] => rt_malloc;
+    Runtime fn cudaMallocManaged(p: *mut *mut c_void, bytes: usize, flags: c_uint) ["", 0, false] => rt_malloc_managed;
+    Runtime fn cudaMallocPitch(p: *mut *mut c_void, pitch: *mut usize, width: usize, height: usize) ["", 0, false] => rt_malloc_pitch;
+    Runtime fn cudaMalloc3D(pitched: *mut PitchedPtr, extent: Extent) ["", 0, false] => rt_malloc_3d;
+    Runtime fn cudaMallocAsync(p: *mut *mut c_void, bytes: usize, stream: Stream) ["", 0, false] => rt_malloc_async;
+    Runtime fn cudaMallocAsync_ptsz(p: *mut *mut c_void, bytes: usize, stream: Stream) ["", 0, false] => rt_malloc_async;
+    Runtime fn cudaMallocFromPoolAsync(p: *mut *mut c_void, bytes: usize, pool: *mut c_void, stream: Stream) ["", 0, false] => rt_malloc_from_pool;
+    Runtime fn cudaMallocFromPoolAsync_ptsz(p: *mut *mut c_void, bytes: usize, pool: *mut c_void, stream: Stream) ["", 0, false] => rt_malloc_from_pool;
+    Runtime fn cudaFree(p: *mut c_void) ["", 0, false] => rt_free;
+    Runtime fn cudaFreeAsync(p: *mut c_void, stream: Stream) ["", 0, false] => rt_free_async;
+    Runtime fn cudaFreeAsync_ptsz(p: *mut c_void, stream: Stream) ["", 0, false] => rt_free_async;
+    Runtime fn cudaMallocHost(p: *mut *mut c_void, bytes: usize) ["", 0, false] => rt_malloc_host;
+    Runtime fn cudaHostAlloc(p: *mut *mut c_void, bytes: usize, flags: c_uint) ["", 0, false] => rt_host_alloc;
+    Runtime fn cudaFreeHost(p: *mut c_void) ["", 0, false] => rt_free_host;
+    Runtime fn cudaDeviceReset() ["", 0, false] => rt_device_reset;
+}
+
+/// The name of a table row, for reports.
+pub fn api_name(api: u8) -> &'static str {
+    TABLE.get(api as usize).map_or("unknown", |e| e.name)
+}
+
+/// True when `p` is one of gpuguard's own wrappers (a lookup found our export).
+pub fn is_wrapper(p: *mut c_void) -> bool {
+    TABLE
+        .iter()
+        .any(|e| e.wrappers.iter().any(|w| std::ptr::eq(w.0, p)))
+}
+
+fn by_name(name: &[u8]) -> Option<&'static Entry> {
+    TABLE.iter().find(|e| e.name.as_bytes() == name)
+}
+
+// ---- the dlsym and cuGetProcAddress answers --------------------------------------------
+
+/// The `dlsym` override's answer for a `cu*` name (see `real::dlsym`): 0 to forward,
+/// 1 for NULL, else the pointer to hand out.
+pub(super) unsafe fn dlsym_swap(handle: *mut c_void, name: &CStr) -> usize {
+    let Some(entry) = by_name(name.to_bytes()) else {
+        return 0;
+    };
+    // SAFETY: a plain lookup through glibc.
+    let real = unsafe { super::real::lookup(handle, name) };
+    if real.is_null() {
+        return 0; // let glibc answer, so dlerror() is set as usual
+    }
+    if is_wrapper(real) {
+        // The search found our own export (RTLD_DEFAULT, or the main program's handle).
+        // Hand it out only if the real library is loaded: a process probing for CUDA
+        // must not find it just because gpuguard is preloaded.
+        let present = entry
+            .slots
+            .get(Path::Symbol, name, entry.lib.soname())
+            .is_some();
+        return if present { real as usize } else { 1 };
+    }
+    if entry.slots.offer(Path::Dlsym, real) {
+        entry.wrappers[Path::Dlsym as usize].0 as usize
+    } else {
+        real as usize
+    }
+}
+
+/// Per-thread default stream requested through `cuGetProcAddress`'s flags.
+const PROC_PER_THREAD_DEFAULT_STREAM: u64 = 1 << 1;
+const PROC_LEGACY_STREAM: u64 = 1 << 0;
+
+/// The row a `cuGetProcAddress` answer belongs to. First by identity (the pointer is
+/// the driver's export of that exact variant); failing that, by the driver's rule:
+/// the newest variant of the base name whose version is at most the one requested,
+/// `_ptsz` when the per-thread default stream was asked for.
+fn proc_entry(
+    base: &[u8],
+    version: c_int,
+    flags: u64,
+    real: *mut c_void,
+) -> Option<&'static Entry> {
+    let candidates = || {
+        TABLE
+            .iter()
+            .filter(move |e| e.lib == Lib::Driver && e.base.as_bytes() == base)
+    };
+    candidates().next()?;
+    // Identity: compare with the exports of the library the pointer lives in.
+    // SAFETY: dladdr/dlopen(NOLOAD)/dlsym on a pointer the driver just returned.
+    unsafe {
+        let mut info: libc::Dl_info = std::mem::zeroed();
+        if libc::dladdr(real, &mut info) != 0 && !info.dli_fname.is_null() {
+            let h = libc::dlopen(info.dli_fname, libc::RTLD_LAZY | libc::RTLD_NOLOAD);
+            if !h.is_null() {
+                let hit = candidates().find(|e| {
+                    let cname = std::ffi::CString::new(e.name).unwrap_or_default();
+                    super::real::lookup(h, &cname) == real
+                });
+                libc::dlclose(h);
+                if hit.is_some() {
+                    return hit;
+                }
+            }
+        }
+    }
+    let want_ptds = flags & PROC_PER_THREAD_DEFAULT_STREAM != 0
+        || (flags & PROC_LEGACY_STREAM == 0 && super::config_ptds_default());
+    let pick = |ptds: bool| {
+        candidates()
+            .filter(|e| e.ptds == ptds && e.since <= version)
+            .max_by_key(|e| e.since)
+    };
+    if want_ptds {
+        pick(true).or_else(|| pick(false))
+    } else {
+        pick(false)
+    }
+}
+
+/// After the real `cuGetProcAddress` answered: swap in our wrapper for hooked rows.
+unsafe fn swap_proc(symbol: *const c_char, pfn: *mut *mut c_void, version: c_int, flags: u64) {
+    if symbol.is_null() || pfn.is_null() {
+        return;
+    }
+    // SAFETY: pfn was just written by the driver; symbol is the caller's C string.
+    unsafe {
+        let real = *pfn;
+        if real.is_null() || is_wrapper(real) {
+            return;
+        }
+        let base = CStr::from_ptr(symbol).to_bytes();
+        if let Some(e) = proc_entry(base, version, flags, real)
+            && e.slots.offer(Path::Proc, real)
+        {
+            *pfn = e.wrappers[Path::Proc as usize].0 as *mut c_void;
+        }
+    }
+}
+
+// ---- CUDA structures read by the handlers ---------------------------------------------
+// Mirrors with plain integer fields: reading a C enum into a Rust enum would be
+// undefined for values the bindings do not list.
+
+#[repr(C)]
+pub struct MemAllocationProp {
+    pub kind: c_uint,
+    pub requested_handle_types: c_uint,
+    pub location_type: c_uint,
+    pub location_id: c_int,
+}
+
+#[repr(C)]
+pub struct ArrayDescriptor {
+    pub width: usize,
+    pub height: usize,
+    pub format: c_uint,
+    pub channels: c_uint,
+}
+
+#[repr(C)]
+pub struct Array3dDescriptor {
+    pub width: usize,
+    pub height: usize,
+    pub depth: usize,
+    pub format: c_uint,
+    pub channels: c_uint,
+    pub flags: c_uint,
+}
+
+#[repr(C)]
+pub struct PitchedPtr {
+    pub ptr: *mut c_void,
+    pub pitch: usize,
+    pub xsize: usize,
+    pub ysize: usize,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct Extent {
+    pub width: usize,
+    pub height: usize,
+    pub depth: usize,
+}
+
+const CU_MEM_LOCATION_TYPE_DEVICE: c_uint = 1;
+
+/// Bytes per element of a `CUarray_format`; an estimate for the packed and block
+/// formats, whose true footprint the driver does not state.
+fn format_bytes(format: c_uint) -> u64 {
+    match format {
+        0x01 | 0x08 => 1,        // (UN)SIGNED_INT8
+        0x02 | 0x09 | 0x10 => 2, // (UN)SIGNED_INT16, HALF
+        0x03 | 0x0a | 0x20 => 4, // (UN)SIGNED_INT32, FLOAT
+        _ => 4,
+    }
+}
+
+fn array_bytes(w: usize, h: usize, d: usize, format: c_uint, channels: c_uint) -> u64 {
+    (w.max(1) as u64)
+        * (h.max(1) as u64)
+        * (d.max(1) as u64)
+        * format_bytes(format)
+        * u64::from(channels.max(1))
+}
+
+// ---- handlers: one per signature ------------------------------------------------------
+
+/// Reads an out-pointer the driver wrote after success.
+unsafe fn out<T: Copy>(p: *const T) -> Option<T> {
+    // SAFETY: called only after the real call succeeded, which wrote *p.
+    (!p.is_null()).then(|| unsafe { p.read() })
+}
+
+unsafe fn mem_alloc(
+    api: u8,
+    real: row::cuMemAlloc_v2::Real,
+    dptr: *mut CUdeviceptr,
+    bytes: usize,
+) -> c_int {
+    track::driver_alloc(
+        api,
+        Kind::Device,
+        || unsafe { real(dptr, bytes) },
+        || {
+            let a = unsafe { out(dptr) }?;
+            Some(Made {
+                key: Key::device(a),
+                bytes: bytes as u64,
+                device: None,
+            })
+        },
+    )
+}
+
+unsafe fn mem_alloc_pitch(
+    api: u8,
+    real: row::cuMemAllocPitch_v2::Real,
+    dptr: *mut CUdeviceptr,
+    pitch: *mut usize,
+    width: usize,
+    height: usize,
+    elem: c_uint,
+) -> c_int {
+    track::driver_alloc(
+        api,
+        Kind::Pitch,
+        || unsafe { real(dptr, pitch, width, height, elem) },
+        || {
+            let a = unsafe { out(dptr) }?;
+            let p = unsafe { out(pitch) }.unwrap_or(width);
+            Some(Made {
+                key: Key::device(a),
+                bytes: (p as u64) * (height as u64),
+                device: None,
+            })
+        },
+    )
+}
+
+unsafe fn mem_alloc_managed(
+    api: u8,
+    real: row::cuMemAllocManaged::Real,
+    dptr: *mut CUdeviceptr,
+    bytes: usize,
+    flags: c_uint,
+) -> c_int {
+    track::driver_alloc(
+        api,
+        Kind::Managed,
+        || unsafe { real(dptr, bytes, flags) },
+        || {
+            let a = unsafe { out(dptr) }?;
+            Some(Made {
+                key: Key::device(a),
+                bytes: bytes as u64,
+                device: None,
+            })
+        },
+    )
+}
+
+unsafe fn mem_free(_api: u8, real: row::cuMemFree_v2::Real, dptr: CUdeviceptr) -> c_int {
+    track::driver_free(Key::device(dptr), || unsafe { real(dptr) })
+}
+
+unsafe fn mem_alloc_async(
+    api: u8,
+    real: row::cuMemAllocAsync::Real,
+    dptr: *mut CUdeviceptr,
+    bytes: usize,
+    stream: Stream,
+) -> c_int {
+    track::driver_alloc(
+        api,
+        Kind::Pool,
+        || unsafe { real(dptr, bytes, stream) },
+        || {
+            let a = unsafe { out(dptr) }?;
+            Some(Made {
+                key: Key::device(a),
+                bytes: bytes as u64,
+                device: None,
+            })
+        },
+    )
+}
+
+unsafe fn mem_alloc_from_pool(
+    api: u8,
+    real: row::cuMemAllocFromPoolAsync::Real,
+    dptr: *mut CUdeviceptr,
+    bytes: usize,
+    pool: *mut c_void,
+    stream: Stream,
+) -> c_int {
+    track::driver_alloc(
+        api,
+        Kind::Pool,
+        || unsafe { real(dptr, bytes, pool, stream) },
+        || {
+            let a = unsafe { out(dptr) }?;
+            Some(Made {
+                key: Key::device(a),
+                bytes: bytes as u64,
+                device: None,
+            })
+        },
+    )
+}
+
+unsafe fn mem_free_async(
+    _api: u8,
+    real: row::cuMemFreeAsync::Real,
+    dptr: CUdeviceptr,
+    stream: Stream,
+) -> c_int {
+    track::driver_free(Key::device(dptr), || unsafe { real(dptr, stream) })
+}
+
+unsafe fn mem_create(
+    api: u8,
+    real: row::cuMemCreate::Real,
+    handle: *mut MemHandle,
+    bytes: usize,
+    prop: *const MemAllocationProp,
+    flags: u64,
+) -> c_int {
+    track::driver_alloc(
+        api,
+        Kind::Vmm,
+        || unsafe { real(handle, bytes, prop, flags) },
+        || {
+            let h = unsafe { out(handle) }?;
+            // SAFETY: the driver accepted prop, so it points at a valid structure.
+            let device = unsafe { prop.as_ref() }
+                .filter(|p| p.location_type == CU_MEM_LOCATION_TYPE_DEVICE)
+                .map(|p| p.location_id);
+            Some(Made {
+                key: Key::vmm(h),
+                bytes: bytes as u64,
+                device,
+            })
+        },
+    )
+}
+
+unsafe fn mem_release(_api: u8, real: row::cuMemRelease::Real, handle: MemHandle) -> c_int {
+    track::driver_free(Key::vmm(handle), || unsafe { real(handle) })
+}
+
+unsafe fn mem_host_alloc(
+    api: u8,
+    real: row::cuMemHostAlloc::Real,
+    pp: *mut *mut c_void,
+    bytes: usize,
+    flags: c_uint,
+) -> c_int {
+    track::driver_alloc(
+        api,
+        Kind::Host,
+        || unsafe { real(pp, bytes, flags) },
+        || {
+            let p = unsafe { out(pp) }?;
+            Some(Made {
+                key: Key::host(p as u64),
+                bytes: bytes as u64,
+                device: None,
+            })
+        },
+    )
+}
+
+unsafe fn mem_alloc_host(
+    api: u8,
+    real: row::cuMemAllocHost_v2::Real,
+    pp: *mut *mut c_void,
+    bytes: usize,
+) -> c_int {
+    track::driver_alloc(
+        api,
+        Kind::Host,
+        || unsafe { real(pp, bytes) },
+        || {
+            let p = unsafe { out(pp) }?;
+            Some(Made {
+                key: Key::host(p as u64),
+                bytes: bytes as u64,
+                device: None,
+            })
+        },
+    )
+}
+
+unsafe fn mem_free_host(_api: u8, real: row::cuMemFreeHost::Real, p: *mut c_void) -> c_int {
+    track::driver_free(Key::host(p as u64), || unsafe { real(p) })
+}
+
+unsafe fn array_create(
+    api: u8,
+    real: row::cuArrayCreate_v2::Real,
+    arr: *mut *mut c_void,
+    desc: *const ArrayDescriptor,
+) -> c_int {
+    track::driver_alloc(
+        api,
+        Kind::Array,
+        || unsafe { real(arr, desc) },
+        || {
+            let a = unsafe { out(arr) }?;
+            // SAFETY: accepted by the driver, so valid.
+            let d = unsafe { desc.as_ref() }?;
+            Some(Made {
+                key: Key::array(a as u64),
+                bytes: array_bytes(d.width, d.height, 1, d.format, d.channels),
+                device: None,
+            })
+        },
+    )
+}
+
+unsafe fn array3d_create(
+    api: u8,
+    real: row::cuArray3DCreate_v2::Real,
+    arr: *mut *mut c_void,
+    desc: *const Array3dDescriptor,
+) -> c_int {
+    track::driver_alloc(
+        api,
+        Kind::Array,
+        || unsafe { real(arr, desc) },
+        || {
+            let a = unsafe { out(arr) }?;
+            let d = unsafe { desc.as_ref() }?;
+            Some(Made {
+                key: Key::array(a as u64),
+                bytes: array_bytes(d.width, d.height, d.depth, d.format, d.channels),
+                device: None,
+            })
+        },
+    )
+}
+
+unsafe fn mipmapped_create(
+    api: u8,
+    real: row::cuMipmappedArrayCreate::Real,
+    arr: *mut *mut c_void,
+    desc: *const Array3dDescriptor,
+    levels: c_uint,
+) -> c_int {
+    track::driver_alloc(
+        api,
+        Kind::Array,
+        || unsafe { real(arr, desc, levels) },
+        || {
+            let a = unsafe { out(arr) }?;
+            let d = unsafe { desc.as_ref() }?;
+            let bytes = (0..levels.max(1))
+                .map(|l| {
+                    array_bytes(
+                        d.width >> l,
+                        d.height >> l,
+                        d.depth >> l,
+                        d.format,
+                        d.channels,
+                    )
+                })
+                .sum();
+            Some(Made {
+                key: Key::array(a as u64),
+                bytes,
+                device: None,
+            })
+        },
+    )
+}
+
+unsafe fn array_destroy(_api: u8, real: row::cuArrayDestroy::Real, arr: *mut c_void) -> c_int {
+    track::driver_free(Key::array(arr as u64), || unsafe { real(arr) })
+}
+
+unsafe fn ctx_destroy(_api: u8, real: row::cuCtxDestroy_v2::Real, ctx: Ctx) -> c_int {
+    track::teardown(|| unsafe { real(ctx) }, |_, r| r.ctx == ctx as u64)
+}
+
+unsafe fn primary_ctx_reset(
+    _api: u8,
+    real: row::cuDevicePrimaryCtxReset_v2::Real,
+    dev: c_int,
+) -> c_int {
+    track::teardown(|| unsafe { real(dev) }, |_, r| i32::from(r.device) == dev)
+}
+
+unsafe fn get_proc_address(
+    _api: u8,
+    real: row::cuGetProcAddress::Real,
+    symbol: *const c_char,
+    pfn: *mut *mut c_void,
+    version: c_int,
+    flags: u64,
+) -> c_int {
+    let rc = unsafe { real(symbol, pfn, version, flags) };
+    if rc == SUCCESS {
+        super::shielded(|| unsafe { swap_proc(symbol, pfn, version, flags) });
+    }
+    rc
+}
+
+unsafe fn get_proc_address_v2(
+    _api: u8,
+    real: row::cuGetProcAddress_v2::Real,
+    symbol: *const c_char,
+    pfn: *mut *mut c_void,
+    version: c_int,
+    flags: u64,
+    status: *mut c_int,
+) -> c_int {
+    let rc = unsafe { real(symbol, pfn, version, flags, status) };
+    if rc == SUCCESS {
+        super::shielded(|| unsafe { swap_proc(symbol, pfn, version, flags) });
+    }
+    rc
+}
+
+unsafe fn rt_malloc(
+    api: u8,
+    real: row::cudaMalloc::Real,
+    p: *mut *mut c_void,
+    bytes: usize,
+) -> c_int {
+    track::runtime_alloc(
+        api,
+        Kind::Device,
+        || unsafe { real(p, bytes) },
+        || {
+            let a = unsafe { out(p) }?;
+            Some(Made {
+                key: Key::device(a as u64),
+                bytes: bytes as u64,
+                device: None,
+            })
+        },
+    )
+}
+
+unsafe fn rt_malloc_managed(
+    api: u8,
+    real: row::cudaMallocManaged::Real,
+    p: *mut *mut c_void,
+    bytes: usize,
+    flags: c_uint,
+) -> c_int {
+    track::runtime_alloc(
+        api,
+        Kind::Managed,
+        || unsafe { real(p, bytes, flags) },
+        || {
+            let a = unsafe { out(p) }?;
+            Some(Made {
+                key: Key::device(a as u64),
+                bytes: bytes as u64,
+                device: None,
+            })
+        },
+    )
+}
+
+unsafe fn rt_malloc_pitch(
+    api: u8,
+    real: row::cudaMallocPitch::Real,
+    p: *mut *mut c_void,
+    pitch: *mut usize,
+    width: usize,
+    height: usize,
+) -> c_int {
+    track::runtime_alloc(
+        api,
+        Kind::Pitch,
+        || unsafe { real(p, pitch, width, height) },
+        || {
+            let a = unsafe { out(p) }?;
+            let pitch = unsafe { out(pitch) }.unwrap_or(width);
+            Some(Made {
+                key: Key::device(a as u64),
+                bytes: (pitch * height.max(1)) as u64,
+                device: None,
+            })
+        },
+    )
+}
+
+unsafe fn rt_malloc_3d(
+    api: u8,
+    real: row::cudaMalloc3D::Real,
+    pitched: *mut PitchedPtr,
+    extent: Extent,
+) -> c_int {
+    track::runtime_alloc(
+        api,
+        Kind::Pitch,
+        || unsafe { real(pitched, extent) },
+        || {
+            // SAFETY: written by the runtime on success.
+            let pp = unsafe { pitched.as_ref() }?;
+            let bytes = (pp.pitch * extent.height.max(1) * extent.depth.max(1)) as u64;
+            Some(Made {
+                key: Key::device(pp.ptr as u64),
+                bytes,
+                device: None,
+            })
+        },
+    )
+}
+
+unsafe fn rt_malloc_async(
+    api: u8,
+    real: row::cudaMallocAsync::Real,
+    p: *mut *mut c_void,
+    bytes: usize,
+    stream: Stream,
+) -> c_int {
+    track::runtime_alloc(
+        api,
+        Kind::Pool,
+        || unsafe { real(p, bytes, stream) },
+        || {
+            let a = unsafe { out(p) }?;
+            Some(Made {
+                key: Key::device(a as u64),
+                bytes: bytes as u64,
+                device: None,
+            })
+        },
+    )
+}
+
+unsafe fn rt_malloc_from_pool(
+    api: u8,
+    real: row::cudaMallocFromPoolAsync::Real,
+    p: *mut *mut c_void,
+    bytes: usize,
+    pool: *mut c_void,
+    stream: Stream,
+) -> c_int {
+    track::runtime_alloc(
+        api,
+        Kind::Pool,
+        || unsafe { real(p, bytes, pool, stream) },
+        || {
+            let a = unsafe { out(p) }?;
+            Some(Made {
+                key: Key::device(a as u64),
+                bytes: bytes as u64,
+                device: None,
+            })
+        },
+    )
+}
+
+unsafe fn rt_free(api: u8, real: row::cudaFree::Real, p: *mut c_void) -> c_int {
+    track::runtime_free(api, Key::device(p as u64), || unsafe { real(p) })
+}
+
+unsafe fn rt_free_async(
+    api: u8,
+    real: row::cudaFreeAsync::Real,
+    p: *mut c_void,
+    stream: Stream,
+) -> c_int {
+    track::runtime_free(api, Key::device(p as u64), || unsafe { real(p, stream) })
+}
+
+unsafe fn rt_malloc_host(
+    api: u8,
+    real: row::cudaMallocHost::Real,
+    p: *mut *mut c_void,
+    bytes: usize,
+) -> c_int {
+    track::runtime_alloc(
+        api,
+        Kind::Host,
+        || unsafe { real(p, bytes) },
+        || {
+            let a = unsafe { out(p) }?;
+            Some(Made {
+                key: Key::host(a as u64),
+                bytes: bytes as u64,
+                device: None,
+            })
+        },
+    )
+}
+
+unsafe fn rt_host_alloc(
+    api: u8,
+    real: row::cudaHostAlloc::Real,
+    p: *mut *mut c_void,
+    bytes: usize,
+    flags: c_uint,
+) -> c_int {
+    track::runtime_alloc(
+        api,
+        Kind::Host,
+        || unsafe { real(p, bytes, flags) },
+        || {
+            let a = unsafe { out(p) }?;
+            Some(Made {
+                key: Key::host(a as u64),
+                bytes: bytes as u64,
+                device: None,
+            })
+        },
+    )
+}
+
+unsafe fn rt_free_host(api: u8, real: row::cudaFreeHost::Real, p: *mut c_void) -> c_int {
+    track::runtime_free(api, Key::host(p as u64), || unsafe { real(p) })
+}
+
+unsafe fn rt_device_reset(_api: u8, real: row::cudaDeviceReset::Real) -> c_int {
+    // The device is the current one; ask before the reset takes the context away.
+    let dev = super::real::DRIVER.current_device();
+    track::teardown(
+        || unsafe { real() },
+        |_, r| Some(i32::from(r.device)) == dev,
+    )
+}

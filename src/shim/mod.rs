@@ -1,0 +1,260 @@
+//! Everything that touches the process: load-time setup, the lifecycle, signals, fork,
+//! exit, and the hooks. All `unsafe` FFI of gpuguard lives under this module.
+//!
+//! Lifecycle: INERT at load (no thread, no file, no output) -> ACTIVE at the first CUDA
+//! call that gpuguard tracks (books created, helper thread started) -> DISABLED if
+//! gpuguard itself failed (every hook then passes straight through). A forked child
+//! starts INERT again with fresh books.
+
+// Under `cargo test` the exports are not exported (a test binary must not interpose
+// on itself), so much of this module is unreachable there.
+#![cfg_attr(test, allow(dead_code))]
+
+pub mod capi;
+pub mod hooks;
+mod real;
+mod track;
+mod worker;
+
+use crate::config::{Config, LogLevel};
+use crate::ledger::Ledger;
+use crate::sites::SiteTable;
+use std::ffi::c_void;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, AtomicU64, Ordering::*};
+use std::sync::{Mutex, OnceLock};
+
+const INERT: u8 = 0;
+const ACTIVE: u8 = 1;
+const DISABLED: u8 = 2;
+
+static STATE: AtomicU8 = AtomicU8::new(INERT);
+static ACTIVATING: AtomicBool = AtomicBool::new(false);
+static BOOKS: AtomicPtr<Books> = AtomicPtr::new(std::ptr::null_mut());
+static CONFIG: OnceLock<Settings> = OnceLock::new();
+
+/// The books of one process (a forked child gets new ones).
+pub(crate) struct Books {
+    pub ledger: Ledger,
+    pub sites: SiteTable,
+    pub started_ns: u64,
+    /// Serializes report writing; reports never tear.
+    pub report_lock: Mutex<()>,
+    pub seq: AtomicU64,
+    /// Device sizes, asked once per device when it is first used.
+    pub totals: Box<[AtomicU64]>,
+}
+
+impl Books {
+    fn new() -> Books {
+        Books {
+            ledger: Ledger::new(),
+            sites: SiteTable::new(),
+            started_ns: track::monotonic_ns(),
+            report_lock: Mutex::new(()),
+            seq: AtomicU64::new(0),
+            totals: (0..crate::ledger::MAX_DEVICES)
+                .map(|_| AtomicU64::new(0))
+                .collect(),
+        }
+    }
+
+    /// Remembers a device's size the first time it is used.
+    pub fn note_device(&self, device: i32) {
+        if let Some(slot) = usize::try_from(device)
+            .ok()
+            .and_then(|d| self.totals.get(d))
+            && slot.load(Relaxed) == 0
+        {
+            slot.store(real::DRIVER.total_mem(device).unwrap_or(u64::MAX), Relaxed);
+        }
+    }
+
+    pub fn total(&self, device: i32) -> u64 {
+        let t = usize::try_from(device)
+            .ok()
+            .and_then(|d| self.totals.get(d))
+            .map_or(0, |t| t.load(Relaxed));
+        if t == u64::MAX { 0 } else { t }
+    }
+}
+
+/// Configuration plus what load time learned about the process.
+pub(crate) struct Settings {
+    pub cfg: Config,
+    pub dir: PathBuf,
+    /// `CUDA_API_PER_THREAD_DEFAULT_STREAM` was set: `cuGetProcAddress` default flags
+    /// then mean the `_ptsz` variants.
+    pub ptds_default: bool,
+}
+
+pub(crate) fn settings() -> &'static Settings {
+    CONFIG.get_or_init(|| Settings {
+        cfg: Config::default(),
+        dir: std::env::current_dir().unwrap_or_else(|_| PathBuf::from(".")),
+        ptds_default: false,
+    })
+}
+
+pub(crate) fn config() -> &'static Config {
+    &settings().cfg
+}
+
+pub(crate) fn config_ptds_default() -> bool {
+    settings().ptds_default
+}
+
+/// The books, activating gpuguard on first use. `None` once disabled.
+#[inline]
+pub(crate) fn books() -> Option<&'static Books> {
+    if STATE.load(Acquire) == ACTIVE {
+        active_books()
+    } else {
+        activate()
+    }
+}
+
+/// The books only if gpuguard is already active (never activates).
+pub(crate) fn active_books() -> Option<&'static Books> {
+    if STATE.load(Acquire) != ACTIVE {
+        return None;
+    }
+    // SAFETY: BOOKS is set before STATE becomes ACTIVE and is never freed.
+    unsafe { BOOKS.load(Acquire).as_ref() }
+}
+
+#[cold]
+fn activate() -> Option<&'static Books> {
+    loop {
+        match STATE.load(Acquire) {
+            ACTIVE => return active_books(),
+            DISABLED => return None,
+            _ => {}
+        }
+        if ACTIVATING
+            .compare_exchange(false, true, AcqRel, Acquire)
+            .is_ok()
+        {
+            if STATE.load(Acquire) == INERT {
+                BOOKS.store(Box::into_raw(Box::new(Books::new())), Release);
+                STATE.store(ACTIVE, Release);
+                shielded(|| {
+                    worker::signals_on_activation();
+                    worker::start();
+                });
+                log(
+                    LogLevel::Info,
+                    format_args!("active: first CUDA allocation call seen"),
+                );
+            }
+            ACTIVATING.store(false, Release);
+        } else {
+            std::thread::yield_now();
+        }
+    }
+}
+
+/// Runs gpuguard's own logic; a panic in it disables gpuguard instead of unwinding
+/// into the program (the real CUDA call has already happened, or will happen anyway).
+pub(crate) fn shielded<R>(f: impl FnOnce() -> R) -> Option<R> {
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(r) => Some(r),
+        Err(_) => {
+            if STATE.swap(DISABLED, AcqRel) != DISABLED {
+                log(
+                    LogLevel::Warn,
+                    format_args!("internal error; tracking is off for the rest of this process"),
+                );
+            }
+            None
+        }
+    }
+}
+
+/// One line on stderr, `gpuguard[<pid>]: ...`, written with one write(2).
+pub(crate) fn log(level: LogLevel, args: std::fmt::Arguments<'_>) {
+    if level > config().log || level == LogLevel::Off {
+        return;
+    }
+    let line = format!("gpuguard[{}]: {}\n", std::process::id(), args);
+    write_stderr(line.as_bytes());
+}
+
+pub(crate) fn write_stderr(mut bytes: &[u8]) {
+    while !bytes.is_empty() {
+        // SAFETY: writing a valid buffer to fd 2.
+        let n = unsafe { libc::write(2, bytes.as_ptr() as *const c_void, bytes.len()) };
+        if n <= 0 {
+            if n < 0 && std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            return;
+        }
+        bytes = &bytes[n as usize..];
+    }
+}
+
+// ---- load, fork, exit -------------------------------------------------------------------
+
+#[cfg(not(test))]
+#[ctor::ctor(unsafe)]
+fn on_load() {
+    load();
+}
+
+#[cfg_attr(test, allow(dead_code))]
+fn load() {
+    let names: Vec<String> = std::env::vars_os()
+        .filter_map(|(k, _)| k.into_string().ok())
+        .filter(|k| k.starts_with("GPUGUARD_"))
+        .collect();
+    let parsed = Config::parse(names.iter().map(String::as_str), |k| {
+        std::env::var_os(k).map(|v| v.to_string_lossy().into_owned())
+    });
+    let cfg = match parsed {
+        Ok(c) => c,
+        Err(e) => {
+            write_stderr(format!("gpuguard[{}]: {e}\n", std::process::id()).as_bytes());
+            // SAFETY: stopping before the program starts, as documented.
+            unsafe { libc::_exit(2) };
+        }
+    };
+    let dir = match &cfg.dir {
+        Some(d) => d.clone(),
+        None => std::env::current_dir().unwrap_or_else(|_| PathBuf::from(".")),
+    };
+    let ptds_default = std::env::var_os("CUDA_API_PER_THREAD_DEFAULT_STREAM")
+        .is_some_and(|v| v != "0" && !v.is_empty());
+    let _ = CONFIG.set(Settings {
+        cfg,
+        dir,
+        ptds_default,
+    });
+    real::find_own_range();
+    let _ = real::real_dlsym();
+    worker::install_signal_handler();
+    // SAFETY: registering plain extern "C" callbacks.
+    unsafe {
+        libc::pthread_atfork(None, None, Some(after_fork_in_child));
+        libc::atexit(at_exit);
+    }
+}
+
+/// The child forgets the parent's allocations; it starts INERT and gets fresh books
+/// (and its own report) only if it uses CUDA itself.
+extern "C" fn after_fork_in_child() {
+    BOOKS.store(std::ptr::null_mut(), Release);
+    ACTIVATING.store(false, Release);
+    if STATE.load(Acquire) == ACTIVE {
+        STATE.store(INERT, Release);
+    }
+    worker::after_fork_in_child();
+}
+
+/// The exit report: what is still live is the leak list.
+extern "C" fn at_exit() {
+    if active_books().is_some() {
+        shielded(|| worker::write_report("exit"));
+    }
+}

@@ -1,0 +1,277 @@
+//! Finding the real functions: the real `dlsym`, the `dlsym` override itself (a tail
+//! jump, so `RTLD_NEXT` stays relative to the caller), the per-path slots that hold
+//! the real pointer each lookup path returned, and gpuguard's private driver calls.
+
+use std::ffi::{CStr, c_char, c_int, c_void};
+use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering::*};
+
+unsafe extern "C" {
+    fn dlvsym(handle: *mut c_void, symbol: *const c_char, version: *const c_char) -> *mut c_void;
+}
+
+type DlsymFn = unsafe extern "C" fn(*mut c_void, *const c_char) -> *mut c_void;
+
+/// glibc's own `dlsym`. Read by the trampoline below as a plain word.
+static GPUGUARD_REAL_DLSYM: AtomicUsize = AtomicUsize::new(0);
+
+/// Resolves glibc's `dlsym` by version, since `dlsym(RTLD_NEXT, "dlsym")` would go
+/// through ourselves.
+pub(crate) fn real_dlsym() -> Option<DlsymFn> {
+    let mut p = GPUGUARD_REAL_DLSYM.load(Acquire);
+    if p == 0 {
+        for v in [c"GLIBC_2.34", c"GLIBC_2.2.5"] {
+            // SAFETY: dlvsym with constant, NUL-terminated strings.
+            let f = unsafe { dlvsym(libc::RTLD_NEXT, c"dlsym".as_ptr(), v.as_ptr()) };
+            if !f.is_null() {
+                p = f as usize;
+                break;
+            }
+        }
+        GPUGUARD_REAL_DLSYM.store(p, Release);
+    }
+    // SAFETY: p is glibc's dlsym, whose signature DlsymFn matches.
+    (p != 0).then(|| unsafe { std::mem::transmute::<usize, DlsymFn>(p) })
+}
+
+/// `dlsym(handle, name)` through glibc, never through our override.
+pub(crate) unsafe fn lookup(handle: *mut c_void, name: &CStr) -> *mut c_void {
+    match real_dlsym() {
+        // SAFETY: forwarding a valid C string to glibc.
+        Some(f) => unsafe { f(handle, name.as_ptr()) },
+        None => std::ptr::null_mut(),
+    }
+}
+
+/// The `dlsym` every library in the process calls. It asks `dlsym_answer` whether the
+/// name is one of ours; if not, it jumps (not calls) to glibc's `dlsym` with the
+/// original arguments and return address, so `dlsym(RTLD_NEXT, ...)` keeps resolving
+/// relative to the real caller instead of to gpuguard.
+#[cfg(target_arch = "x86_64")]
+#[unsafe(naked)]
+#[cfg_attr(not(test), unsafe(no_mangle))]
+pub unsafe extern "C" fn dlsym(_handle: *mut c_void, _name: *const c_char) -> *mut c_void {
+    core::arch::naked_asm!(
+        "push rdi",
+        "push rsi",
+        "sub rsp, 8",
+        "call {answer}",
+        "add rsp, 8",
+        "pop rsi",
+        "pop rdi",
+        "cmp rax, 1",
+        "ja 2f",
+        "je 3f",
+        "jmp qword ptr [rip + {real}]",
+        "3:",
+        "xor eax, eax",
+        "2:",
+        "ret",
+        answer = sym dlsym_answer,
+        real = sym GPUGUARD_REAL_DLSYM,
+    )
+}
+
+/// 0: not ours, forward to glibc. 1: answer NULL. Otherwise the pointer to return.
+unsafe extern "C" fn dlsym_answer(handle: *mut c_void, name: *const c_char) -> usize {
+    if real_dlsym().is_none() || name.is_null() || handle == libc::RTLD_NEXT {
+        return 0;
+    }
+    // SAFETY: name is a C string from the caller; only two bytes read before the
+    // cheap prefix test, which lets every non-CUDA lookup through at once.
+    unsafe {
+        if *name != b'c' as c_char || *name.add(1) != b'u' as c_char {
+            return 0;
+        }
+        super::hooks::dlsym_swap(handle, CStr::from_ptr(name))
+    }
+}
+
+/// Which lookup path a wrapper serves. Each path keeps its own real pointer, because
+/// a pointer handed out for one request must call exactly what that request returned.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Path {
+    Symbol = 0,
+    Dlsym = 1,
+    Proc = 2,
+}
+
+/// The real pointers of one hooked function, one per path.
+pub struct Slots {
+    real: [AtomicPtr<c_void>; 3],
+}
+
+impl Slots {
+    pub const fn new() -> Slots {
+        Slots {
+            real: [
+                AtomicPtr::new(std::ptr::null_mut()),
+                AtomicPtr::new(std::ptr::null_mut()),
+                AtomicPtr::new(std::ptr::null_mut()),
+            ],
+        }
+    }
+
+    /// The real function for `path`. The symbol path resolves itself on first use
+    /// (the next definition after gpuguard, or the loaded library's own); the others
+    /// were filled when their pointer was handed out.
+    #[inline]
+    pub fn get(&self, path: Path, name: &CStr, soname: &CStr) -> Option<*mut c_void> {
+        let p = self.real[path as usize].load(Acquire);
+        if !p.is_null() {
+            return Some(p);
+        }
+        if path != Path::Symbol {
+            return None;
+        }
+        let p = resolve_next(name, soname)?;
+        self.real[0].store(p, Release);
+        Some(p)
+    }
+
+    /// Keeps `real` for `path` if the slot is empty or holds the same pointer. False
+    /// when another pointer is already there: then the caller gets `real` unhooked.
+    pub fn offer(&self, path: Path, real: *mut c_void) -> bool {
+        match self.real[path as usize].compare_exchange(std::ptr::null_mut(), real, AcqRel, Acquire)
+        {
+            Ok(_) => true,
+            Err(cur) => cur == real,
+        }
+    }
+
+    /// Forget every pointer (a child after fork keeps them: same mappings).
+    #[cfg(test)]
+    pub fn clear(&self) {
+        for s in &self.real {
+            s.store(std::ptr::null_mut(), Release);
+        }
+    }
+}
+
+/// The definition of `name` after gpuguard in the search order, or, when the library
+/// was loaded privately (RTLD_LOCAL), its own definition.
+fn resolve_next(name: &CStr, soname: &CStr) -> Option<*mut c_void> {
+    // SAFETY: glibc lookups with valid C strings.
+    unsafe {
+        let p = lookup(libc::RTLD_NEXT, name);
+        if !p.is_null() && !super::hooks::is_wrapper(p) {
+            return Some(p);
+        }
+        let h = libc::dlopen(soname.as_ptr(), libc::RTLD_LAZY | libc::RTLD_NOLOAD);
+        if h.is_null() {
+            return None;
+        }
+        let p = lookup(h, name);
+        libc::dlclose(h);
+        (!p.is_null() && !super::hooks::is_wrapper(p)).then_some(p)
+    }
+}
+
+/// gpuguard's own calls into the driver, through pointers it resolved itself, so they
+/// never re-enter a hook.
+pub(crate) struct Driver {
+    ctx_get_current: AtomicUsize,
+    ctx_get_device: AtomicUsize,
+    device_total_mem: AtomicUsize,
+}
+
+pub(crate) static DRIVER: Driver = Driver {
+    ctx_get_current: AtomicUsize::new(0),
+    ctx_get_device: AtomicUsize::new(0),
+    device_total_mem: AtomicUsize::new(0),
+};
+
+/// Marks a slot whose lookup failed, so it is not retried on every call.
+const MISSING: usize = 1;
+
+fn driver_fn(slot: &AtomicUsize, name: &CStr) -> Option<usize> {
+    let p = slot.load(Acquire);
+    if p > MISSING {
+        return Some(p);
+    }
+    if p == MISSING {
+        return None;
+    }
+    let found = resolve_next(name, c"libcuda.so.1").map(|p| p as usize);
+    slot.store(found.unwrap_or(MISSING), Release);
+    found
+}
+
+impl Driver {
+    /// The calling thread's current context, 0 when none or unknown.
+    pub fn current_ctx(&self) -> u64 {
+        type F = unsafe extern "C" fn(*mut *mut c_void) -> c_int;
+        let Some(p) = driver_fn(&self.ctx_get_current, c"cuCtxGetCurrent") else {
+            return 0;
+        };
+        let mut ctx: *mut c_void = std::ptr::null_mut();
+        // SAFETY: p is the driver's cuCtxGetCurrent.
+        let rc = unsafe { std::mem::transmute::<usize, F>(p)(&mut ctx) };
+        if rc == 0 { ctx as u64 } else { 0 }
+    }
+
+    /// The device of the current context.
+    pub fn current_device(&self) -> Option<i32> {
+        type F = unsafe extern "C" fn(*mut c_int) -> c_int;
+        let p = driver_fn(&self.ctx_get_device, c"cuCtxGetDevice")?;
+        let mut dev: c_int = -1;
+        // SAFETY: p is the driver's cuCtxGetDevice.
+        let rc = unsafe { std::mem::transmute::<usize, F>(p)(&mut dev) };
+        (rc == 0 && dev >= 0).then_some(dev)
+    }
+
+    /// Device memory size as the driver states it.
+    pub fn total_mem(&self, device: i32) -> Option<u64> {
+        type F = unsafe extern "C" fn(*mut usize, c_int) -> c_int;
+        let p = driver_fn(&self.device_total_mem, c"cuDeviceTotalMem_v2")?;
+        let mut bytes: usize = 0;
+        // SAFETY: p is the driver's cuDeviceTotalMem_v2.
+        let rc = unsafe { std::mem::transmute::<usize, F>(p)(&mut bytes, device) };
+        (rc == 0).then_some(bytes as u64)
+    }
+}
+
+/// The address range of gpuguard's own code, so stack capture can skip its frames.
+pub(crate) static OWN_LO: AtomicUsize = AtomicUsize::new(0);
+pub(crate) static OWN_HI: AtomicUsize = AtomicUsize::new(0);
+
+pub(crate) fn find_own_range() {
+    unsafe extern "C" fn each(
+        info: *mut libc::dl_phdr_info,
+        _size: usize,
+        data: *mut c_void,
+    ) -> c_int {
+        // SAFETY: glibc passes a valid dl_phdr_info; data is our base address.
+        unsafe {
+            let base = *(data as *const usize);
+            let info = &*info;
+            if info.dlpi_addr as usize != base {
+                return 0;
+            }
+            let mut hi = 0usize;
+            for i in 0..info.dlpi_phnum as usize {
+                let ph = &*info.dlpi_phdr.add(i);
+                if ph.p_type == libc::PT_LOAD {
+                    hi = hi.max(base + (ph.p_vaddr + ph.p_memsz) as usize);
+                }
+            }
+            OWN_LO.store(base, Relaxed);
+            OWN_HI.store(hi, Relaxed);
+            1
+        }
+    }
+    // SAFETY: dladdr on one of our own functions; dl_iterate_phdr with a callback that
+    // only reads what glibc passes.
+    unsafe {
+        let mut dl: libc::Dl_info = std::mem::zeroed();
+        if libc::dladdr(find_own_range as *const c_void, &mut dl) == 0 {
+            return;
+        }
+        let mut base = dl.dli_fbase as usize;
+        libc::dl_iterate_phdr(Some(each), &mut base as *mut usize as *mut c_void);
+    }
+}
+
+#[inline]
+pub(crate) fn is_own_code(pc: usize) -> bool {
+    pc >= OWN_LO.load(Relaxed) && pc < OWN_HI.load(Relaxed)
+}

@@ -1,0 +1,337 @@
+//! What a hook does around the real call: the thread-local guard, the runtime label,
+//! the device and context of the call, the stack, and the hand-off to the ledger.
+//! No lock shared by all threads, no I/O, no formatting here.
+
+use super::real::{DRIVER, is_own_code};
+use super::{Books, books, config, shielded};
+use crate::ledger::{Key, Kind, NO_SITE, Record};
+use std::cell::Cell;
+use std::ffi::{c_int, c_void};
+use std::sync::atomic::{AtomicU64, Ordering::*};
+
+/// A runtime call in progress on this thread: the driver call beneath it takes its
+/// name as the label and says that it saw the bytes, so they are counted once.
+#[derive(Clone, Copy)]
+struct RuntimeFrame {
+    api: u8,
+    active: bool,
+    seen: bool,
+}
+
+const NO_FRAME: RuntimeFrame = RuntimeFrame {
+    api: 0,
+    active: false,
+    seen: false,
+};
+
+thread_local! {
+    /// Depth of driver hooks on this thread: a hook reached from inside another (a
+    /// driver calling its own exports) passes straight through.
+    static DRIVER_DEPTH: Cell<u32> = const { Cell::new(0) };
+    static RUNTIME: Cell<RuntimeFrame> = const { Cell::new(NO_FRAME) };
+    static THREAD_ID: Cell<u32> = const { Cell::new(0) };
+    /// (context, device, epoch) of the last lookup: contexts rarely change per thread.
+    static CTX_CACHE: Cell<(u64, i32, u64)> = const { Cell::new((0, 0, u64::MAX)) };
+}
+
+/// Bumped whenever a context is destroyed, so no thread trusts a cached device for a
+/// context handle the driver may reuse.
+static CTX_EPOCH: AtomicU64 = AtomicU64::new(0);
+
+pub(crate) struct DriverScope;
+
+impl Drop for DriverScope {
+    fn drop(&mut self) {
+        DRIVER_DEPTH.with(|d| d.set(d.get().saturating_sub(1)));
+    }
+}
+
+/// Enters a driver hook; `None` when this thread is already inside one.
+#[inline]
+pub(crate) fn enter_driver() -> Option<DriverScope> {
+    DRIVER_DEPTH.with(|d| {
+        if d.get() > 0 {
+            None
+        } else {
+            d.set(1);
+            Some(DriverScope)
+        }
+    })
+}
+
+fn thread_id() -> u32 {
+    THREAD_ID.with(|t| {
+        let mut id = t.get();
+        if id == 0 {
+            // SAFETY: gettid has no preconditions.
+            id = unsafe { libc::gettid() } as u32;
+            t.set(id);
+        }
+        id
+    })
+}
+
+fn now_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: valid out pointer. The coarse clock is a few ns through the vDSO and
+    // its millisecond resolution is plenty for ages.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+pub(crate) fn monotonic_ns() -> u64 {
+    now_ns()
+}
+
+/// The current context and its device (device 0 when there is no context).
+pub(crate) fn ctx_device() -> (u64, i32) {
+    let ctx = DRIVER.current_ctx();
+    let epoch = CTX_EPOCH.load(Relaxed);
+    CTX_CACHE.with(|c| {
+        let (cctx, cdev, cepoch) = c.get();
+        if cctx == ctx && cepoch == epoch && ctx != 0 {
+            return (ctx, cdev);
+        }
+        let dev = DRIVER.current_device().unwrap_or(0);
+        c.set((ctx, dev, epoch));
+        (ctx, dev)
+    })
+}
+
+pub(crate) fn contexts_changed() {
+    CTX_EPOCH.fetch_add(1, Relaxed);
+}
+
+// ---- stacks ----------------------------------------------------------------------
+
+unsafe extern "C" {
+    fn _Unwind_Backtrace(
+        trace: unsafe extern "C" fn(*mut c_void, *mut c_void) -> c_int,
+        arg: *mut c_void,
+    ) -> c_int;
+    fn _Unwind_GetIP(ctx: *mut c_void) -> usize;
+}
+
+const MAX_FRAMES: usize = crate::config::MAX_STACK_DEPTH;
+
+struct Capture {
+    pcs: [usize; MAX_FRAMES],
+    n: usize,
+    max: usize,
+}
+
+unsafe extern "C" fn each_frame(ctx: *mut c_void, arg: *mut c_void) -> c_int {
+    const URC_NO_REASON: c_int = 0;
+    const URC_END_OF_STACK: c_int = 5;
+    // SAFETY: arg is the Capture passed to _Unwind_Backtrace below; ctx is libgcc's.
+    let cap = unsafe { &mut *(arg as *mut Capture) };
+    let pc = unsafe { _Unwind_GetIP(ctx) };
+    if pc == 0 {
+        return URC_END_OF_STACK;
+    }
+    if is_own_code(pc) {
+        return URC_NO_REASON;
+    }
+    cap.pcs[cap.n] = pc;
+    cap.n += 1;
+    if cap.n >= cap.max {
+        URC_END_OF_STACK
+    } else {
+        URC_NO_REASON
+    }
+}
+
+/// The caller's stack as an interned site id; gpuguard's own frames are skipped.
+fn capture_site(books: &Books) -> u32 {
+    let depth = config().stack_depth;
+    if depth == 0 {
+        return NO_SITE;
+    }
+    let mut cap = Capture {
+        pcs: [0; MAX_FRAMES],
+        n: 0,
+        max: depth.min(MAX_FRAMES),
+    };
+    // SAFETY: the callback writes only into `cap`, within its bounds.
+    unsafe { _Unwind_Backtrace(each_frame, &mut cap as *mut Capture as *mut c_void) };
+    if cap.n == 0 {
+        return NO_SITE;
+    }
+    books.sites.intern(&cap.pcs[..cap.n])
+}
+
+// ---- the hook bodies ---------------------------------------------------------------
+
+pub(crate) const SUCCESS: c_int = 0;
+
+/// What an allocation produced, read after the real call succeeded.
+pub(crate) struct Made {
+    pub key: Key,
+    pub bytes: u64,
+    /// The device named by the call itself (VMM location); else the context's.
+    pub device: Option<i32>,
+}
+
+fn record(books: &Books, api: u8, kind: Kind, made: Made, ctx: u64, ctx_dev: i32) {
+    let label = RUNTIME.with(|r| {
+        let mut f = r.get();
+        if f.active {
+            f.seen = true;
+            r.set(f);
+            f.api
+        } else {
+            api
+        }
+    });
+    let device = made.device.unwrap_or(ctx_dev);
+    books.note_device(device);
+    let rec = Record {
+        bytes: made.bytes,
+        ctx,
+        t_ns: now_ns(),
+        site: capture_site(books),
+        thread: thread_id(),
+        device: device.clamp(i16::MIN.into(), i16::MAX.into()) as i16,
+        kind,
+        api: label,
+    };
+    books.ledger.insert(made.key, rec);
+}
+
+/// A driver allocation: real call, then the record (or the failure).
+#[inline]
+pub(crate) fn driver_alloc(
+    api: u8,
+    kind: Kind,
+    call: impl FnOnce() -> c_int,
+    made: impl FnOnce() -> Option<Made>,
+) -> c_int {
+    let Some(_scope) = enter_driver() else {
+        return call();
+    };
+    let rc = call();
+    shielded(|| {
+        let Some(books) = books() else { return };
+        let (ctx, dev) = ctx_device();
+        if rc == SUCCESS {
+            if let Some(m) = made() {
+                record(books, api, kind, m, ctx, dev);
+            }
+        } else {
+            books.ledger.failed(dev, kind.is_host());
+        }
+    });
+    rc
+}
+
+/// A driver free. The record leaves the books before the real free, so an address the
+/// driver hands to another thread at once cannot be mistaken for this one; a failed
+/// free puts it back.
+#[inline]
+pub(crate) fn driver_free(key: Key, call: impl FnOnce() -> c_int) -> c_int {
+    let Some(_scope) = enter_driver() else {
+        return call();
+    };
+    if key.value == 0 {
+        return call();
+    }
+    let taken = shielded(|| {
+        let books = books()?;
+        RUNTIME.with(|r| {
+            let mut f = r.get();
+            if f.active {
+                f.seen = true;
+                r.set(f);
+            }
+        });
+        Some((books, books.ledger.take(key)))
+    })
+    .flatten();
+    let rc = call();
+    shielded(|| match taken {
+        Some((books, Some(rec))) => {
+            if rc == SUCCESS {
+                books.ledger.confirm_free(&rec);
+            } else {
+                books.ledger.restore(key, rec);
+            }
+        }
+        Some((books, None)) => books.ledger.unknown_free(key, ctx_device().1),
+        None => {}
+    });
+    rc
+}
+
+/// A context or device teardown that frees everything in it at once.
+pub(crate) fn teardown(
+    call: impl FnOnce() -> c_int,
+    drop_if: impl Fn(&Key, &Record) -> bool,
+) -> c_int {
+    let Some(_scope) = enter_driver() else {
+        return call();
+    };
+    let rc = call();
+    if rc == SUCCESS {
+        shielded(|| {
+            if let Some(books) = super::active_books() {
+                books.ledger.drop_where(&drop_if);
+            }
+            contexts_changed();
+        });
+    }
+    rc
+}
+
+/// A runtime allocation: the driver call beneath labels and counts it. If none was
+/// seen (a runtime that reached an unhooked driver pointer), it is recorded here, so
+/// nothing is lost and nothing counted twice.
+pub(crate) fn runtime_alloc(
+    api: u8,
+    kind: Kind,
+    call: impl FnOnce() -> c_int,
+    made: impl FnOnce() -> Option<Made>,
+) -> c_int {
+    let (rc, frame) = in_runtime_frame(api, call);
+    if rc == SUCCESS && !frame.seen {
+        shielded(|| {
+            let books = books()?;
+            let m = made()?;
+            if books.ledger.get(&m.key).is_none() {
+                let (ctx, dev) = ctx_device();
+                record(books, api, kind, m, ctx, dev);
+            }
+            Some(())
+        });
+    }
+    rc
+}
+
+/// A runtime free; as above, the driver hook beneath does the work when it runs.
+pub(crate) fn runtime_free(api: u8, key: Key, call: impl FnOnce() -> c_int) -> c_int {
+    let (rc, frame) = in_runtime_frame(api, call);
+    if rc == SUCCESS && !frame.seen && key.value != 0 {
+        shielded(|| {
+            let books = super::active_books()?;
+            let rec = books.ledger.take(key)?;
+            books.ledger.confirm_free(&rec);
+            Some(())
+        });
+    }
+    rc
+}
+
+fn in_runtime_frame(api: u8, call: impl FnOnce() -> c_int) -> (c_int, RuntimeFrame) {
+    let prev = RUNTIME.with(|r| {
+        r.replace(RuntimeFrame {
+            api,
+            active: true,
+            seen: false,
+        })
+    });
+    let rc = call();
+    let frame = RUNTIME.with(|r| r.replace(prev));
+    (rc, frame)
+}

@@ -1,0 +1,308 @@
+//! The helper thread and the report signal. The signal handler only counts the request
+//! and wakes the thread through an eventfd; the thread (all signals blocked in it)
+//! does the I/O: building, symbolizing and writing reports.
+
+use super::{LogLevel, active_books, log, settings, shielded, write_stderr};
+use crate::report::{ReportConfig, human_bytes};
+use crate::reporter::{self, FrameInfo, ReportInput};
+use std::ffi::{CStr, c_int, c_void};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering::*};
+
+/// Report signals received; the thread writes one report for any number of them.
+static REPORT_REQUESTS: AtomicU64 = AtomicU64::new(0);
+static WAKE_FD: AtomicI32 = AtomicI32::new(-1);
+static THREAD_RUNNING: AtomicBool = AtomicBool::new(false);
+/// The program's handler for the report signal, called after ours.
+static mut PREVIOUS: Option<libc::sigaction> = None;
+static DIR_WARNED: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_report_signal(sig: c_int, info: *mut libc::siginfo_t, uctx: *mut c_void) {
+    // SAFETY: async-signal-safe work only: atomics, write(2), errno save/restore.
+    unsafe {
+        let errno = *libc::__errno_location();
+        REPORT_REQUESTS.fetch_add(1, Relaxed);
+        let fd = WAKE_FD.load(Relaxed);
+        if fd >= 0 {
+            let one: u64 = 1;
+            libc::write(fd, &one as *const u64 as *const c_void, 8);
+        }
+        chain(sig, info, uctx);
+        *libc::__errno_location() = errno;
+    }
+}
+
+/// Calls the handler the program had before ours, as it asked to be called.
+unsafe fn chain(sig: c_int, info: *mut libc::siginfo_t, uctx: *mut c_void) {
+    // SAFETY: PREVIOUS is written before our handler is installed and not after.
+    let Some(prev) = (unsafe { *std::ptr::addr_of!(PREVIOUS) }) else {
+        return;
+    };
+    let h = prev.sa_sigaction;
+    if h == libc::SIG_DFL || h == libc::SIG_IGN {
+        return; // the default would kill the process: the report signal never does
+    }
+    // SAFETY: h is a handler the program installed with these flags.
+    unsafe {
+        if prev.sa_flags & libc::SA_SIGINFO != 0 {
+            let f: extern "C" fn(c_int, *mut libc::siginfo_t, *mut c_void) = std::mem::transmute(h);
+            f(sig, info, uctx);
+        } else {
+            let f: extern "C" fn(c_int) = std::mem::transmute(h);
+            f(sig);
+        }
+    }
+}
+
+fn our_handler() -> usize {
+    on_report_signal as extern "C" fn(c_int, *mut libc::siginfo_t, *mut c_void) as usize
+}
+
+/// Installs the report-signal handler, keeping whatever handler was there to chain.
+pub(super) fn install_signal_handler() {
+    let Some(sig) = settings().cfg.report_signal else {
+        return;
+    };
+    // SAFETY: sigaction with zeroed, then filled structures.
+    unsafe {
+        let mut old: libc::sigaction = std::mem::zeroed();
+        if libc::sigaction(sig, std::ptr::null(), &mut old) != 0
+            || old.sa_sigaction == our_handler()
+        {
+            return;
+        }
+        *std::ptr::addr_of_mut!(PREVIOUS) = Some(old);
+        let mut act: libc::sigaction = std::mem::zeroed();
+        act.sa_sigaction = our_handler();
+        act.sa_flags = libc::SA_SIGINFO | libc::SA_RESTART;
+        libc::sigemptyset(&mut act.sa_mask);
+        libc::sigaction(sig, &act, std::ptr::null_mut());
+    }
+}
+
+/// At activation: if the program installed its own handler since load, put ours back
+/// in front and chain to the program's.
+pub(super) fn signals_on_activation() {
+    REPORT_REQUESTS.store(0, Relaxed); // signals before CUDA asked for nothing
+    install_signal_handler();
+}
+
+/// Starts the helper thread, with every signal blocked so they go to the program.
+pub(super) fn start() {
+    if THREAD_RUNNING.swap(true, AcqRel) {
+        return;
+    }
+    // SAFETY: creating an eventfd and adjusting this thread's mask around the spawn
+    // (the new thread inherits the blocked mask).
+    unsafe {
+        let fd = libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK);
+        WAKE_FD.store(fd, Release);
+        let mut all: libc::sigset_t = std::mem::zeroed();
+        let mut old: libc::sigset_t = std::mem::zeroed();
+        libc::sigfillset(&mut all);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &all, &mut old);
+        let spawned = std::thread::Builder::new()
+            .name("gpuguard".into())
+            .spawn(move || run(fd));
+        libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
+        if spawned.is_err() {
+            THREAD_RUNNING.store(false, Release);
+            log(
+                LogLevel::Warn,
+                format_args!("could not start the helper thread; signal reports are off"),
+            );
+        }
+    }
+}
+
+pub(super) fn after_fork_in_child() {
+    // The parent's thread does not exist here; the eventfd is the parent's too.
+    THREAD_RUNNING.store(false, Release);
+    let fd = WAKE_FD.swap(-1, AcqRel);
+    if fd >= 0 {
+        // SAFETY: closing our own descriptor in the child.
+        unsafe { libc::close(fd) };
+    }
+    REPORT_REQUESTS.store(0, Relaxed);
+}
+
+fn run(fd: c_int) {
+    let mut handled = REPORT_REQUESTS.load(Relaxed);
+    loop {
+        let mut pfd = libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: polling and draining our own eventfd.
+        unsafe {
+            libc::poll(&mut pfd, 1, 1000);
+            let mut v: u64 = 0;
+            libc::read(fd, &mut v as *mut u64 as *mut c_void, 8);
+        }
+        let now = REPORT_REQUESTS.load(Relaxed);
+        if now != handled {
+            handled = now;
+            shielded(|| write_report("signal"));
+        }
+    }
+}
+
+// ---- reports -------------------------------------------------------------------------
+
+fn program_name() -> String {
+    unsafe extern "C" {
+        static program_invocation_short_name: *const std::ffi::c_char;
+    }
+    // SAFETY: glibc sets this before constructors run; it is a C string.
+    unsafe {
+        let p = program_invocation_short_name;
+        if p.is_null() {
+            return "unknown".into();
+        }
+        CStr::from_ptr(p).to_string_lossy().into_owned()
+    }
+}
+
+fn argv() -> Vec<String> {
+    std::fs::read("/proc/self/cmdline")
+        .map(|b| {
+            b.split(|c| *c == 0)
+                .filter(|s| !s.is_empty())
+                .map(|s| String::from_utf8_lossy(s).into_owned())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// `symbol+0x.. (module+0x..)`, or `module+0x..` where the module exports no symbol
+/// there. Frames of gpuguard and the CUDA libraries are marked internal.
+fn symbolize(pc: usize) -> FrameInfo {
+    // A return address points after the call; look up the call itself.
+    let at = pc.saturating_sub(1);
+    // SAFETY: dladdr only reads the loader's tables.
+    unsafe {
+        let mut dl: libc::Dl_info = std::mem::zeroed();
+        if libc::dladdr(at as *const c_void, &mut dl) == 0 || dl.dli_fname.is_null() {
+            return FrameInfo {
+                text: format!("{pc:#x}"),
+                internal: false,
+            };
+        }
+        let path = CStr::from_ptr(dl.dli_fname).to_string_lossy();
+        let module = path.rsplit('/').next().unwrap_or(&path).to_string();
+        let module = if module.is_empty() {
+            program_name()
+        } else {
+            module
+        };
+        let off = at - dl.dli_fbase as usize;
+        let internal = super::real::is_own_code(at)
+            || module.starts_with("libcuda.so")
+            || module.starts_with("libcudart.so");
+        let text = if !dl.dli_sname.is_null() {
+            let sym = CStr::from_ptr(dl.dli_sname).to_string_lossy();
+            format!(
+                "{sym}+{:#x} ({module}+{off:#x})",
+                at - dl.dli_saddr as usize
+            )
+        } else {
+            format!("{module}+{off:#x}")
+        };
+        FrameInfo { text, internal }
+    }
+}
+
+/// Builds and writes a report now; returns where it went (None: to stderr).
+pub(crate) fn write_report(reason: &str) -> Option<PathBuf> {
+    let books = active_books()?;
+    let _guard = books.report_lock.lock().unwrap_or_else(|e| e.into_inner());
+    let s = settings();
+    let seq = books.seq.fetch_add(1, Relaxed) + 1;
+    let pid = std::process::id();
+    let program = program_name();
+    let now = super::track::monotonic_ns();
+    let input = ReportInput {
+        reason,
+        seq,
+        pid,
+        program: &program,
+        argv: argv(),
+        time_unix_ms: unix_ms(),
+        uptime_s: now.saturating_sub(books.started_ns) as f64 / 1e9,
+        now_ns: now,
+        ledger: &books.ledger,
+        sites: &books.sites,
+        api_name: &super::hooks::api_name,
+        symbolize: &symbolize,
+        device_total: &|d| books.total(d),
+        config: ReportConfig {
+            stack_depth: s.cfg.stack_depth,
+            report_signal: s.cfg.report_signal,
+            dir: s.dir.to_string_lossy().into_owned(),
+        },
+    };
+    let report = reporter::build(&input);
+    let mut json = serde_json::to_vec_pretty(&report).unwrap_or_default();
+    json.push(b'\n');
+    let name = reporter::file_name(&program, pid, seq, reason);
+    let headline = headline(&report);
+    match reporter::write_atomic(&s.dir, &name, &json) {
+        Ok(path) => {
+            log(
+                LogLevel::Warn,
+                format_args!("report {} ({reason}): {headline}", path.display()),
+            );
+            Some(path)
+        }
+        Err(e) => {
+            if !DIR_WARNED.swap(true, Relaxed) {
+                log(
+                    LogLevel::Warn,
+                    format_args!(
+                        "cannot write reports to {}: {e}; writing them to stderr instead",
+                        s.dir.display()
+                    ),
+                );
+            }
+            log(
+                LogLevel::Warn,
+                format_args!("report ({reason}) follows: {headline}"),
+            );
+            write_stderr(&json);
+            None
+        }
+    }
+}
+
+fn headline(r: &crate::report::Report) -> String {
+    let mut parts: Vec<String> = r
+        .devices
+        .iter()
+        .map(|d| {
+            format!(
+                "device {}: {} live in {} allocations, peak {}",
+                d.device,
+                human_bytes(d.current_bytes),
+                d.live_count,
+                human_bytes(d.peak_bytes)
+            )
+        })
+        .collect();
+    if parts.is_empty() {
+        parts.push("no device memory used".into());
+    }
+    if r.host_pinned.peak_bytes > 0 {
+        parts.push(format!(
+            "pinned host {} live",
+            human_bytes(r.host_pinned.current_bytes)
+        ));
+    }
+    parts.join("; ")
+}

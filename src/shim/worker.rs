@@ -5,7 +5,10 @@
 use super::{LogLevel, active_books, log, settings, shielded, write_stderr};
 use crate::report::{ReportConfig, human_bytes};
 use crate::reporter::{self, FrameInfo, ReportInput};
-use std::ffi::{CStr, c_int, c_void};
+use crate::symbols::SymbolTable;
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::ffi::{CStr, c_char, c_int, c_void};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering::*};
 
@@ -181,41 +184,95 @@ fn unix_ms() -> u64 {
         .map_or(0, |d| d.as_millis() as u64)
 }
 
-/// `symbol+0x.. (module+0x..)`, or `module+0x..` where the module exports no symbol
-/// there. Frames of gpuguard and the CUDA libraries are marked internal.
-fn symbolize(pc: usize) -> FrameInfo {
+/// Symbol tables read so far for one report, by module path.
+type Tables = RefCell<HashMap<String, Option<SymbolTable>>>;
+
+/// `function+0x.. (module+0x..)`, the function from the module's ELF symbols (or the
+/// loader's), else `module+0x..`. Frames of gpuguard and the CUDA libraries are marked
+/// internal, so a site starts at the caller.
+fn symbolize(pc: usize, tables: &Tables) -> FrameInfo {
     // A return address points after the call; look up the call itself.
     let at = pc.saturating_sub(1);
     // SAFETY: dladdr only reads the loader's tables.
+    let mut dl: libc::Dl_info = unsafe { std::mem::zeroed() };
+    if unsafe { libc::dladdr(at as *const c_void, &mut dl) } == 0 || dl.dli_fname.is_null() {
+        return FrameInfo {
+            text: format!("{pc:#x}"),
+            internal: false,
+        };
+    }
+    // SAFETY: dladdr filled these with C strings owned by the loader.
+    let path = unsafe { CStr::from_ptr(dl.dli_fname) }
+        .to_string_lossy()
+        .into_owned();
+    let base = dl.dli_fbase as usize;
+    let module = match path.rsplit('/').next() {
+        Some(m) if !m.is_empty() => m.to_string(),
+        _ => program_name(),
+    };
+    let off = at - base;
+    let internal = super::real::is_own_code(at)
+        || module.starts_with("libcuda.so")
+        || module.starts_with("libcudart.so");
+    let file = if path.is_empty() {
+        "/proc/self/exe".to_string()
+    } else {
+        path
+    };
+    let mut tables = tables.borrow_mut();
+    let table = tables
+        .entry(file.clone())
+        .or_insert_with(|| SymbolTable::load(std::path::Path::new(&file)));
+    let from_elf = table.as_ref().and_then(|t| {
+        let addr = if t.absolute { at } else { off } as u64;
+        t.lookup(addr).map(|(n, o)| (demangle(n), o))
+    });
+    let from_loader = || {
+        (!dl.dli_sname.is_null()).then(|| {
+            // SAFETY: as above.
+            let n = unsafe { CStr::from_ptr(dl.dli_sname) }.to_string_lossy();
+            (demangle(&n), (at - dl.dli_saddr as usize) as u64)
+        })
+    };
+    let text = match from_elf.or_else(from_loader) {
+        Some((name, o)) => format!("{name}+{o:#x} ({module}+{off:#x})"),
+        None => format!("{module}+{off:#x}"),
+    };
+    FrameInfo { text, internal }
+}
+
+/// C++ (and Rust legacy) names through the process's own `__cxa_demangle`, where a
+/// C++ runtime is loaded; otherwise the name as it is.
+fn demangle(name: &str) -> String {
+    type Demangle =
+        unsafe extern "C" fn(*const c_char, *mut c_char, *mut usize, *mut c_int) -> *mut c_char;
+    if !name.starts_with("_Z") {
+        return name.to_string();
+    }
+    let Ok(cname) = std::ffi::CString::new(name) else {
+        return name.to_string();
+    };
+    // SAFETY: a lookup through glibc; the function, if any, is libstdc++'s demangler,
+    // which returns a malloc'ed string or NULL.
     unsafe {
-        let mut dl: libc::Dl_info = std::mem::zeroed();
-        if libc::dladdr(at as *const c_void, &mut dl) == 0 || dl.dli_fname.is_null() {
-            return FrameInfo {
-                text: format!("{pc:#x}"),
-                internal: false,
-            };
+        let f = super::real::lookup(libc::RTLD_DEFAULT, c"__cxa_demangle");
+        if f.is_null() {
+            return name.to_string();
         }
-        let path = CStr::from_ptr(dl.dli_fname).to_string_lossy();
-        let module = path.rsplit('/').next().unwrap_or(&path).to_string();
-        let module = if module.is_empty() {
-            program_name()
-        } else {
-            module
-        };
-        let off = at - dl.dli_fbase as usize;
-        let internal = super::real::is_own_code(at)
-            || module.starts_with("libcuda.so")
-            || module.starts_with("libcudart.so");
-        let text = if !dl.dli_sname.is_null() {
-            let sym = CStr::from_ptr(dl.dli_sname).to_string_lossy();
-            format!(
-                "{sym}+{:#x} ({module}+{off:#x})",
-                at - dl.dli_saddr as usize
-            )
-        } else {
-            format!("{module}+{off:#x}")
-        };
-        FrameInfo { text, internal }
+        let f: Demangle = std::mem::transmute(f);
+        let mut status: c_int = -1;
+        let out = f(
+            cname.as_ptr(),
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            &mut status,
+        );
+        if out.is_null() {
+            return name.to_string();
+        }
+        let s = CStr::from_ptr(out).to_string_lossy().into_owned();
+        libc::free(out as *mut c_void);
+        if status == 0 { s } else { name.to_string() }
     }
 }
 
@@ -228,6 +285,7 @@ pub(crate) fn write_report(reason: &str) -> Option<PathBuf> {
     let pid = std::process::id();
     let program = program_name();
     let now = super::track::monotonic_ns();
+    let tables: Tables = RefCell::new(HashMap::new());
     let input = ReportInput {
         reason,
         seq,
@@ -240,7 +298,7 @@ pub(crate) fn write_report(reason: &str) -> Option<PathBuf> {
         ledger: &books.ledger,
         sites: &books.sites,
         api_name: &super::hooks::api_name,
-        symbolize: &symbolize,
+        symbolize: &|pc| symbolize(pc, &tables),
         device_total: &|d| books.total(d),
         config: ReportConfig {
             stack_depth: s.cfg.stack_depth,

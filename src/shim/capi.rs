@@ -44,6 +44,12 @@ pub unsafe extern "C" fn gpuguard_device_counters(
     if out.is_null() || device < 0 || device as usize >= MAX_DEVICES {
         return -1;
     }
+    if active_books().is_some()
+        && let Some(n) = super::real::DRIVER.device_count()
+        && device >= n
+    {
+        return -1;
+    }
     let mut c = DeviceCounters {
         device,
         reserved0: 0,

@@ -137,6 +137,9 @@ hooks! {
     Driver fn cuMemAllocPitch_v2(dptr: *mut CUdeviceptr, pitch: *mut usize, width: usize, height: usize, elem: c_uint) ["cuMemAllocPitch", 3020, false] => mem_alloc_pitch;
     Driver fn cuMemAllocManaged(dptr: *mut CUdeviceptr, bytes: usize, flags: c_uint) ["cuMemAllocManaged", 6000, false] => mem_alloc_managed;
     Driver fn cuMemFree_v2(dptr: CUdeviceptr) ["cuMemFree", 3020, false] => mem_free;
+    // The legacy 32-bit forms, still exported for old binaries.
+    Driver fn cuMemAlloc(dptr: *mut u32, bytes: c_uint) ["cuMemAlloc", 2000, false] => mem_alloc_v1;
+    Driver fn cuMemFree(dptr: u32) ["cuMemFree", 2000, false] => mem_free_v1;
     // Stream-ordered allocations.
     Driver fn cuMemAllocAsync(dptr: *mut CUdeviceptr, bytes: usize, stream: Stream) ["cuMemAllocAsync", 11020, false] => mem_alloc_async;
     Driver fn cuMemAllocAsync_ptsz(dptr: *mut CUdeviceptr, bytes: usize, stream: Stream) ["cuMemAllocAsync", 11020, true] => mem_alloc_async;
@@ -144,6 +147,11 @@ hooks! {
     Driver fn cuMemAllocFromPoolAsync_ptsz(dptr: *mut CUdeviceptr, bytes: usize, pool: *mut c_void, stream: Stream) ["cuMemAllocFromPoolAsync", 11020, true] => mem_alloc_from_pool;
     Driver fn cuMemFreeAsync(dptr: CUdeviceptr, stream: Stream) ["cuMemFreeAsync", 11020, false] => mem_free_async;
     Driver fn cuMemFreeAsync_ptsz(dptr: CUdeviceptr, stream: Stream) ["cuMemFreeAsync", 11020, true] => mem_free_async;
+    // Pools: noted so allocations from them are charged to the pool's device.
+    Driver fn cuMemPoolCreate(pool: *mut *mut c_void, props: *const MemPoolProps) ["cuMemPoolCreate", 11020, false] => pool_create;
+    Driver fn cuMemPoolDestroy(pool: *mut c_void) ["cuMemPoolDestroy", 11020, false] => pool_destroy;
+    Driver fn cuDeviceGetDefaultMemPool(pool: *mut *mut c_void, dev: c_int) ["cuDeviceGetDefaultMemPool", 11020, false] => device_pool;
+    Driver fn cuDeviceGetMemPool(pool: *mut *mut c_void, dev: c_int) ["cuDeviceGetMemPool", 11020, false] => device_pool;
     // Virtual memory management: the handle is the physical memory.
     Driver fn cuMemCreate(handle: *mut MemHandle, bytes: usize, prop: *const MemAllocationProp, flags: u64) ["cuMemCreate", 10020, false] => mem_create;
     Driver fn cuMemRelease(handle: MemHandle) ["cuMemRelease", 10020, false] => mem_release;
@@ -157,9 +165,14 @@ hooks! {
     Driver fn cuMipmappedArrayCreate(arr: *mut *mut c_void, desc: *const Array3dDescriptor, levels: c_uint) ["cuMipmappedArrayCreate", 5000, false] => mipmapped_create;
     Driver fn cuArrayDestroy(arr: *mut c_void) ["cuArrayDestroy", 2000, false] => array_destroy;
     Driver fn cuMipmappedArrayDestroy(arr: *mut c_void) ["cuMipmappedArrayDestroy", 5000, false] => array_destroy;
-    // Teardowns that free everything at once.
+    // Contexts: created ones are told apart from primary ones; teardowns free
+    // everything in a context at once.
+    Driver fn cuCtxCreate_v2(ctx: *mut Ctx, flags: c_uint, dev: c_int) ["cuCtxCreate", 3020, false] => ctx_create_v2;
+    Driver fn cuCtxCreate_v3(ctx: *mut Ctx, params: *mut c_void, n: c_int, flags: c_uint, dev: c_int) ["cuCtxCreate", 11040, false] => ctx_create_v3;
+    Driver fn cuCtxCreate_v4(ctx: *mut Ctx, params: *mut c_void, flags: c_uint, dev: c_int) ["cuCtxCreate", 12050, false] => ctx_create_v4;
     Driver fn cuCtxDestroy_v2(ctx: Ctx) ["cuCtxDestroy", 4000, false] => ctx_destroy;
     Driver fn cuDevicePrimaryCtxReset_v2(dev: c_int) ["cuDevicePrimaryCtxReset", 11000, false] => primary_ctx_reset;
+    Driver fn cuDevicePrimaryCtxRelease_v2(dev: c_int) ["cuDevicePrimaryCtxRelease", 11000, false] => primary_ctx_release;
     // The lookup that hands out every other driver function.
     Driver fn cuGetProcAddress(symbol: *const c_char, pfn: *mut *mut c_void, version: c_int, flags: u64) ["cuGetProcAddress", 11030, false] => get_proc_address;
     Driver fn cuGetProcAddress_v2(symbol: *const c_char, pfn: *mut *mut c_void, version: c_int, flags: u64, status: *mut c_int) ["cuGetProcAddress", 12000, false] => get_proc_address_v2;
@@ -312,6 +325,14 @@ pub struct MemAllocationProp {
 }
 
 #[repr(C)]
+pub struct MemPoolProps {
+    pub alloc_type: c_uint,
+    pub handle_types: c_uint,
+    pub location_type: c_uint,
+    pub location_id: c_int,
+}
+
+#[repr(C)]
 pub struct ArrayDescriptor {
     pub width: usize,
     pub height: usize,
@@ -393,6 +414,31 @@ unsafe fn mem_alloc(
             })
         },
     )
+}
+
+unsafe fn mem_alloc_v1(
+    api: u8,
+    real: row::cuMemAlloc::Real,
+    dptr: *mut u32,
+    bytes: c_uint,
+) -> c_int {
+    track::driver_alloc(
+        api,
+        Kind::Device,
+        || unsafe { real(dptr, bytes) },
+        || {
+            let a = unsafe { out(dptr) }?;
+            Some(Made {
+                key: Key::device(a.into()),
+                bytes: bytes.into(),
+                device: None,
+            })
+        },
+    )
+}
+
+unsafe fn mem_free_v1(_api: u8, real: row::cuMemFree::Real, dptr: u32) -> c_int {
+    track::driver_free(Key::device(dptr.into()), || unsafe { real(dptr) })
 }
 
 unsafe fn mem_alloc_pitch(
@@ -485,8 +531,52 @@ unsafe fn mem_alloc_from_pool(
             Some(Made {
                 key: Key::device(a),
                 bytes: bytes as u64,
-                device: None,
+                device: track::pool_device(pool),
             })
+        },
+    )
+}
+
+unsafe fn pool_create(
+    _api: u8,
+    real: row::cuMemPoolCreate::Real,
+    pool: *mut *mut c_void,
+    props: *const MemPoolProps,
+) -> c_int {
+    track::observe(
+        || unsafe { real(pool, props) },
+        |books| {
+            // SAFETY: written/accepted by the driver on success.
+            let (p, props) = unsafe { (out(pool)?, props.as_ref()?) };
+            if props.location_type == CU_MEM_LOCATION_TYPE_DEVICE {
+                books.pools.insert(p as u64, props.location_id);
+            }
+            Some(())
+        },
+    )
+}
+
+unsafe fn pool_destroy(_api: u8, real: row::cuMemPoolDestroy::Real, pool: *mut c_void) -> c_int {
+    track::observe(
+        || unsafe { real(pool) },
+        |books| {
+            books.pools.remove(&(pool as u64));
+            Some(())
+        },
+    )
+}
+
+unsafe fn device_pool(
+    _api: u8,
+    real: row::cuDeviceGetDefaultMemPool::Real,
+    pool: *mut *mut c_void,
+    dev: c_int,
+) -> c_int {
+    track::observe(
+        || unsafe { real(pool, dev) },
+        |books| {
+            books.pools.insert(unsafe { out(pool) }? as u64, dev);
+            Some(())
         },
     )
 }
@@ -661,8 +751,66 @@ unsafe fn array_destroy(_api: u8, real: row::cuArrayDestroy::Real, arr: *mut c_v
     track::driver_free(Key::array(arr as u64), || unsafe { real(arr) })
 }
 
+fn note_created(ctx: *mut Ctx) -> impl FnOnce(&super::Books) -> Option<()> {
+    move |books| {
+        // SAFETY: written by the driver on success.
+        books.created_ctx.insert(unsafe { out(ctx) }? as u64, ());
+        Some(())
+    }
+}
+
+unsafe fn ctx_create_v2(
+    _api: u8,
+    real: row::cuCtxCreate_v2::Real,
+    ctx: *mut Ctx,
+    flags: c_uint,
+    dev: c_int,
+) -> c_int {
+    track::observe(|| unsafe { real(ctx, flags, dev) }, note_created(ctx))
+}
+
+unsafe fn ctx_create_v3(
+    _api: u8,
+    real: row::cuCtxCreate_v3::Real,
+    ctx: *mut Ctx,
+    params: *mut c_void,
+    n: c_int,
+    flags: c_uint,
+    dev: c_int,
+) -> c_int {
+    track::observe(
+        || unsafe { real(ctx, params, n, flags, dev) },
+        note_created(ctx),
+    )
+}
+
+unsafe fn ctx_create_v4(
+    _api: u8,
+    real: row::cuCtxCreate_v4::Real,
+    ctx: *mut Ctx,
+    params: *mut c_void,
+    flags: c_uint,
+    dev: c_int,
+) -> c_int {
+    track::observe(
+        || unsafe { real(ctx, params, flags, dev) },
+        note_created(ctx),
+    )
+}
+
 unsafe fn ctx_destroy(_api: u8, real: row::cuCtxDestroy_v2::Real, ctx: Ctx) -> c_int {
-    track::teardown(|| unsafe { real(ctx) }, |_, r| r.ctx == ctx as u64)
+    let rc = track::teardown(|| unsafe { real(ctx) }, |_, r, _| r.ctx == ctx as u64);
+    if rc == SUCCESS
+        && let Some(b) = super::active_books()
+    {
+        b.created_ctx.remove(&(ctx as u64));
+    }
+    rc
+}
+
+/// Records of the primary context of `dev`: on that device, not in a created one.
+fn in_primary(dev: c_int) -> impl Fn(&Key, &crate::ledger::Record, &super::Books) -> bool {
+    move |_, r, books| i32::from(r.device) == dev && !books.created_ctx.contains_key(&r.ctx)
 }
 
 unsafe fn primary_ctx_reset(
@@ -670,7 +818,24 @@ unsafe fn primary_ctx_reset(
     real: row::cuDevicePrimaryCtxReset_v2::Real,
     dev: c_int,
 ) -> c_int {
-    track::teardown(|| unsafe { real(dev) }, |_, r| i32::from(r.device) == dev)
+    track::teardown(|| unsafe { real(dev) }, in_primary(dev))
+}
+
+/// Releasing the last reference destroys the primary context and its memory.
+unsafe fn primary_ctx_release(
+    _api: u8,
+    real: row::cuDevicePrimaryCtxRelease_v2::Real,
+    dev: c_int,
+) -> c_int {
+    let gone = std::cell::Cell::new(false);
+    track::teardown(
+        || {
+            let rc = unsafe { real(dev) };
+            gone.set(rc == SUCCESS && super::real::DRIVER.primary_ctx_active(dev) == Some(false));
+            rc
+        },
+        |k, r, books| gone.get() && in_primary(dev)(k, r, books),
+    )
 }
 
 unsafe fn get_proc_address(
@@ -901,9 +1066,6 @@ unsafe fn rt_free_host(api: u8, real: row::cudaFreeHost::Real, p: *mut c_void) -
 
 unsafe fn rt_device_reset(_api: u8, real: row::cudaDeviceReset::Real) -> c_int {
     // The device is the current one; ask before the reset takes the context away.
-    let dev = super::real::DRIVER.current_device();
-    track::teardown(
-        || unsafe { real() },
-        |_, r| Some(i32::from(r.device)) == dev,
-    )
+    let dev = super::real::DRIVER.current_device().unwrap_or(-1);
+    track::teardown(|| unsafe { real() }, in_primary(dev))
 }

@@ -44,6 +44,10 @@ pub(crate) struct Books {
     pub seq: AtomicU64,
     /// Device sizes, asked once per device when it is first used.
     pub totals: Box<[AtomicU64]>,
+    /// Memory pools and their devices.
+    pub pools: dashmap::DashMap<u64, i32>,
+    /// Contexts made with cuCtxCreate (the rest are primary contexts).
+    pub created_ctx: dashmap::DashMap<u64, ()>,
 }
 
 impl Books {
@@ -57,6 +61,8 @@ impl Books {
             totals: (0..crate::ledger::MAX_DEVICES)
                 .map(|_| AtomicU64::new(0))
                 .collect(),
+            pools: dashmap::DashMap::new(),
+            created_ctx: dashmap::DashMap::new(),
         }
     }
 

@@ -172,12 +172,16 @@ pub(crate) struct Driver {
     ctx_get_current: AtomicUsize,
     ctx_get_device: AtomicUsize,
     device_total_mem: AtomicUsize,
+    device_get_count: AtomicUsize,
+    primary_ctx_get_state: AtomicUsize,
 }
 
 pub(crate) static DRIVER: Driver = Driver {
     ctx_get_current: AtomicUsize::new(0),
     ctx_get_device: AtomicUsize::new(0),
     device_total_mem: AtomicUsize::new(0),
+    device_get_count: AtomicUsize::new(0),
+    primary_ctx_get_state: AtomicUsize::new(0),
 };
 
 /// Marks a slot whose lookup failed, so it is not retried on every call.
@@ -217,6 +221,26 @@ impl Driver {
         // SAFETY: p is the driver's cuCtxGetDevice.
         let rc = unsafe { std::mem::transmute::<usize, F>(p)(&mut dev) };
         (rc == 0 && dev >= 0).then_some(dev)
+    }
+
+    /// How many devices the process sees; `None` before cuInit or without a driver.
+    pub fn device_count(&self) -> Option<i32> {
+        type F = unsafe extern "C" fn(*mut c_int) -> c_int;
+        let p = driver_fn(&self.device_get_count, c"cuDeviceGetCount")?;
+        let mut n: c_int = 0;
+        // SAFETY: p is the driver's cuDeviceGetCount.
+        let rc = unsafe { std::mem::transmute::<usize, F>(p)(&mut n) };
+        (rc == 0).then_some(n)
+    }
+
+    /// Whether the primary context of `device` still exists.
+    pub fn primary_ctx_active(&self, device: i32) -> Option<bool> {
+        type F = unsafe extern "C" fn(c_int, *mut u32, *mut c_int) -> c_int;
+        let p = driver_fn(&self.primary_ctx_get_state, c"cuDevicePrimaryCtxGetState")?;
+        let (mut flags, mut active): (u32, c_int) = (0, 0);
+        // SAFETY: p is the driver's cuDevicePrimaryCtxGetState.
+        let rc = unsafe { std::mem::transmute::<usize, F>(p)(device, &mut flags, &mut active) };
+        (rc == 0).then_some(active != 0)
     }
 
     /// Device memory size as the driver states it.

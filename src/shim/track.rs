@@ -259,7 +259,10 @@ pub(crate) fn driver_free(key: Key, call: impl FnOnce() -> c_int) -> c_int {
                 books.ledger.restore(key, rec);
             }
         }
-        Some((books, None)) => books.ledger.unknown_free(key, ctx_device().1),
+        // Counted only when the driver accepted it: memory gpuguard never saw
+        // allocated. A rejected free (double free, bogus pointer) is the program's.
+        Some((books, None)) if rc == SUCCESS => books.ledger.unknown_free(key, ctx_device().1),
+        Some((_, None)) => {}
         None => {}
     });
     rc
@@ -268,7 +271,7 @@ pub(crate) fn driver_free(key: Key, call: impl FnOnce() -> c_int) -> c_int {
 /// A context or device teardown that frees everything in it at once.
 pub(crate) fn teardown(
     call: impl FnOnce() -> c_int,
-    drop_if: impl Fn(&Key, &Record) -> bool,
+    drop_if: impl Fn(&Key, &Record, &Books) -> bool,
 ) -> c_int {
     let Some(_scope) = enter_driver() else {
         return call();
@@ -277,12 +280,33 @@ pub(crate) fn teardown(
     if rc == SUCCESS {
         shielded(|| {
             if let Some(books) = super::active_books() {
-                books.ledger.drop_where(&drop_if);
+                books.ledger.drop_where(|k, r| drop_if(k, r, books));
             }
             contexts_changed();
         });
     }
     rc
+}
+
+/// A call that allocates nothing but tells gpuguard something (a pool's device, a
+/// created context): real call, then `note` on success.
+pub(crate) fn observe(
+    call: impl FnOnce() -> c_int,
+    note: impl FnOnce(&Books) -> Option<()>,
+) -> c_int {
+    let Some(_scope) = enter_driver() else {
+        return call();
+    };
+    let rc = call();
+    if rc == SUCCESS {
+        shielded(|| books().and_then(note));
+    }
+    rc
+}
+
+/// The device of a memory pool gpuguard saw created or handed out.
+pub(crate) fn pool_device(pool: *mut c_void) -> Option<i32> {
+    super::active_books()?.pools.get(&(pool as u64)).map(|d| *d)
 }
 
 /// A runtime allocation: the driver call beneath labels and counts it. If none was

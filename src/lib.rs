@@ -3,7 +3,7 @@
 //!
 //! Layout: `shim` holds every piece of unsafe FFI (hooks, signals, fork, exit); the
 //! rest is safe Rust with unit tests: `config` (variables), `ledger` (live allocations
-//! and counters), `sites` (interned call stacks), `symbols` (ELF function names), `report` (the JSON model shared with
+//! and counters), `sites` (interned call stacks), `symbols` (ELF function names), `vmm` (mappings of VMM handles), `report` (the JSON model shared with
 //! the CLI) and `reporter` (ledger -> report -> file).
 
 pub mod config;
@@ -13,3 +13,4 @@ pub mod reporter;
 pub mod shim;
 pub mod sites;
 pub mod symbols;
+pub mod vmm;

@@ -155,6 +155,9 @@ hooks! {
     // Virtual memory management: the handle is the physical memory.
     Driver fn cuMemCreate(handle: *mut MemHandle, bytes: usize, prop: *const MemAllocationProp, flags: u64) ["cuMemCreate", 10020, false] => mem_create;
     Driver fn cuMemRelease(handle: MemHandle) ["cuMemRelease", 10020, false] => mem_release;
+    // Mappings: a released handle's memory lives until its last mapping is unmapped.
+    Driver fn cuMemMap(va: CUdeviceptr, size: usize, offset: usize, handle: MemHandle, flags: u64) ["cuMemMap", 10020, false] => mem_map;
+    Driver fn cuMemUnmap(va: CUdeviceptr, size: usize) ["cuMemUnmap", 10020, false] => mem_unmap;
     // Pinned host memory.
     Driver fn cuMemHostAlloc(pp: *mut *mut c_void, bytes: usize, flags: c_uint) ["cuMemHostAlloc", 2020, false] => mem_host_alloc;
     Driver fn cuMemAllocHost_v2(pp: *mut *mut c_void, bytes: usize) ["cuMemAllocHost", 3020, false] => mem_alloc_host;
@@ -618,7 +621,55 @@ unsafe fn mem_create(
 }
 
 unsafe fn mem_release(_api: u8, real: row::cuMemRelease::Real, handle: MemHandle) -> c_int {
-    track::driver_free(Key::vmm(handle), || unsafe { real(handle) })
+    if super::active_books().is_some_and(|b| b.vmm.is_mapped(handle)) {
+        // Still mapped: the memory lives until the last unmap; keep the record.
+        return track::observe(
+            || unsafe { real(handle) },
+            |books| {
+                books.vmm.released(handle);
+                Some(())
+            },
+        );
+    }
+    let rc = track::driver_free(Key::vmm(handle), || unsafe { real(handle) });
+    if rc == SUCCESS
+        && let Some(b) = super::active_books()
+    {
+        b.vmm.released(handle);
+    }
+    rc
+}
+
+unsafe fn mem_map(
+    _api: u8,
+    real: row::cuMemMap::Real,
+    va: CUdeviceptr,
+    size: usize,
+    offset: usize,
+    handle: MemHandle,
+    flags: u64,
+) -> c_int {
+    track::observe(
+        || unsafe { real(va, size, offset, handle, flags) },
+        |books| {
+            books.vmm.mapped(va, size as u64, handle);
+            Some(())
+        },
+    )
+}
+
+unsafe fn mem_unmap(_api: u8, real: row::cuMemUnmap::Real, va: CUdeviceptr, size: usize) -> c_int {
+    track::observe(
+        || unsafe { real(va, size) },
+        |books| {
+            for handle in books.vmm.unmapped(va, size as u64) {
+                if let Some(rec) = books.ledger.take(Key::vmm(handle)) {
+                    books.ledger.confirm_free(&rec);
+                }
+            }
+            Some(())
+        },
+    )
 }
 
 unsafe fn mem_host_alloc(

@@ -48,6 +48,8 @@ pub(crate) struct Books {
     pub pools: dashmap::DashMap<u64, i32>,
     /// Contexts made with cuCtxCreate (the rest are primary contexts).
     pub created_ctx: dashmap::DashMap<u64, ()>,
+    /// VMM mappings, so a handle released while mapped is freed at its last unmap.
+    pub vmm: crate::vmm::VmmMaps,
 }
 
 impl Books {
@@ -63,6 +65,7 @@ impl Books {
                 .collect(),
             pools: dashmap::DashMap::new(),
             created_ctx: dashmap::DashMap::new(),
+            vmm: crate::vmm::VmmMaps::new(),
         }
     }
 

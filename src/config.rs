@@ -4,6 +4,7 @@
 //! touching the process environment. A malformed value is an error that names the
 //! variable, the value and the accepted forms; the loader turns it into exit status 2.
 
+use crate::cap::CapSpec;
 use std::fmt;
 use std::path::PathBuf;
 
@@ -21,7 +22,7 @@ pub const DEFAULT_STACK_DEPTH: usize = 16;
 /// Upper bound on `GPUGUARD_STACK_DEPTH`: deeper stacks cost time and rarely help.
 pub const MAX_STACK_DEPTH: usize = 64;
 
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct Config {
     /// Where reports go; `None` means the working directory at load time.
     pub dir: Option<PathBuf>,
@@ -29,6 +30,12 @@ pub struct Config {
     pub stack_depth: usize,
     /// Signal number that asks for a report, or `None` when disabled.
     pub report_signal: Option<i32>,
+    /// Per-device memory caps (`GPUGUARD_CAP`); empty when none.
+    pub cap: CapSpec,
+    /// Fraction of a cap whose upward crossing logs a warning; `None` when off.
+    pub warn_at: Option<f64>,
+    /// Fraction of a cap whose upward crossing trims pools; `None` (the default) off.
+    pub trim_at: Option<f64>,
 }
 
 impl Default for Config {
@@ -38,6 +45,9 @@ impl Default for Config {
             log: LogLevel::Warn,
             stack_depth: DEFAULT_STACK_DEPTH,
             report_signal: Some(libc::SIGUSR1),
+            cap: CapSpec::default(),
+            warn_at: Some(0.8),
+            trim_at: None,
         }
     }
 }
@@ -63,6 +73,9 @@ impl fmt::Display for ConfigError {
 /// Every variable this version understands. Anything else starting with `GPUGUARD_`
 /// is refused, so a misspelt or newer option is never silently ignored.
 pub const KNOWN_VARS: &[&str] = &[
+    "GPUGUARD_CAP",
+    "GPUGUARD_WARN_AT",
+    "GPUGUARD_TRIM_AT",
     "GPUGUARD_DIR",
     "GPUGUARD_LOG",
     "GPUGUARD_STACK_DEPTH",
@@ -119,8 +132,39 @@ impl Config {
                 )
             })?;
         }
+        if let Some(v) = get("GPUGUARD_CAP") {
+            cfg.cap =
+                CapSpec::parse(&v).ok_or_else(|| err("GPUGUARD_CAP", &v, crate::cap::ACCEPTED))?;
+        }
+        for (var, slot) in [
+            ("GPUGUARD_WARN_AT", &mut cfg.warn_at),
+            ("GPUGUARD_TRIM_AT", &mut cfg.trim_at),
+        ] {
+            if let Some(v) = get(var) {
+                *slot = parse_threshold(&v).ok_or_else(|| {
+                    err(
+                        var,
+                        &v,
+                        "a fraction of the cap in (0, 1] (0.8 or 80%), or off",
+                    )
+                })?;
+            }
+        }
         Ok(cfg)
     }
+}
+
+/// `0.8`, `80%` or `off`: `Some(None)` for off, `None` when malformed.
+fn parse_threshold(v: &str) -> Option<Option<f64>> {
+    let t = v.trim().to_ascii_lowercase();
+    if t == "off" || t == "none" {
+        return Some(None);
+    }
+    let f = match t.strip_suffix('%') {
+        Some(p) => p.trim().parse::<f64>().ok()? / 100.0,
+        None => t.parse::<f64>().ok()?,
+    };
+    (f > 0.0 && f <= 1.0).then_some(Some(f))
 }
 
 fn err(var: &str, value: &str, accepted: &str) -> ConfigError {
@@ -270,6 +314,29 @@ mod tests {
             assert!(parse(&[("GPUGUARD_REPORT_SIGNAL", bad)]).is_err());
         }
         assert!(parse(&[("GPUGUARD_DIR", "")]).is_err());
+    }
+
+    #[test]
+    fn caps_and_thresholds() {
+        let c = parse(&[
+            ("GPUGUARD_CAP", "0:20GiB,1:0.25"),
+            ("GPUGUARD_WARN_AT", "90%"),
+            ("GPUGUARD_TRIM_AT", "0.7"),
+        ])
+        .unwrap();
+        assert_eq!(c.cap.limit_for(0), Some(crate::cap::Limit::Bytes(20 << 30)));
+        assert_eq!(c.warn_at, Some(0.9));
+        assert_eq!(c.trim_at, Some(0.7));
+        assert_eq!(parse(&[("GPUGUARD_WARN_AT", "off")]).unwrap().warn_at, None);
+        for bad in ["abc", "0", "-1", "1.5", "12XB"] {
+            let e = parse(&[("GPUGUARD_CAP", bad)]).unwrap_err();
+            assert_eq!((e.var.as_str(), e.value.as_str()), ("GPUGUARD_CAP", bad));
+            assert!(e.accepted.contains("20GiB"), "{}", e.accepted);
+        }
+        for bad in ["0", "1.2", "x", "150%"] {
+            assert!(parse(&[("GPUGUARD_WARN_AT", bad)]).is_err(), "{bad}");
+            assert!(parse(&[("GPUGUARD_TRIM_AT", bad)]).is_err(), "{bad}");
+        }
     }
 
     #[test]

@@ -152,6 +152,7 @@ pub type AddrMap<V> = DashMap<Key, V, BuildHasherDefault<AddrHasher>>;
 #[derive(Default)]
 #[repr(align(128))]
 pub struct DeviceCounters {
+    /// Live bytes, plus reservations of allocations in flight.
     pub current: AtomicU64,
     pub peak: AtomicU64,
     pub allocs: AtomicU64,
@@ -161,6 +162,13 @@ pub struct DeviceCounters {
     pub unknown_frees: AtomicU64,
     /// Set once a device has been touched, so reports list only devices in use.
     pub seen: AtomicU64,
+    /// The cap in bytes; 0 when uncapped.
+    pub limit: AtomicU64,
+    /// Live bytes of stream-ordered pool blocks (part of `current`).
+    pub pool_live: AtomicU64,
+    /// What this device's pools hold from the driver, as last measured (capped
+    /// devices only): charged against the cap beyond the live blocks.
+    pub pool_reserved: AtomicU64,
 }
 
 /// A plain copy of the counters at one moment.
@@ -186,6 +194,46 @@ impl DeviceCounters {
         let _ = self
             .current
             .fetch_update(Relaxed, Relaxed, |c| Some(c.saturating_sub(bytes)));
+    }
+
+    pub fn cap(&self) -> Option<u64> {
+        match self.limit.load(Relaxed) {
+            0 => None,
+            b => Some(b),
+        }
+    }
+
+    /// Bytes the device's pools hold beyond the live blocks in them.
+    pub fn pool_excess(&self) -> u64 {
+        self.pool_reserved
+            .load(Relaxed)
+            .saturating_sub(self.pool_live.load(Relaxed))
+    }
+
+    /// What counts against the cap: live bytes, reservations in flight, and what
+    /// pools hold unused.
+    pub fn charged(&self) -> u64 {
+        self.current
+            .load(Relaxed)
+            .saturating_add(self.pool_excess())
+    }
+
+    /// Reserves `bytes` before an allocation. On a capped device this is one
+    /// compare-and-swap on `current`, so threads allocating at once can never take
+    /// the charge past the cap together. Uncapped: a plain add.
+    pub fn try_reserve(&self, bytes: u64) -> bool {
+        let limit = self.limit.load(Relaxed);
+        if limit == 0 {
+            self.current.fetch_add(bytes, Relaxed);
+            return true;
+        }
+        let excess = self.pool_excess();
+        self.current
+            .fetch_update(Relaxed, Relaxed, |c| {
+                let after = c.checked_add(bytes)?;
+                (after.saturating_add(excess) <= limit).then_some(after)
+            })
+            .is_ok()
     }
 
     pub fn snapshot(&self) -> CountersSnapshot {
@@ -248,16 +296,59 @@ impl Ledger {
         }
     }
 
-    /// A successful allocation.
+    /// A successful allocation whose bytes were not reserved beforehand.
     pub fn insert(&self, key: Key, rec: Record) {
+        self.counters_for(&rec)
+            .current
+            .fetch_add(rec.bytes, Relaxed);
+        self.commit(key, rec);
+    }
+
+    /// Reserves `bytes` on a device before the real call (see
+    /// `DeviceCounters::try_reserve`); host memory is never capped.
+    pub fn reserve(&self, device: i32, host: bool, bytes: u64) -> bool {
+        if host {
+            self.host.current.fetch_add(bytes, Relaxed);
+            true
+        } else {
+            self.device(device).try_reserve(bytes)
+        }
+    }
+
+    /// Gives a reservation back (the call failed or was refused).
+    pub fn unreserve(&self, device: i32, host: bool, bytes: u64) {
+        let c = if host {
+            &self.host
+        } else {
+            self.device(device)
+        };
+        c.sub(bytes);
+    }
+
+    /// The allocation went through: its bytes (already reserved) become a record.
+    pub fn commit(&self, key: Key, rec: Record) {
         let c = self.counters_for(&rec);
         c.seen.store(1, Relaxed);
         c.allocs.fetch_add(1, Relaxed);
-        c.add(rec.bytes);
+        c.peak.fetch_max(c.current.load(Relaxed), Relaxed);
+        if rec.kind == Kind::Pool {
+            c.pool_live.fetch_add(rec.bytes, Relaxed);
+        }
         if let Some(old) = self.live.insert(key, rec) {
             // The driver handed out an address we still hold: our books missed a free
             // (an unhooked path). Drop the stale bytes so the counters stay true.
-            self.counters_for(&old).sub(old.bytes);
+            self.forget(&old);
+        }
+    }
+
+    /// Takes a record's bytes off the counters.
+    fn forget(&self, rec: &Record) {
+        let c = self.counters_for(rec);
+        c.sub(rec.bytes);
+        if rec.kind == Kind::Pool {
+            let _ = c
+                .pool_live
+                .fetch_update(Relaxed, Relaxed, |v| Some(v.saturating_sub(rec.bytes)));
         }
     }
 
@@ -266,7 +357,7 @@ impl Ledger {
     /// address gpuguard never saw.
     pub fn take(&self, key: Key) -> Option<Record> {
         let (_, rec) = self.live.remove(&key)?;
-        self.counters_for(&rec).sub(rec.bytes);
+        self.forget(&rec);
         Some(rec)
     }
 
@@ -287,7 +378,11 @@ impl Ledger {
 
     /// The free failed in the driver: the memory is still live, put the record back.
     pub fn restore(&self, key: Key, rec: Record) {
-        self.counters_for(&rec).add(rec.bytes);
+        let c = self.counters_for(&rec);
+        c.add(rec.bytes);
+        if rec.kind == Kind::Pool {
+            c.pool_live.fetch_add(rec.bytes, Relaxed);
+        }
         self.live.insert(key, rec);
     }
 
@@ -308,7 +403,7 @@ impl Ledger {
         let (mut n, mut bytes) = (0, 0);
         self.live.retain(|k, r| {
             if pred(k, r) {
-                self.counters_for(r).sub(r.bytes);
+                self.forget(r);
                 self.counters_for(r).frees.fetch_add(1, Relaxed);
                 n += 1;
                 bytes += r.bytes;
@@ -433,6 +528,49 @@ mod tests {
         l.insert(Key::device(1), rec(10, 0, Kind::Device));
         l.insert(Key::device(1), rec(30, 0, Kind::Device));
         assert_eq!(l.device(0).snapshot().current, 30);
+    }
+
+    #[test]
+    fn reservations_never_pass_the_cap() {
+        let l = Arc::new(Ledger::new());
+        let cap = 1000 * 64;
+        l.device(0).limit.store(cap, Relaxed);
+        // 8 threads race for 64-byte slots: exactly cap/64 reservations win.
+        let wins: u64 = (0..8)
+            .map(|_| {
+                let l = l.clone();
+                std::thread::spawn(move || {
+                    (0..500).filter(|_| l.reserve(0, false, 64)).count() as u64
+                })
+            })
+            .collect::<Vec<_>>()
+            .into_iter()
+            .map(|t| t.join().unwrap())
+            .sum();
+        assert_eq!(wins, 1000);
+        assert_eq!(l.device(0).current.load(Relaxed), cap);
+        l.unreserve(0, false, 64);
+        assert!(l.reserve(0, false, 64));
+        assert!(!l.reserve(0, false, 1));
+        // Host memory is never capped.
+        assert!(l.reserve(0, true, 1 << 40));
+    }
+
+    #[test]
+    fn pool_excess_counts_against_the_cap() {
+        let l = Ledger::new();
+        let d = l.device(0);
+        d.limit.store(100, Relaxed);
+        assert!(l.reserve(0, false, 30));
+        l.commit(Key::device(1), rec(30, 0, Kind::Pool));
+        // The pool holds 80 from the driver for 30 live: 50 more are charged.
+        d.pool_reserved.store(80, Relaxed);
+        assert_eq!(d.charged(), 80);
+        assert!(!l.reserve(0, false, 21));
+        assert!(l.reserve(0, false, 20));
+        let r = l.take(Key::device(1)).unwrap();
+        l.confirm_free(&r);
+        assert_eq!(d.pool_live.load(Relaxed), 0);
     }
 
     #[test]

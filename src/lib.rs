@@ -2,10 +2,11 @@
 //! device allocation and free, keeps the books, and writes leak reports.
 //!
 //! Layout: `shim` holds every piece of unsafe FFI (hooks, signals, fork, exit); the
-//! rest is safe Rust with unit tests: `config` (variables), `ledger` (live allocations
+//! rest is safe Rust with unit tests: `config` (variables), `cap` (`GPUGUARD_CAP`), `ledger` (live allocations
 //! and counters), `sites` (interned call stacks), `symbols` (ELF function names), `vmm` (mappings of VMM handles), `report` (the JSON model shared with
 //! the CLI) and `reporter` (ledger -> report -> file).
 
+pub mod cap;
 pub mod config;
 pub mod ledger;
 pub mod report;

@@ -29,6 +29,22 @@ pub struct Report {
     pub sites: Vec<Site>,
     #[serde(default)]
     pub config: ReportConfig,
+    /// For a `cap` report: the allocation the cap refused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub denial: Option<DenialReport>,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct DenialReport {
+    pub device: i32,
+    /// What the refused call asked for.
+    pub bytes: u64,
+    pub api: String,
+    /// Charged against the cap at the refusal: live bytes plus what pools held.
+    pub charged_bytes: u64,
+    pub cap_bytes: u64,
+    /// The refused call's stack, innermost first.
+    pub frames: Vec<String>,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
@@ -48,6 +64,10 @@ pub struct DeviceReport {
     /// Frees of addresses gpuguard never saw allocated, passed to the driver untouched.
     #[serde(default)]
     pub unknown_frees: u64,
+    /// What stream-ordered pools held from the driver at their last measurement
+    /// (measured on capped devices; charged against the cap).
+    #[serde(default)]
+    pub pool_reserved_bytes: u64,
     /// Live bytes by kind (`device`, `managed`, `pitch`, `vmm`, `pool`, `array`).
     #[serde(default)]
     pub by_kind: std::collections::BTreeMap<String, u64>,

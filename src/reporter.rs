@@ -32,6 +32,7 @@ pub struct ReportInput<'a> {
     pub symbolize: &'a dyn Fn(usize) -> FrameInfo,
     pub device_total: &'a dyn Fn(i32) -> u64,
     pub config: ReportConfig,
+    pub denial: Option<crate::report::DenialReport>,
 }
 
 pub fn build(input: &ReportInput<'_>) -> Report {
@@ -73,7 +74,11 @@ pub fn build(input: &ReportInput<'_>) -> Report {
             DeviceReport {
                 device: d,
                 total_bytes: (input.device_total)(d),
-                cap_bytes: None,
+                cap_bytes: ledger.device(d).cap(),
+                pool_reserved_bytes: ledger
+                    .device(d)
+                    .pool_reserved
+                    .load(std::sync::atomic::Ordering::Relaxed),
                 current_bytes: c.current,
                 peak_bytes: c.peak,
                 allocs: c.allocs,
@@ -149,6 +154,7 @@ pub fn build(input: &ReportInput<'_>) -> Report {
         live_omitted: 0,
         sites,
         config: input.config.clone(),
+        denial: input.denial.clone(),
     }
 }
 
@@ -224,6 +230,7 @@ mod tests {
             },
             device_total: &|_| 1 << 30,
             config: ReportConfig::default(),
+            denial: None,
         }
     }
 

@@ -66,6 +66,7 @@ pub unsafe extern "C" fn gpuguard_device_counters(
     if let Some(b) = active_books() {
         let s = b.ledger.device(device).snapshot();
         c.total_bytes = b.total(device);
+        c.cap_bytes = b.ledger.device(device).cap().unwrap_or(0);
         c.current_bytes = s.current;
         c.peak_bytes = s.peak;
         c.allocs = s.allocs;

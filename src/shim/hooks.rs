@@ -5,7 +5,7 @@
 //! call the row's handler with it.
 
 use super::real::{Path, Slots};
-use super::track::{self, Made, SUCCESS};
+use super::track::{self, Made, Plan, SUCCESS};
 use crate::ledger::{Key, Kind};
 use std::ffi::{CStr, c_char, c_int, c_uint, c_void};
 
@@ -19,6 +19,7 @@ type MemHandle = u64;
 pub enum Lib {
     Driver,
     Runtime,
+    Nvml,
 }
 
 impl Lib {
@@ -26,6 +27,7 @@ impl Lib {
         match self {
             Lib::Driver => c"libcuda.so.1",
             Lib::Runtime => c"libcudart.so",
+            Lib::Nvml => c"libnvidia-ml.so.1",
         }
     }
 
@@ -35,6 +37,7 @@ impl Lib {
         match self {
             Lib::Driver => cudarc::driver::sys::cudaError_enum::CUDA_ERROR_NOT_INITIALIZED as c_int,
             Lib::Runtime => cudarc::runtime::sys::cudaError::cudaErrorInitializationError as c_int,
+            Lib::Nvml => NVML_ERROR_UNINITIALIZED,
         }
     }
 }
@@ -176,6 +179,11 @@ hooks! {
     Driver fn cuCtxDestroy_v2(ctx: Ctx) ["cuCtxDestroy", 4000, false] => ctx_destroy;
     Driver fn cuDevicePrimaryCtxReset_v2(dev: c_int) ["cuDevicePrimaryCtxReset", 11000, false] => primary_ctx_reset;
     Driver fn cuDevicePrimaryCtxRelease_v2(dev: c_int) ["cuDevicePrimaryCtxRelease", 11000, false] => primary_ctx_release;
+    // What the process is told about memory: the cap, where there is one.
+    Driver fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) ["cuMemGetInfo", 3020, false] => mem_get_info;
+    Driver fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: c_int) ["cuDeviceTotalMem", 3020, false] => device_total_mem;
+    Nvml fn nvmlDeviceGetMemoryInfo(dev: *mut c_void, mem: *mut NvmlMemory) ["", 0, false] => nvml_memory;
+    Nvml fn nvmlDeviceGetMemoryInfo_v2(dev: *mut c_void, mem: *mut NvmlMemoryV2) ["", 0, false] => nvml_memory_v2;
     // The lookup that hands out every other driver function.
     Driver fn cuGetProcAddress(symbol: *const c_char, pfn: *mut *mut c_void, version: c_int, flags: u64) ["cuGetProcAddress", 11030, false] => get_proc_address;
     Driver fn cuGetProcAddress_v2(symbol: *const c_char, pfn: *mut *mut c_void, version: c_int, flags: u64, status: *mut c_int) ["cuGetProcAddress", 12000, false] => get_proc_address_v2;
@@ -327,6 +335,26 @@ pub struct MemAllocationProp {
     pub location_id: c_int,
 }
 
+/// `nvmlMemory_t`.
+#[repr(C)]
+pub struct NvmlMemory {
+    pub total: u64,
+    pub free: u64,
+    pub used: u64,
+}
+
+/// `nvmlMemory_v2_t`.
+#[repr(C)]
+pub struct NvmlMemoryV2 {
+    pub version: c_uint,
+    pub total: u64,
+    pub reserved: u64,
+    pub free: u64,
+    pub used: u64,
+}
+
+const NVML_ERROR_UNINITIALIZED: c_int = 1;
+
 #[repr(C)]
 pub struct MemPoolProps {
     pub alloc_type: c_uint,
@@ -390,6 +418,34 @@ fn array_bytes(w: usize, h: usize, d: usize, format: c_uint, channels: c_uint) -
         * u64::from(channels.max(1))
 }
 
+fn mipmapped_bytes(d: &Array3dDescriptor, levels: c_uint) -> u64 {
+    (0..levels.max(1))
+        .map(|l| {
+            array_bytes(
+                d.width >> l,
+                d.height >> l,
+                d.depth >> l,
+                d.format,
+                d.channels,
+            )
+        })
+        .sum()
+}
+
+/// The driver aligns a pitch to at most 512 bytes on current GPUs; reserving that
+/// much keeps the reservation an upper bound (the excess is given back after).
+fn pitch_estimate(width: usize, height: usize) -> u64 {
+    (width.div_ceil(512) * 512) as u64 * height as u64
+}
+
+/// The device a `cuMemCreate` names in its properties.
+unsafe fn vmm_device(prop: *const MemAllocationProp) -> Option<i32> {
+    // SAFETY: NULL or the caller's structure; the driver rejects bad ones after.
+    unsafe { prop.as_ref() }
+        .filter(|p| p.location_type == CU_MEM_LOCATION_TYPE_DEVICE)
+        .map(|p| p.location_id)
+}
+
 // ---- handlers: one per signature ------------------------------------------------------
 
 /// Reads an out-pointer the driver wrote after success.
@@ -407,13 +463,13 @@ unsafe fn mem_alloc(
     track::driver_alloc(
         api,
         Kind::Device,
+        Plan::bytes(bytes as u64),
         || unsafe { real(dptr, bytes) },
         || {
             let a = unsafe { out(dptr) }?;
             Some(Made {
                 key: Key::device(a),
                 bytes: bytes as u64,
-                device: None,
             })
         },
     )
@@ -428,13 +484,13 @@ unsafe fn mem_alloc_v1(
     track::driver_alloc(
         api,
         Kind::Device,
+        Plan::bytes(bytes.into()),
         || unsafe { real(dptr, bytes) },
         || {
             let a = unsafe { out(dptr) }?;
             Some(Made {
                 key: Key::device(a.into()),
                 bytes: bytes.into(),
-                device: None,
             })
         },
     )
@@ -456,6 +512,7 @@ unsafe fn mem_alloc_pitch(
     track::driver_alloc(
         api,
         Kind::Pitch,
+        Plan::bytes(pitch_estimate(width, height)),
         || unsafe { real(dptr, pitch, width, height, elem) },
         || {
             let a = unsafe { out(dptr) }?;
@@ -463,7 +520,6 @@ unsafe fn mem_alloc_pitch(
             Some(Made {
                 key: Key::device(a),
                 bytes: (p as u64) * (height as u64),
-                device: None,
             })
         },
     )
@@ -479,13 +535,13 @@ unsafe fn mem_alloc_managed(
     track::driver_alloc(
         api,
         Kind::Managed,
+        Plan::bytes(bytes as u64),
         || unsafe { real(dptr, bytes, flags) },
         || {
             let a = unsafe { out(dptr) }?;
             Some(Made {
                 key: Key::device(a),
                 bytes: bytes as u64,
-                device: None,
             })
         },
     )
@@ -505,13 +561,13 @@ unsafe fn mem_alloc_async(
     track::driver_alloc(
         api,
         Kind::Pool,
+        Plan::bytes(bytes as u64),
         || unsafe { real(dptr, bytes, stream) },
         || {
             let a = unsafe { out(dptr) }?;
             Some(Made {
                 key: Key::device(a),
                 bytes: bytes as u64,
-                device: None,
             })
         },
     )
@@ -528,13 +584,16 @@ unsafe fn mem_alloc_from_pool(
     track::driver_alloc(
         api,
         Kind::Pool,
+        Plan {
+            bytes: bytes as u64,
+            device: track::pool_device(pool),
+        },
         || unsafe { real(dptr, bytes, pool, stream) },
         || {
             let a = unsafe { out(dptr) }?;
             Some(Made {
                 key: Key::device(a),
                 bytes: bytes as u64,
-                device: track::pool_device(pool),
             })
         },
     )
@@ -604,17 +663,16 @@ unsafe fn mem_create(
     track::driver_alloc(
         api,
         Kind::Vmm,
+        Plan {
+            bytes: bytes as u64,
+            device: unsafe { vmm_device(prop) },
+        },
         || unsafe { real(handle, bytes, prop, flags) },
         || {
             let h = unsafe { out(handle) }?;
-            // SAFETY: the driver accepted prop, so it points at a valid structure.
-            let device = unsafe { prop.as_ref() }
-                .filter(|p| p.location_type == CU_MEM_LOCATION_TYPE_DEVICE)
-                .map(|p| p.location_id);
             Some(Made {
                 key: Key::vmm(h),
                 bytes: bytes as u64,
-                device,
             })
         },
     )
@@ -682,13 +740,13 @@ unsafe fn mem_host_alloc(
     track::driver_alloc(
         api,
         Kind::Host,
+        Plan::bytes(bytes as u64),
         || unsafe { real(pp, bytes, flags) },
         || {
             let p = unsafe { out(pp) }?;
             Some(Made {
                 key: Key::host(p as u64),
                 bytes: bytes as u64,
-                device: None,
             })
         },
     )
@@ -703,13 +761,13 @@ unsafe fn mem_alloc_host(
     track::driver_alloc(
         api,
         Kind::Host,
+        Plan::bytes(bytes as u64),
         || unsafe { real(pp, bytes) },
         || {
             let p = unsafe { out(pp) }?;
             Some(Made {
                 key: Key::host(p as u64),
                 bytes: bytes as u64,
-                device: None,
             })
         },
     )
@@ -728,6 +786,9 @@ unsafe fn array_create(
     track::driver_alloc(
         api,
         Kind::Array,
+        Plan::bytes(unsafe { desc.as_ref() }.map_or(0, |d| {
+            array_bytes(d.width, d.height, 1, d.format, d.channels)
+        })),
         || unsafe { real(arr, desc) },
         || {
             let a = unsafe { out(arr) }?;
@@ -736,7 +797,6 @@ unsafe fn array_create(
             Some(Made {
                 key: Key::array(a as u64),
                 bytes: array_bytes(d.width, d.height, 1, d.format, d.channels),
-                device: None,
             })
         },
     )
@@ -751,6 +811,9 @@ unsafe fn array3d_create(
     track::driver_alloc(
         api,
         Kind::Array,
+        Plan::bytes(unsafe { desc.as_ref() }.map_or(0, |d| {
+            array_bytes(d.width, d.height, d.depth, d.format, d.channels)
+        })),
         || unsafe { real(arr, desc) },
         || {
             let a = unsafe { out(arr) }?;
@@ -758,7 +821,6 @@ unsafe fn array3d_create(
             Some(Made {
                 key: Key::array(a as u64),
                 bytes: array_bytes(d.width, d.height, d.depth, d.format, d.channels),
-                device: None,
             })
         },
     )
@@ -774,25 +836,14 @@ unsafe fn mipmapped_create(
     track::driver_alloc(
         api,
         Kind::Array,
+        Plan::bytes(unsafe { desc.as_ref() }.map_or(0, |d| mipmapped_bytes(d, levels))),
         || unsafe { real(arr, desc, levels) },
         || {
             let a = unsafe { out(arr) }?;
             let d = unsafe { desc.as_ref() }?;
-            let bytes = (0..levels.max(1))
-                .map(|l| {
-                    array_bytes(
-                        d.width >> l,
-                        d.height >> l,
-                        d.depth >> l,
-                        d.format,
-                        d.channels,
-                    )
-                })
-                .sum();
             Some(Made {
                 key: Key::array(a as u64),
-                bytes,
-                device: None,
+                bytes: mipmapped_bytes(d, levels),
             })
         },
     )
@@ -889,6 +940,121 @@ unsafe fn primary_ctx_release(
     )
 }
 
+/// The cap of the current device and what is charged against it, if it is capped.
+fn current_cap() -> Option<(u64, u64)> {
+    let books = super::books()?;
+    let dev = track::ctx_device().1;
+    books.note_device(dev);
+    let c = books.ledger.device(dev);
+    Some((c.cap()?, c.charged()))
+}
+
+unsafe fn mem_get_info(
+    _api: u8,
+    real: row::cuMemGetInfo_v2::Real,
+    free: *mut usize,
+    total: *mut usize,
+) -> c_int {
+    let Some(_scope) = track::enter_driver() else {
+        return unsafe { real(free, total) };
+    };
+    let rc = unsafe { real(free, total) };
+    if rc == SUCCESS {
+        super::shielded(|| {
+            let (cap, used) = current_cap()?;
+            // SAFETY: the driver accepted and wrote these (each may be NULL).
+            unsafe {
+                if let Some(t) = total.as_mut() {
+                    *t = cap as usize;
+                }
+                if let Some(f) = free.as_mut() {
+                    *f = (*f).min(cap.saturating_sub(used) as usize);
+                }
+            }
+            Some(())
+        });
+    }
+    rc
+}
+
+unsafe fn device_total_mem(
+    _api: u8,
+    real: row::cuDeviceTotalMem_v2::Real,
+    bytes: *mut usize,
+    dev: c_int,
+) -> c_int {
+    let Some(_scope) = track::enter_driver() else {
+        return unsafe { real(bytes, dev) };
+    };
+    let rc = unsafe { real(bytes, dev) };
+    if rc == SUCCESS {
+        super::shielded(|| {
+            let books = super::books()?;
+            books.note_device(dev);
+            let cap = books.ledger.device(dev).cap()?;
+            // SAFETY: written by the driver on success.
+            if let Some(b) = unsafe { bytes.as_mut() } {
+                *b = cap as usize;
+            }
+            Some(())
+        });
+    }
+    rc
+}
+
+/// The cap and the charge of an NVML device, once CUDA is in use in this process
+/// (an NVML-only process, such as nvidia-smi, is left alone).
+fn nvml_cap(handle: *mut c_void) -> Option<(u64, u64)> {
+    let books = super::active_books()?;
+    let dev = books.nvml_ordinal(handle as u64)?;
+    books.note_device(dev);
+    let c = books.ledger.device(dev);
+    Some((c.cap()?, c.charged()))
+}
+
+unsafe fn nvml_memory(
+    _api: u8,
+    real: row::nvmlDeviceGetMemoryInfo::Real,
+    dev: *mut c_void,
+    mem: *mut NvmlMemory,
+) -> c_int {
+    let rc = unsafe { real(dev, mem) };
+    if rc == SUCCESS {
+        super::shielded(|| {
+            let (cap, used) = nvml_cap(dev)?;
+            // SAFETY: written by NVML on success.
+            let m = unsafe { mem.as_mut() }?;
+            m.total = cap;
+            m.used = used.min(cap);
+            m.free = m.free.min(cap - m.used);
+            Some(())
+        });
+    }
+    rc
+}
+
+unsafe fn nvml_memory_v2(
+    _api: u8,
+    real: row::nvmlDeviceGetMemoryInfo_v2::Real,
+    dev: *mut c_void,
+    mem: *mut NvmlMemoryV2,
+) -> c_int {
+    let rc = unsafe { real(dev, mem) };
+    if rc == SUCCESS {
+        super::shielded(|| {
+            let (cap, used) = nvml_cap(dev)?;
+            // SAFETY: written by NVML on success.
+            let m = unsafe { mem.as_mut() }?;
+            m.total = cap;
+            m.reserved = 0;
+            m.used = used.min(cap);
+            m.free = m.free.min(cap - m.used);
+            Some(())
+        });
+    }
+    rc
+}
+
 unsafe fn get_proc_address(
     _api: u8,
     real: row::cuGetProcAddress::Real,
@@ -935,7 +1101,6 @@ unsafe fn rt_malloc(
             Some(Made {
                 key: Key::device(a as u64),
                 bytes: bytes as u64,
-                device: None,
             })
         },
     )
@@ -957,7 +1122,6 @@ unsafe fn rt_malloc_managed(
             Some(Made {
                 key: Key::device(a as u64),
                 bytes: bytes as u64,
-                device: None,
             })
         },
     )
@@ -981,7 +1145,6 @@ unsafe fn rt_malloc_pitch(
             Some(Made {
                 key: Key::device(a as u64),
                 bytes: (pitch * height.max(1)) as u64,
-                device: None,
             })
         },
     )
@@ -1004,7 +1167,6 @@ unsafe fn rt_malloc_3d(
             Some(Made {
                 key: Key::device(pp.ptr as u64),
                 bytes,
-                device: None,
             })
         },
     )
@@ -1026,7 +1188,6 @@ unsafe fn rt_malloc_async(
             Some(Made {
                 key: Key::device(a as u64),
                 bytes: bytes as u64,
-                device: None,
             })
         },
     )
@@ -1049,7 +1210,6 @@ unsafe fn rt_malloc_from_pool(
             Some(Made {
                 key: Key::device(a as u64),
                 bytes: bytes as u64,
-                device: None,
             })
         },
     )
@@ -1083,7 +1243,6 @@ unsafe fn rt_malloc_host(
             Some(Made {
                 key: Key::host(a as u64),
                 bytes: bytes as u64,
-                device: None,
             })
         },
     )
@@ -1105,7 +1264,6 @@ unsafe fn rt_host_alloc(
             Some(Made {
                 key: Key::host(a as u64),
                 bytes: bytes as u64,
-                device: None,
             })
         },
     )

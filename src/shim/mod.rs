@@ -11,6 +11,7 @@
 #![cfg_attr(test, allow(dead_code))]
 
 pub mod capi;
+mod caps;
 pub mod hooks;
 mod real;
 mod track;
@@ -50,6 +51,13 @@ pub(crate) struct Books {
     pub created_ctx: dashmap::DashMap<u64, ()>,
     /// VMM mappings, so a handle released while mapped is freed at its last unmap.
     pub vmm: crate::vmm::VmmMaps,
+    /// Warning and trim thresholds of capped devices.
+    pub thresholds: Box<[caps::Thresholds]>,
+    /// The last refusal by a cap, waiting for its report.
+    pub denial: Mutex<Option<caps::Denial>>,
+    pub cap_pending: AtomicBool,
+    /// NVML device handles and their CUDA ordinals (-1: not visible here).
+    pub nvml: dashmap::DashMap<u64, i32>,
 }
 
 impl Books {
@@ -66,17 +74,10 @@ impl Books {
             pools: dashmap::DashMap::new(),
             created_ctx: dashmap::DashMap::new(),
             vmm: crate::vmm::VmmMaps::new(),
-        }
-    }
-
-    /// Remembers a device's size the first time it is used.
-    pub fn note_device(&self, device: i32) {
-        if let Some(slot) = usize::try_from(device)
-            .ok()
-            .and_then(|d| self.totals.get(d))
-            && slot.load(Relaxed) == 0
-        {
-            slot.store(real::DRIVER.total_mem(device).unwrap_or(u64::MAX), Relaxed);
+            thresholds: caps::new_thresholds(),
+            denial: Mutex::new(None),
+            cap_pending: AtomicBool::new(false),
+            nvml: dashmap::DashMap::new(),
         }
     }
 
@@ -151,6 +152,9 @@ fn activate() -> Option<&'static Books> {
                 shielded(|| {
                     worker::signals_on_activation();
                     worker::start();
+                    if let Some(b) = active_books() {
+                        b.check_cap_devices();
+                    }
                 });
                 log(
                     LogLevel::Info,
@@ -263,7 +267,11 @@ extern "C" fn after_fork_in_child() {
 
 /// The exit report: what is still live is the leak list.
 extern "C" fn at_exit() {
-    if active_books().is_some() {
+    if let Some(books) = active_books() {
+        // A refusal the helper thread had no time to report still gets its report.
+        if books.cap_pending.swap(false, AcqRel) {
+            shielded(|| worker::write_report("cap"));
+        }
         shielded(|| worker::write_report("exit"));
     }
 }

@@ -71,7 +71,7 @@ pub unsafe extern "C" fn dlsym(_handle: *mut c_void, _name: *const c_char) -> *m
     )
 }
 
-/// 0: not ours, forward to glibc. 1: answer NULL. Otherwise the pointer to return.
+/// 0: not ours, forward to glibc (every name not starting `cu` or `nv` at once). 1: answer NULL. Otherwise the pointer to return.
 unsafe extern "C" fn dlsym_answer(handle: *mut c_void, name: *const c_char) -> usize {
     if real_dlsym().is_none() || name.is_null() || handle == libc::RTLD_NEXT {
         return 0;
@@ -79,7 +79,8 @@ unsafe extern "C" fn dlsym_answer(handle: *mut c_void, name: *const c_char) -> u
     // SAFETY: name is a C string from the caller; only two bytes read before the
     // cheap prefix test, which lets every non-CUDA lookup through at once.
     unsafe {
-        if *name != b'c' as c_char || *name.add(1) != b'u' as c_char {
+        let (a, b) = (*name as u8, *name.add(1) as u8);
+        if !((a == b'c' && b == b'u') || (a == b'n' && b == b'v')) {
             return 0;
         }
         super::hooks::dlsym_swap(handle, CStr::from_ptr(name))
@@ -174,6 +175,11 @@ pub(crate) struct Driver {
     device_total_mem: AtomicUsize,
     device_get_count: AtomicUsize,
     primary_ctx_get_state: AtomicUsize,
+    mem_free: AtomicUsize,
+    device_get_mem_pool: AtomicUsize,
+    pool_get_attribute: AtomicUsize,
+    pool_trim_to: AtomicUsize,
+    device_get_uuid: AtomicUsize,
 }
 
 pub(crate) static DRIVER: Driver = Driver {
@@ -182,6 +188,11 @@ pub(crate) static DRIVER: Driver = Driver {
     device_total_mem: AtomicUsize::new(0),
     device_get_count: AtomicUsize::new(0),
     primary_ctx_get_state: AtomicUsize::new(0),
+    mem_free: AtomicUsize::new(0),
+    device_get_mem_pool: AtomicUsize::new(0),
+    pool_get_attribute: AtomicUsize::new(0),
+    pool_trim_to: AtomicUsize::new(0),
+    device_get_uuid: AtomicUsize::new(0),
 };
 
 /// Marks a slot whose lookup failed, so it is not retried on every call.
@@ -221,6 +232,62 @@ impl Driver {
         // SAFETY: p is the driver's cuCtxGetDevice.
         let rc = unsafe { std::mem::transmute::<usize, F>(p)(&mut dev) };
         (rc == 0 && dev >= 0).then_some(dev)
+    }
+
+    /// Frees device memory gpuguard must take back (an allocation past the cap).
+    pub fn free(&self, addr: u64) {
+        type F = unsafe extern "C" fn(u64) -> c_int;
+        if let Some(p) = driver_fn(&self.mem_free, c"cuMemFree_v2") {
+            // SAFETY: p is the driver's cuMemFree_v2; addr came from the driver.
+            unsafe { std::mem::transmute::<usize, F>(p)(addr) };
+        }
+    }
+
+    /// The device's current stream-ordered memory pool.
+    pub fn device_mem_pool(&self, device: i32) -> Option<u64> {
+        type F = unsafe extern "C" fn(*mut *mut c_void, c_int) -> c_int;
+        let p = driver_fn(&self.device_get_mem_pool, c"cuDeviceGetMemPool")?;
+        let mut pool: *mut c_void = std::ptr::null_mut();
+        // SAFETY: p is the driver's cuDeviceGetMemPool.
+        let rc = unsafe { std::mem::transmute::<usize, F>(p)(&mut pool, device) };
+        (rc == 0 && !pool.is_null()).then_some(pool as u64)
+    }
+
+    /// What a pool holds from the driver (`CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT`).
+    pub fn pool_reserved(&self, pool: u64) -> Option<u64> {
+        type F = unsafe extern "C" fn(*mut c_void, c_int, *mut c_void) -> c_int;
+        const RESERVED_MEM_CURRENT: c_int = 5;
+        let p = driver_fn(&self.pool_get_attribute, c"cuMemPoolGetAttribute")?;
+        let mut v: u64 = 0;
+        // SAFETY: p is the driver's cuMemPoolGetAttribute; the attribute is a u64.
+        let rc = unsafe {
+            std::mem::transmute::<usize, F>(p)(
+                pool as *mut c_void,
+                RESERVED_MEM_CURRENT,
+                &mut v as *mut u64 as *mut c_void,
+            )
+        };
+        (rc == 0).then_some(v)
+    }
+
+    /// Releases what a pool holds unused (`cuMemPoolTrimTo(pool, 0)`).
+    pub fn pool_trim(&self, pool: u64) {
+        type F = unsafe extern "C" fn(*mut c_void, usize) -> c_int;
+        if let Some(p) = driver_fn(&self.pool_trim_to, c"cuMemPoolTrimTo") {
+            // SAFETY: p is the driver's cuMemPoolTrimTo.
+            unsafe { std::mem::transmute::<usize, F>(p)(pool as *mut c_void, 0) };
+        }
+    }
+
+    /// A device's UUID, formatted as NVML formats it (`GPU-xxxxxxxx-xxxx-...`).
+    pub fn device_uuid(&self, device: i32) -> Option<String> {
+        type F = unsafe extern "C" fn(*mut [u8; 16], c_int) -> c_int;
+        let p = driver_fn(&self.device_get_uuid, c"cuDeviceGetUuid_v2")
+            .or_else(|| driver_fn(&self.device_get_uuid, c"cuDeviceGetUuid"))?;
+        let mut u = [0u8; 16];
+        // SAFETY: p is the driver's cuDeviceGetUuid(_v2), which writes 16 bytes.
+        let rc = unsafe { std::mem::transmute::<usize, F>(p)(&mut u, device) };
+        (rc == 0).then(|| crate::cap::uuid_string(&u))
     }
 
     /// How many devices the process sees; `None` before cuInit or without a driver.
@@ -298,4 +365,37 @@ pub(crate) fn find_own_range() {
 #[inline]
 pub(crate) fn is_own_code(pc: usize) -> bool {
     pc >= OWN_LO.load(Relaxed) && pc < OWN_HI.load(Relaxed)
+}
+
+/// gpuguard's own NVML call: the UUID of an NVML device, to match it with its CUDA
+/// ordinal.
+pub(crate) fn nvml_uuid(handle: u64) -> Option<String> {
+    type F = unsafe extern "C" fn(*mut c_void, *mut c_char, u32) -> c_int;
+    static SLOT: AtomicUsize = AtomicUsize::new(0);
+    let p = {
+        let p = SLOT.load(Acquire);
+        if p > MISSING {
+            p
+        } else if p == MISSING {
+            return None;
+        } else {
+            let found =
+                resolve_next(c"nvmlDeviceGetUUID", c"libnvidia-ml.so.1").map(|p| p as usize);
+            SLOT.store(found.unwrap_or(MISSING), Release);
+            found?
+        }
+    };
+    let mut buf = [0 as c_char; 96];
+    // SAFETY: p is NVML's nvmlDeviceGetUUID, writing at most 96 bytes.
+    let rc =
+        unsafe { std::mem::transmute::<usize, F>(p)(handle as *mut c_void, buf.as_mut_ptr(), 96) };
+    if rc != 0 {
+        return None;
+    }
+    // SAFETY: NVML wrote a NUL-terminated string.
+    Some(
+        unsafe { CStr::from_ptr(buf.as_ptr()) }
+            .to_string_lossy()
+            .into_owned(),
+    )
 }

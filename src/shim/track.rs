@@ -145,7 +145,7 @@ unsafe extern "C" fn each_frame(ctx: *mut c_void, arg: *mut c_void) -> c_int {
 }
 
 /// The caller's stack as an interned site id; gpuguard's own frames are skipped.
-fn capture_site(books: &Books) -> u32 {
+pub(crate) fn capture_site(books: &Books) -> u32 {
     let depth = config().stack_depth;
     if depth == 0 {
         return NO_SITE;
@@ -167,15 +167,30 @@ fn capture_site(books: &Books) -> u32 {
 
 pub(crate) const SUCCESS: c_int = 0;
 
+/// What an allocation will take, known before the real call: the bytes (an upper
+/// estimate where the driver rounds, as for pitched memory) and the device when the
+/// call names one (a VMM location, a pool's device); else the context's.
+pub(crate) struct Plan {
+    pub bytes: u64,
+    pub device: Option<i32>,
+}
+
+impl Plan {
+    pub fn bytes(bytes: u64) -> Plan {
+        Plan {
+            bytes,
+            device: None,
+        }
+    }
+}
+
 /// What an allocation produced, read after the real call succeeded.
 pub(crate) struct Made {
     pub key: Key,
     pub bytes: u64,
-    /// The device named by the call itself (VMM location); else the context's.
-    pub device: Option<i32>,
 }
 
-fn record(books: &Books, api: u8, kind: Kind, made: Made, ctx: u64, ctx_dev: i32) {
+fn record(books: &Books, api: u8, kind: Kind, made: Made, ctx: u64, device: i32, reserved: bool) {
     let label = RUNTIME.with(|r| {
         let mut f = r.get();
         if f.active {
@@ -186,8 +201,6 @@ fn record(books: &Books, api: u8, kind: Kind, made: Made, ctx: u64, ctx_dev: i32
             api
         }
     });
-    let device = made.device.unwrap_or(ctx_dev);
-    books.note_device(device);
     let rec = Record {
         bytes: made.bytes,
         ctx,
@@ -198,33 +211,99 @@ fn record(books: &Books, api: u8, kind: Kind, made: Made, ctx: u64, ctx_dev: i32
         kind,
         api: label,
     };
-    books.ledger.insert(made.key, rec);
+    if reserved {
+        books.ledger.commit(made.key, rec);
+    } else {
+        books.note_device(device);
+        books.ledger.insert(made.key, rec);
+    }
 }
 
-/// A driver allocation: real call, then the record (or the failure).
+/// The API's own out-of-memory code: what a framework already handles.
+pub(crate) const OUT_OF_MEMORY: c_int = 2; // CUDA_ERROR_OUT_OF_MEMORY
+
+enum Admission {
+    /// Bytes reserved on `dev`; the call may go ahead.
+    Admitted {
+        books: &'static Books,
+        ctx: u64,
+        dev: i32,
+    },
+    /// Refused by the cap: the call is not made.
+    Refused,
+}
+
+/// Before the real call: the device, and a reservation of the planned bytes against
+/// its cap. At the cap, what pools hold unused is given back and the reservation
+/// tried once more before refusing.
+fn admit(api: u8, kind: Kind, plan: &Plan) -> Option<Admission> {
+    let books = books()?;
+    let (ctx, ctx_dev) = ctx_device();
+    let dev = plan.device.unwrap_or(ctx_dev);
+    books.note_device(dev);
+    let host = kind.is_host();
+    if books.ledger.reserve(dev, host, plan.bytes) {
+        return Some(Admission::Admitted { books, ctx, dev });
+    }
+    books.trim_pools(dev);
+    if books.ledger.reserve(dev, host, plan.bytes) {
+        return Some(Admission::Admitted { books, ctx, dev });
+    }
+    books.refused(dev, plan.bytes, api, capture_site(books));
+    Some(Admission::Refused)
+}
+
+/// A driver allocation: reservation against the cap, real call, then the record (or
+/// the reservation given back).
 #[inline]
 pub(crate) fn driver_alloc(
     api: u8,
     kind: Kind,
+    plan: Plan,
     call: impl FnOnce() -> c_int,
     made: impl FnOnce() -> Option<Made>,
 ) -> c_int {
     let Some(_scope) = enter_driver() else {
         return call();
     };
+    let (books, ctx, dev) = match shielded(|| admit(api, kind, &plan)).flatten() {
+        Some(Admission::Admitted { books, ctx, dev }) => (books, ctx, dev),
+        Some(Admission::Refused) => return OUT_OF_MEMORY,
+        None => return call(), // gpuguard is off: the call goes through untouched
+    };
+    let host = kind.is_host();
     let rc = call();
+    let mut result = rc;
     shielded(|| {
-        let Some(books) = books() else { return };
-        let (ctx, dev) = ctx_device();
-        if rc == SUCCESS {
-            if let Some(m) = made() {
-                record(books, api, kind, m, ctx, dev);
+        let ledger = &books.ledger;
+        let m = if rc == SUCCESS { made() } else { None };
+        let Some(m) = m else {
+            ledger.unreserve(dev, host, plan.bytes);
+            if rc != SUCCESS {
+                ledger.failed(dev, host);
             }
-        } else {
-            books.ledger.failed(dev, kind.is_host());
+            return;
+        };
+        if m.bytes > plan.bytes && !ledger.reserve(dev, host, m.bytes - plan.bytes) {
+            // The driver rounded past the estimate and the cap has no room for the
+            // difference: undo the allocation rather than pass the cap.
+            ledger.unreserve(dev, host, plan.bytes);
+            if m.key.space == crate::ledger::Space::DevicePtr {
+                super::real::DRIVER.free(m.key.value);
+            }
+            books.refused(dev, m.bytes, api, capture_site(books));
+            result = OUT_OF_MEMORY;
+            return;
+        }
+        if m.bytes < plan.bytes {
+            ledger.unreserve(dev, host, plan.bytes - m.bytes);
+        }
+        record(books, api, kind, m, ctx, dev, true);
+        if !host {
+            books.after_alloc(dev, kind);
         }
     });
-    rc
+    result
 }
 
 /// A driver free. The record leaves the books before the real free, so an address the
@@ -255,6 +334,7 @@ pub(crate) fn driver_free(key: Key, call: impl FnOnce() -> c_int) -> c_int {
         Some((books, Some(rec))) => {
             if rc == SUCCESS {
                 books.ledger.confirm_free(&rec);
+                books.after_free(rec.device.into(), rec.kind);
             } else {
                 books.ledger.restore(key, rec);
             }
@@ -325,7 +405,7 @@ pub(crate) fn runtime_alloc(
             let m = made()?;
             if books.ledger.get(&m.key).is_none() {
                 let (ctx, dev) = ctx_device();
-                record(books, api, kind, m, ctx, dev);
+                record(books, api, kind, m, ctx, dev, false);
             }
             Some(())
         });

@@ -118,6 +118,16 @@ pub(super) fn start() {
     }
 }
 
+/// Wakes the helper thread for an event a hook noticed (a refusal, a threshold).
+pub(crate) fn wake() {
+    let fd = WAKE_FD.load(Relaxed);
+    if fd >= 0 {
+        let one: u64 = 1;
+        // SAFETY: writing 8 bytes to our eventfd.
+        unsafe { libc::write(fd, &one as *const u64 as *const c_void, 8) };
+    }
+}
+
 pub(super) fn after_fork_in_child() {
     // The parent's thread does not exist here; the eventfd is the parent's too.
     THREAD_RUNNING.store(false, Release);
@@ -131,7 +141,9 @@ pub(super) fn after_fork_in_child() {
 
 fn run(fd: c_int) {
     let mut handled = REPORT_REQUESTS.load(Relaxed);
+    let mut last_cap_report: Option<std::time::Instant> = None;
     loop {
+        let cap_waiting = active_books().is_some_and(|b| b.cap_pending.load(Acquire));
         let mut pfd = libc::pollfd {
             fd,
             events: libc::POLLIN,
@@ -139,7 +151,7 @@ fn run(fd: c_int) {
         };
         // SAFETY: polling and draining our own eventfd.
         unsafe {
-            libc::poll(&mut pfd, 1, 1000);
+            libc::poll(&mut pfd, 1, if cap_waiting { 100 } else { 1000 });
             let mut v: u64 = 0;
             libc::read(fd, &mut v as *mut u64 as *mut c_void, 8);
         }
@@ -147,6 +159,47 @@ fn run(fd: c_int) {
         if now != handled {
             handled = now;
             shielded(|| write_report("signal"));
+        }
+        if let Some(books) = active_books() {
+            shielded(|| thresholds(books));
+            // A cap report at the first refusal, then at most one a second.
+            let due =
+                last_cap_report.is_none_or(|t| t.elapsed() >= std::time::Duration::from_secs(1));
+            if due && books.cap_pending.swap(false, AcqRel) {
+                last_cap_report = Some(std::time::Instant::now());
+                shielded(|| write_report("cap"));
+            }
+        }
+    }
+}
+
+/// Warnings and trims for thresholds the hooks saw crossed.
+fn thresholds(books: &super::Books) {
+    for (dev, t) in books.thresholds.iter().enumerate() {
+        let dev = dev as i32;
+        if t.warn_pending.swap(false, Relaxed) {
+            let c = books.ledger.device(dev);
+            log(
+                LogLevel::Warn,
+                format_args!(
+                    "device {dev}: {} of its {} cap in use (peak {}), past GPUGUARD_WARN_AT",
+                    human_bytes(c.charged()),
+                    human_bytes(c.cap().unwrap_or(0)),
+                    human_bytes(c.peak.load(Relaxed))
+                ),
+            );
+        }
+        if t.trim_pending.swap(false, Relaxed) {
+            let before = books.ledger.device(dev).charged();
+            books.trim_pools(dev);
+            let after = books.ledger.device(dev).charged();
+            log(
+                LogLevel::Info,
+                format_args!(
+                    "device {dev}: past GPUGUARD_TRIM_AT; trimmed CUDA memory pools, {} released",
+                    human_bytes(before.saturating_sub(after))
+                ),
+            );
         }
     }
 }
@@ -255,7 +308,19 @@ fn demangle(name: &str) -> String {
     // SAFETY: a lookup through glibc; the function, if any, is libstdc++'s demangler,
     // which returns a malloc'ed string or NULL.
     unsafe {
-        let f = super::real::lookup(libc::RTLD_DEFAULT, c"__cxa_demangle");
+        // The C++ runtime is often loaded privately (by a dlopen'ed framework), so
+        // look in libstdc++ itself too.
+        let mut f = super::real::lookup(libc::RTLD_DEFAULT, c"__cxa_demangle");
+        if f.is_null() {
+            let h = libc::dlopen(
+                c"libstdc++.so.6".as_ptr(),
+                libc::RTLD_LAZY | libc::RTLD_NOLOAD,
+            );
+            if !h.is_null() {
+                f = super::real::lookup(h, c"__cxa_demangle");
+                libc::dlclose(h);
+            }
+        }
         if f.is_null() {
             return name.to_string();
         }
@@ -305,6 +370,11 @@ pub(crate) fn write_report(reason: &str) -> Option<PathBuf> {
             report_signal: s.cfg.report_signal,
             dir: s.dir.to_string_lossy().into_owned(),
         },
+        denial: if reason == "cap" {
+            denial(books, &tables)
+        } else {
+            None
+        },
     };
     let report = reporter::build(&input);
     let mut json = serde_json::to_vec_pretty(&report).unwrap_or_default();
@@ -339,6 +409,31 @@ pub(crate) fn write_report(reason: &str) -> Option<PathBuf> {
     }
 }
 
+/// The last refusal, with its stack symbolized, for a `cap` report.
+fn denial(books: &super::Books, tables: &Tables) -> Option<crate::report::DenialReport> {
+    let d = books
+        .denial
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .clone()?;
+    let stack = books
+        .sites
+        .all()
+        .get(d.site as usize)
+        .cloned()
+        .unwrap_or_default();
+    let infos: Vec<FrameInfo> = stack.iter().map(|&pc| symbolize(pc, tables)).collect();
+    let first_user = infos.iter().position(|f| !f.internal).unwrap_or(0);
+    Some(crate::report::DenialReport {
+        device: d.device,
+        bytes: d.bytes,
+        api: super::hooks::api_name(d.api).to_string(),
+        charged_bytes: d.charged,
+        cap_bytes: d.cap,
+        frames: infos.into_iter().skip(first_user).map(|f| f.text).collect(),
+    })
+}
+
 fn headline(r: &crate::report::Report) -> String {
     let mut parts: Vec<String> = r
         .devices
@@ -355,6 +450,19 @@ fn headline(r: &crate::report::Report) -> String {
         .collect();
     if parts.is_empty() {
         parts.push("no device memory used".into());
+    }
+    if let Some(d) = &r.denial {
+        parts.insert(
+            0,
+            format!(
+                "cap refused {} ({}) on device {}: {} of {} in use",
+                human_bytes(d.bytes),
+                d.api,
+                d.device,
+                human_bytes(d.charged_bytes),
+                human_bytes(d.cap_bytes)
+            ),
+        );
     }
     if r.host_pinned.peak_bytes > 0 {
         parts.push(format!(

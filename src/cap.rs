@@ -1,0 +1,207 @@
+//! `GPUGUARD_CAP`: how much device memory a process may hold, per device.
+//!
+//! Forms: one size for every device (`20GiB`, `512MiB`, `1.5GB`, plain bytes), a
+//! fraction of each device's memory (`0.5`), or per device (`0:20GiB,1:0.25`; devices
+//! not named are uncapped; a bare value among them is the default for the rest).
+//! Pure parsing and arithmetic; enforcement lives with the ledger's counters.
+
+use std::collections::BTreeMap;
+
+/// A limit before the device's size is known.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Limit {
+    Bytes(u64),
+    /// Of the device's total memory, in (0, 1].
+    Fraction(f64),
+}
+
+impl Limit {
+    /// Bytes allowed on a device of `total` bytes (0 when the size is unknown, then
+    /// a fraction cannot be applied and the device stays uncapped).
+    pub fn resolve(self, total: u64) -> Option<u64> {
+        match self {
+            Limit::Bytes(b) => Some(b),
+            Limit::Fraction(_) if total == 0 => None,
+            Limit::Fraction(f) => Some(((total as f64) * f) as u64),
+        }
+    }
+}
+
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct CapSpec {
+    /// For devices not named.
+    pub default: Option<Limit>,
+    pub per_device: BTreeMap<u32, Limit>,
+}
+
+pub const ACCEPTED: &str = "a size (20GiB, 512MiB, 1.5GB, bytes), a fraction of device memory in (0, 1] (0.5), or per device (0:20GiB,1:0.25)";
+
+impl CapSpec {
+    pub fn parse(text: &str) -> Option<CapSpec> {
+        let mut spec = CapSpec::default();
+        let text = text.trim();
+        if text.is_empty() {
+            return None;
+        }
+        for part in text.split(',').map(str::trim) {
+            match part.split_once(':') {
+                Some((dev, value)) => {
+                    let dev: u32 = dev.trim().parse().ok()?;
+                    let limit = parse_limit(value.trim())?;
+                    if spec.per_device.insert(dev, limit).is_some() {
+                        return None; // the same device twice
+                    }
+                }
+                None => {
+                    if spec.default.replace(parse_limit(part)?).is_some() {
+                        return None; // two defaults
+                    }
+                }
+            }
+        }
+        Some(spec)
+    }
+
+    pub fn limit_for(&self, device: u32) -> Option<Limit> {
+        self.per_device.get(&device).copied().or(self.default)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.default.is_none() && self.per_device.is_empty()
+    }
+}
+
+/// One value: a size with a unit, a fraction (has a decimal point, no unit), or
+/// plain bytes.
+pub fn parse_limit(s: &str) -> Option<Limit> {
+    if s.bytes().any(|c| c.is_ascii_alphabetic()) {
+        return parse_size(s).map(Limit::Bytes);
+    }
+    if s.contains('.') {
+        let f: f64 = s.parse().ok()?;
+        return (f > 0.0 && f <= 1.0 && f.is_finite()).then_some(Limit::Fraction(f));
+    }
+    let b: u64 = s.parse().ok()?;
+    (b > 0).then_some(Limit::Bytes(b))
+}
+
+/// `20GiB`, `512MiB`, `1.5GB`, `64k`: IEC (KiB, MiB, GiB, TiB, and the bare K, M, G,
+/// T) and SI (KB, MB, GB, TB) units, any case; `B` or no unit is bytes.
+pub fn parse_size(s: &str) -> Option<u64> {
+    let s = s.trim();
+    let split = s
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(s.len());
+    let (num, unit) = s.split_at(split);
+    let unit = unit.trim().to_ascii_lowercase();
+    let mult: f64 = match unit.as_str() {
+        "" | "b" => 1.0,
+        "k" | "kib" => 1024.0,
+        "m" | "mib" => 1024.0 * 1024.0,
+        "g" | "gib" => 1024.0 * 1024.0 * 1024.0,
+        "t" | "tib" => 1024.0 * 1024.0 * 1024.0 * 1024.0,
+        "kb" => 1e3,
+        "mb" => 1e6,
+        "gb" => 1e9,
+        "tb" => 1e12,
+        _ => return None,
+    };
+    if num.is_empty() || num.chars().filter(|&c| c == '.').count() > 1 {
+        return None;
+    }
+    let v: f64 = num.parse().ok()?;
+    let bytes = (v * mult).round();
+    (1.0..1.8e19).contains(&bytes).then_some(bytes as u64)
+}
+
+/// A CUDA device UUID in NVML's text form, `GPU-` and 8-4-4-4-12 hex digits, so a
+/// device seen through NVML can be matched with its CUDA ordinal.
+pub fn uuid_string(u: &[u8; 16]) -> String {
+    let h: String = u.iter().map(|b| format!("{b:02x}")).collect();
+    format!(
+        "GPU-{}-{}-{}-{}-{}",
+        &h[0..8],
+        &h[8..12],
+        &h[12..16],
+        &h[16..20],
+        &h[20..32]
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("20GiB"), Some(20 << 30));
+        assert_eq!(parse_size("512MiB"), Some(512 << 20));
+        assert_eq!(parse_size("512mib"), Some(512 << 20));
+        assert_eq!(parse_size("1.5GB"), Some(1_500_000_000));
+        assert_eq!(parse_size("4g"), Some(4 << 30));
+        assert_eq!(parse_size("100"), Some(100));
+        assert_eq!(parse_size("7B"), Some(7));
+        for bad in ["12XB", "GiB", "1.2.3GB", "", "0GB", "-1GB"] {
+            assert_eq!(parse_size(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn single_values() {
+        assert_eq!(
+            CapSpec::parse("20GiB").unwrap().limit_for(3),
+            Some(Limit::Bytes(20 << 30))
+        );
+        assert_eq!(
+            CapSpec::parse("0.5").unwrap().limit_for(0),
+            Some(Limit::Fraction(0.5))
+        );
+        assert_eq!(
+            CapSpec::parse("1.0").unwrap().limit_for(0),
+            Some(Limit::Fraction(1.0))
+        );
+        assert_eq!(
+            CapSpec::parse("4096").unwrap().limit_for(0),
+            Some(Limit::Bytes(4096))
+        );
+        for bad in ["abc", "0", "-1", "1.5", "12XB", "", "0.0", "nan", "inf"] {
+            assert_eq!(CapSpec::parse(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn per_device() {
+        let s = CapSpec::parse("0:20GiB, 1:0.25").unwrap();
+        assert_eq!(s.limit_for(0), Some(Limit::Bytes(20 << 30)));
+        assert_eq!(s.limit_for(1), Some(Limit::Fraction(0.25)));
+        assert_eq!(s.limit_for(2), None, "devices not named are uncapped");
+        let s = CapSpec::parse("8GiB,1:1GiB").unwrap();
+        assert_eq!(s.limit_for(1), Some(Limit::Bytes(1 << 30)));
+        assert_eq!(s.limit_for(5), Some(Limit::Bytes(8 << 30)));
+        for bad in [
+            "0:",
+            ":1GiB",
+            "x:1GiB",
+            "0:1GiB,0:2GiB",
+            "1GiB,2GiB",
+            "0:1.5",
+        ] {
+            assert_eq!(CapSpec::parse(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn uuid_text() {
+        let mut u = [0u8; 16];
+        u[0] = 0x3b;
+        u[15] = 0xa7;
+        assert_eq!(uuid_string(&u), "GPU-3b000000-0000-0000-0000-0000000000a7");
+    }
+
+    #[test]
+    fn resolving() {
+        assert_eq!(Limit::Fraction(0.5).resolve(1000), Some(500));
+        assert_eq!(Limit::Fraction(0.5).resolve(0), None);
+        assert_eq!(Limit::Bytes(7).resolve(0), Some(7));
+    }
+}

@@ -1,0 +1,234 @@
+//! Caps in the process: resolving `GPUGUARD_CAP` per device at its first use, what
+//! stream-ordered pools hold, the warning and trim thresholds, and refusals. The
+//! reservation itself is in the ledger (`DeviceCounters::try_reserve`); everything
+//! here that logs or writes is handed to the helper thread.
+
+use super::{Books, LogLevel, log, settings, worker};
+use crate::ledger::{Kind, MAX_DEVICES};
+use crate::report::human_bytes;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::*};
+
+/// Per-device threshold state.
+#[derive(Default)]
+pub(crate) struct Thresholds {
+    warn_bytes: AtomicU64,
+    trim_bytes: AtomicU64,
+    /// Armed: the next upward crossing fires. Disarmed until usage falls back below.
+    warn_fired: AtomicBool,
+    trim_fired: AtomicBool,
+    pub warn_pending: AtomicBool,
+    pub trim_pending: AtomicBool,
+}
+
+/// The last refusal, for the cap report.
+#[derive(Clone, Debug)]
+pub(crate) struct Denial {
+    pub device: i32,
+    pub bytes: u64,
+    pub api: u8,
+    pub site: u32,
+    pub charged: u64,
+    pub cap: u64,
+}
+
+pub(crate) fn new_thresholds() -> Box<[Thresholds]> {
+    (0..MAX_DEVICES).map(|_| Thresholds::default()).collect()
+}
+
+impl Books {
+    /// First use of a device: its size, then its cap (clamped to the size), set
+    /// before the size is published so no allocation sees the device uncapped.
+    pub fn note_device(&self, device: i32) {
+        let Some(slot) = usize::try_from(device)
+            .ok()
+            .and_then(|d| self.totals.get(d))
+        else {
+            return;
+        };
+        if slot.load(Acquire) != 0 {
+            return;
+        }
+        let total = super::real::DRIVER.total_mem(device).unwrap_or(0);
+        self.resolve_cap(device, total);
+        slot.store(if total == 0 { u64::MAX } else { total }, Release);
+    }
+
+    fn resolve_cap(&self, device: i32, total: u64) {
+        let cfg = &settings().cfg;
+        let Some(limit) = cfg.cap.limit_for(device as u32) else {
+            return;
+        };
+        let Some(mut cap) = limit.resolve(total) else {
+            log(
+                LogLevel::Warn,
+                format_args!(
+                    "GPUGUARD_CAP: the size of device {device} is unknown, so its fractional cap cannot apply; uncapped"
+                ),
+            );
+            return;
+        };
+        if total > 0 && cap > total {
+            log(
+                LogLevel::Warn,
+                format_args!(
+                    "GPUGUARD_CAP: {} for device {device} is above its {}; capping at {}",
+                    human_bytes(cap),
+                    human_bytes(total),
+                    human_bytes(total)
+                ),
+            );
+            cap = total;
+        }
+        let c = self.ledger.device(device);
+        let t = &self.thresholds[device as usize];
+        let at = |f: Option<f64>| f.map_or(0, |f| ((cap as f64) * f) as u64);
+        t.warn_bytes.store(at(cfg.warn_at), Relaxed);
+        t.trim_bytes.store(at(cfg.trim_at), Relaxed);
+        c.limit.store(cap, Release);
+        log(
+            LogLevel::Info,
+            format_args!("device {device}: cap {}", human_bytes(cap)),
+        );
+    }
+
+    /// At activation: devices the cap names that this process does not have.
+    pub fn check_cap_devices(&self) {
+        let spec = &settings().cfg.cap;
+        if spec.per_device.is_empty() {
+            return;
+        }
+        let Some(count) = super::real::DRIVER.device_count() else {
+            return;
+        };
+        for &d in spec.per_device.keys() {
+            if d as i64 >= i64::from(count) {
+                log(
+                    LogLevel::Warn,
+                    format_args!(
+                        "GPUGUARD_CAP names device {d}, but this process sees {count} device(s); ignored"
+                    ),
+                );
+            }
+        }
+    }
+
+    /// The CUDA ordinal of an NVML device (matched by UUID, so it holds under
+    /// `CUDA_VISIBLE_DEVICES`); `None` for a device this process cannot see.
+    pub fn nvml_ordinal(&self, handle: u64) -> Option<i32> {
+        if let Some(d) = self.nvml.get(&handle) {
+            return (*d >= 0).then_some(*d);
+        }
+        let uuid = super::real::nvml_uuid(handle)?;
+        let count = super::real::DRIVER.device_count()?;
+        let dev = (0..count)
+            .find(|&d| {
+                super::real::DRIVER
+                    .device_uuid(d)
+                    .is_some_and(|u| u.eq_ignore_ascii_case(&uuid))
+            })
+            .unwrap_or(-1);
+        self.nvml.insert(handle, dev);
+        (dev >= 0).then_some(dev)
+    }
+
+    fn capped(&self, device: i32) -> bool {
+        device >= 0 && self.ledger.device(device).cap().is_some()
+    }
+
+    /// The pools of a device: those seen created or handed out, and its current one.
+    fn pools_of(&self, device: i32) -> Vec<u64> {
+        if let Some(p) = super::real::DRIVER.device_mem_pool(device) {
+            self.pools.entry(p).or_insert(device);
+        }
+        self.pools
+            .iter()
+            .filter(|e| *e.value() == device)
+            .map(|e| *e.key())
+            .collect()
+    }
+
+    /// Measures what the device's pools hold from the driver (capped devices only).
+    pub fn measure_pools(&self, device: i32) {
+        let held: u64 = self
+            .pools_of(device)
+            .into_iter()
+            .filter_map(|p| super::real::DRIVER.pool_reserved(p))
+            .sum();
+        self.ledger
+            .device(device)
+            .pool_reserved
+            .store(held, Relaxed);
+    }
+
+    /// Gives back what the device's pools hold unused (`cuMemPoolTrimTo(pool, 0)`).
+    pub fn trim_pools(&self, device: i32) {
+        if !self.capped(device) {
+            return;
+        }
+        for p in self.pools_of(device) {
+            super::real::DRIVER.pool_trim(p);
+        }
+        self.measure_pools(device);
+    }
+
+    /// After an allocation: pools measured again, thresholds checked.
+    pub fn after_alloc(&self, device: i32, kind: Kind) {
+        if !self.capped(device) {
+            return;
+        }
+        if kind == Kind::Pool {
+            self.measure_pools(device);
+        }
+        let charged = self.ledger.device(device).charged();
+        let t = &self.thresholds[device as usize];
+        let mut wake = false;
+        for (limit, fired, pending) in [
+            (&t.warn_bytes, &t.warn_fired, &t.warn_pending),
+            (&t.trim_bytes, &t.trim_fired, &t.trim_pending),
+        ] {
+            let at = limit.load(Relaxed);
+            if at > 0 && charged >= at && !fired.swap(true, Relaxed) {
+                pending.store(true, Relaxed);
+                wake = true;
+            }
+        }
+        if wake {
+            worker::wake();
+        }
+    }
+
+    /// After a free: a threshold re-arms once usage is back below it.
+    pub fn after_free(&self, device: i32, _kind: Kind) {
+        if !self.capped(device) {
+            return;
+        }
+        let charged = self.ledger.device(device).charged();
+        let t = &self.thresholds[device as usize];
+        for (limit, fired) in [
+            (&t.warn_bytes, &t.warn_fired),
+            (&t.trim_bytes, &t.trim_fired),
+        ] {
+            if fired.load(Relaxed) && charged < limit.load(Relaxed) {
+                fired.store(false, Relaxed);
+            }
+        }
+    }
+
+    /// An allocation refused by the cap: counted, kept for the cap report, and the
+    /// helper thread woken to write it.
+    pub fn refused(&self, device: i32, bytes: u64, api: u8, site: u32) {
+        let c = self.ledger.device(device);
+        c.denied.fetch_add(1, Relaxed);
+        let d = Denial {
+            device,
+            bytes,
+            api,
+            site,
+            charged: c.charged(),
+            cap: c.cap().unwrap_or(0),
+        };
+        *self.denial.lock().unwrap_or_else(|e| e.into_inner()) = Some(d);
+        self.cap_pending.store(true, Release);
+        worker::wake();
+    }
+}

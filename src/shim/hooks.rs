@@ -229,6 +229,13 @@ pub(super) unsafe fn dlsym_swap(handle: *mut c_void, name: &CStr) -> usize {
     let Some(entry) = by_name(name.to_bytes()) else {
         return 0;
     };
+    if handle == libc::RTLD_NEXT {
+        // Resolved relative to the caller, so glibc must answer; but from a program
+        // that precedes gpuguard the next definition is gpuguard's own, which must not
+        // make CUDA look present when the real library is not loaded.
+        let present = entry.slots.get(Path::Symbol, name, entry.lib.soname()).is_some();
+        return if present { 0 } else { 1 };
+    }
     // SAFETY: a plain lookup through glibc.
     let real = unsafe { super::real::lookup(handle, name) };
     if real.is_null() {

@@ -73,7 +73,7 @@ pub unsafe extern "C" fn dlsym(_handle: *mut c_void, _name: *const c_char) -> *m
 
 /// 0: not ours, forward to glibc (every name not starting `cu` or `nv` at once). 1: answer NULL. Otherwise the pointer to return.
 unsafe extern "C" fn dlsym_answer(handle: *mut c_void, name: *const c_char) -> usize {
-    if real_dlsym().is_none() || name.is_null() || handle == libc::RTLD_NEXT {
+    if real_dlsym().is_none() || name.is_null() {
         return 0;
     }
     // SAFETY: name is a C string from the caller; only two bytes read before the

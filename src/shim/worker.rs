@@ -140,7 +140,9 @@ pub(super) fn after_fork_in_child() {
 }
 
 fn run(fd: c_int) {
-    let mut handled = REPORT_REQUESTS.load(Relaxed);
+    // The count was reset at activation: a signal that came between then and now is
+    // a request this thread must still answer.
+    let mut handled = 0;
     let mut last_cap_report: Option<std::time::Instant> = None;
     loop {
         let cap_waiting = active_books().is_some_and(|b| b.cap_pending.load(Acquire));

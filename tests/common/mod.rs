@@ -63,44 +63,57 @@ fn unique() -> String {
 }
 
 /// Builds the gpuguard cdylib (`cargo build --lib`, same profile and target
-/// folder as the tests) once per test process and returns its path.
+/// folder as the tests) once per test process and returns its path. A failed
+/// build is remembered too, so the other tests of the process fail at once.
 pub fn shim() -> PathBuf {
-    static SHIM: OnceLock<PathBuf> = OnceLock::new();
-    SHIM.get_or_init(|| {
-        let profile = profile_dir();
-        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-        let mut cmd = Command::new(&cargo);
-        cmd.arg("build")
-            .arg("--lib")
-            .arg("--manifest-path")
-            .arg(manifest_dir().join("Cargo.toml"))
-            .env(
-                "CARGO_TARGET_DIR",
-                profile.parent().expect("profile dir has a parent"),
-            )
-            .stdin(Stdio::null());
-        if is_release() {
-            cmd.arg("--release");
-        }
-        let out = cmd
-            .output()
-            .unwrap_or_else(|e| panic!("running {cargo:?} build --lib: {e}"));
-        if !out.status.success() {
-            panic!(
-                "cargo build --lib failed ({}):\n{}",
-                out.status,
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-        let lib = profile.join("libgpuguard.so");
-        assert!(
-            lib.exists(),
-            "cargo build --lib did not produce {}",
-            lib.display()
+    static SHIM: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    let built = SHIM.get_or_init(|| {
+        std::panic::catch_unwind(build_shim).map_err(|e| {
+            e.downcast_ref::<String>()
+                .cloned()
+                .or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_else(|| "building the shim failed".into())
+        })
+    });
+    match built {
+        Ok(lib) => lib.clone(),
+        Err(msg) => panic!("{msg}"),
+    }
+}
+
+fn build_shim() -> PathBuf {
+    let profile = profile_dir();
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let mut cmd = Command::new(&cargo);
+    cmd.arg("build")
+        .arg("--lib")
+        .arg("--manifest-path")
+        .arg(manifest_dir().join("Cargo.toml"))
+        .env(
+            "CARGO_TARGET_DIR",
+            profile.parent().expect("profile dir has a parent"),
+        )
+        .stdin(Stdio::null());
+    if is_release() {
+        cmd.arg("--release");
+    }
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("running {cargo:?} build --lib: {e}"));
+    if !out.status.success() {
+        panic!(
+            "cargo build --lib failed ({}):\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
         );
-        lib
-    })
-    .clone()
+    }
+    let lib = profile.join("libgpuguard.so");
+    assert!(
+        lib.exists(),
+        "cargo build --lib did not produce {}",
+        lib.display()
+    );
+    lib
 }
 
 // ---------------------------------------------------------------------------
@@ -281,6 +294,8 @@ pub struct Run {
     pub stderr: String,
     /// The `GPUGUARD_DIR` the program ran with (fresh, empty at start).
     pub dir: PathBuf,
+    /// The process id the program ran as.
+    pub pid: u32,
 }
 
 /// Runs `prog` (a name in [`sim_dir`], or a path) with `args`, on the sim,
@@ -329,6 +344,7 @@ pub fn run_timeout(
     let mut child = cmd
         .spawn()
         .unwrap_or_else(|e| panic!("spawning {}: {e}", exe.display()));
+    let pid = child.id();
     // Drain both pipes on threads so a chatty program cannot block on a full pipe.
     let mut so = child.stdout.take().expect("stdout pipe");
     let mut se = child.stderr.take().expect("stderr pipe");
@@ -369,6 +385,7 @@ pub fn run_timeout(
         stdout,
         stderr,
         dir,
+        pid,
     }
 }
 

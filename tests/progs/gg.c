@@ -79,6 +79,7 @@ static int mode_link(int argc, char **argv)
     MUST(cuCtxPushCurrent_v2(c1));
     CUdeviceptr d1 = dev_alloc(5 * MiB, other);
     MUST(cuCtxPopCurrent_v2(NULL));
+    mid_report("all_live");
 
     dev_free(a);
     MUST(cuMemFree_v2(p));
@@ -530,12 +531,14 @@ static int mode_threads(int argc, char **argv)
     return 0;
 }
 
-/* ---- fork: children with and without CUDA ---- */
+/* ---- fork [leak]: children with and without CUDA; with "leak" the parent
+ * also leaks one allocation made before the forks and one made after ---- */
 static int mode_fork(int argc, char **argv)
 {
-    (void)argc; (void)argv;
+    int leak = argc > 1 && strcmp(argv[1], "leak") == 0;
     setup(0);
     CUdeviceptr a = dev_alloc(2 * MiB, 0);
+    CUdeviceptr before = leak ? dev_alloc(3 * MiB, 0) : 0;
     fflush(stdout); /* nothing buffered may be written twice */
     pid_t nocuda = fork();
     if (nocuda == 0) exit(0);
@@ -552,18 +555,24 @@ static int mode_fork(int argc, char **argv)
     waitpid(cuda, &st, 0);
     printf("CHILD %d nocuda\nCHILD %d cuda\n", (int)nocuda, (int)cuda);
     dev_free(a);
+    if (leak) {
+        CUdeviceptr after = dev_alloc(512 * 1024, 0);
+        leak_line(before, 3 * MiB);
+        leak_line(after, 512 * 1024);
+    }
     finish();
     return 0;
 }
 
 /* ---- signals ---- */
+/* signal_after [SIGNUM]: raises SIGNUM (default SIGUSR1) after CUDA started */
 static int mode_signal_after(int argc, char **argv)
 {
-    (void)argc; (void)argv;
+    int sig = argc > 1 ? atoi(argv[1]) : SIGUSR1;
     setup(0);
     CUdeviceptr a = dev_alloc(1 * MiB, 0);
     leak_line(a, 1 * MiB);
-    raise(SIGUSR1);
+    raise(sig);
     sleep_ms(300);
     puts("OK");
     return 0;
@@ -599,6 +608,7 @@ static int mode_own_handler(int argc, char **argv)
     setup(0);
     CUdeviceptr a = dev_alloc(1 * MiB, 0);
     raise(SIGUSR1);
+    sleep_ms(300); /* as in signal_after: time for a report the signal asked for */
     dev_free(a);
     printf("RAISED 2\nHANDLED %d\n", (int)g_handled);
     puts("OK");
@@ -671,6 +681,38 @@ static int mode_report_request(int argc, char **argv)
     return 0;
 }
 
+/* ---- capi: gpuguard_device_counters around the device count ----
+ * CAPI <phase> <device> <rc> for devices -1, 0, n-1, n, n+1 and 63, before any
+ * CUDA call and after cuInit and one allocation; n = the sim's device count. */
+static void capi_lines(const char *phase, gg_counters_fn counters)
+{
+    int n = sim_devices();
+    int devs[] = {-1, 0, n - 1, n, n + 1, 63};
+    for (size_t i = 0; i < sizeof devs / sizeof devs[0]; i++) {
+        gpuguard_device_counters c;
+        memset(&c, 0, sizeof c);
+        printf("CAPI %s %d %d\n", phase, devs[i], counters(devs[i], &c));
+    }
+}
+
+static int mode_capi(int argc, char **argv)
+{
+    (void)argc; (void)argv;
+    gg_counters_fn counters = (gg_counters_fn)dlsym(RTLD_DEFAULT, "gpuguard_device_counters");
+    if (!counters) {
+        puts("GG absent");
+        puts("OK");
+        return 0;
+    }
+    capi_lines("before", counters);
+    setup(0);
+    CUdeviceptr a = dev_alloc(1 * MiB, 0);
+    capi_lines("after", counters);
+    dev_free(a);
+    finish();
+    return 0;
+}
+
 static int mode_nocuda_(int argc, char **argv) { (void)argc; (void)argv; return mode_nocuda(); }
 static int mode_signal_before_(int argc, char **argv) { (void)argc; (void)argv; return mode_signal_before(); }
 
@@ -694,6 +736,7 @@ static const struct gg_mode g_modes[] = {
     {"own_handler_after", mode_own_handler_after},
     {"storm", mode_storm},
     {"report_request", mode_report_request},
+    {"capi", mode_capi},
     {"nocuda", mode_nocuda_},
     {NULL, NULL},
 };

@@ -12,6 +12,9 @@
  *   SIM dev=<d> live=<n> count=<n> pool_reserved=<n>   the sim's books
  *   SIMHOST live=<n> count=<n>
  *   STEP <name>                            marks a phase; lines after it belong to it
+ *   MIDREPORT <path>                       a report written on request mid-run (only
+ *                                          with GG_MIDREPORT=1 and gpuguard loaded)
+ *   THREADS <n>                            threads in the process (mode nocuda)
  *   OK                                     the program reached its end
  * For VMM the "address" of ALLOC/FREE/LEAK is the allocation handle; for arrays
  * it is the array handle; host allocations use device -1.
@@ -21,6 +24,7 @@
 #define GG_COMMON_H
 
 #define _GNU_SOURCE
+#include <dirent.h>
 #include <dlfcn.h>
 #include <errno.h>
 #include <signal.h>
@@ -155,9 +159,37 @@ static inline void sleep_ms(long ms)
 
 /* ---- modes every program offers ---- */
 
+/* Entries of /proc/self/task: the threads of this process. */
+static inline int thread_count(void)
+{
+    DIR *d = opendir("/proc/self/task");
+    if (!d) return -1;
+    int n = 0;
+    for (struct dirent *e; (e = readdir(d)) != NULL;)
+        if (e->d_name[0] != '.') n++;
+    closedir(d);
+    return n;
+}
+
+/* With GG_MIDREPORT=1 and gpuguard loaded: asks for a report now, with `reason`,
+ * and prints MIDREPORT <path>. Otherwise does nothing. */
+static inline void mid_report(const char *reason)
+{
+    const char *want = getenv("GG_MIDREPORT");
+    if (!want || strcmp(want, "1") != 0) return;
+    gg_report_fn wr = (gg_report_fn)dlsym(RTLD_DEFAULT, "gpuguard_write_report");
+    if (!wr) return;
+    char path[4096] = "";
+    if (wr(reason, path, sizeof path) == 0)
+        printf("MIDREPORT %s\n", path);
+    else
+        puts("MIDREPORT failed");
+}
+
 /* Does nothing CUDA: checks that the shim stays inert. */
 static inline int mode_nocuda(void)
 {
+    printf("THREADS %d\n", thread_count());
     puts("OK");
     return 0;
 }

@@ -105,6 +105,7 @@ static int mode_dlsym(int argc, char **argv)
     CUmemAccessDesc acc = {{CU_MEM_LOCATION_TYPE_DEVICE, 0}, CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
     MUST(p_cuMemSetAccess(va, 3 * g, &acc, 1));
     ((volatile char *)(uintptr_t)va)[3 * g - 1] = 1;
+    mid_report("all_live");
     MUST(p_cuMemUnmap(va, 2 * g));
     MUST(p_cuMemRelease(v1));
     free_line(v1);
@@ -211,6 +212,7 @@ static int mode_procaddr(int argc, char **argv)
     alloc_line(q2, 3 * MiB, 0, "pool");
     MUST(aasync_legacy(&q3, 2 * MiB, NULL));
     alloc_line(q3, 2 * MiB, 0, "pool");
+    mid_report("all_live");
     MUST(fasync(q1, CU_STREAM_PER_THREAD));
     free_line(q1);
     MUST(fasync(q3, CU_STREAM_PER_THREAD));

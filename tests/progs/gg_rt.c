@@ -70,6 +70,7 @@ static int mode_runtime(int argc, char **argv)
     RT(cudaMalloc(&d1, 4 * MiB));
     rt_alloc_line(d1, 4 * MiB, other, "device");
     RT(cudaSetDevice(0));
+    mid_report("all_live");
 
     size_t fr, tot;
     RT(cudaMemGetInfo(&fr, &tot));

@@ -233,7 +233,10 @@ pub(super) unsafe fn dlsym_swap(handle: *mut c_void, name: &CStr) -> usize {
         // Resolved relative to the caller, so glibc must answer; but from a program
         // that precedes gpuguard the next definition is gpuguard's own, which must not
         // make CUDA look present when the real library is not loaded.
-        let present = entry.slots.get(Path::Symbol, name, entry.lib.soname()).is_some();
+        let present = entry
+            .slots
+            .get(Path::Symbol, name, entry.lib.soname())
+            .is_some();
         return if present { 0 } else { 1 };
     }
     // SAFETY: a plain lookup through glibc.

@@ -16,8 +16,23 @@ use std::process::ExitCode;
 
 const USAGE: &str = "usage:
   gpuguard show REPORT.json...     render gpuguard reports
-  gpuguard run [--] COMMAND...     run COMMAND with libgpuguard.so preloaded
+  gpuguard run [OPTIONS] [--] COMMAND...
+                                   run COMMAND with libgpuguard.so preloaded
+      --cap SIZE         GPUGUARD_CAP: 20GiB, 0.5 (of each device), 0:20GiB,1:0.25
+      --warn-at F        GPUGUARD_WARN_AT: warn past this fraction of the cap
+      --trim-at F        GPUGUARD_TRIM_AT: trim CUDA pools past this fraction
+      --dir DIR          GPUGUARD_DIR: where reports go
+      --log LEVEL        GPUGUARD_LOG: off, warn, info, debug
   gpuguard --version";
+
+/// `gpuguard run` options and the variable each one sets.
+const RUN_OPTIONS: &[(&str, &str)] = &[
+    ("--cap", "GPUGUARD_CAP"),
+    ("--warn-at", "GPUGUARD_WARN_AT"),
+    ("--trim-at", "GPUGUARD_TRIM_AT"),
+    ("--dir", "GPUGUARD_DIR"),
+    ("--log", "GPUGUARD_LOG"),
+];
 
 /// A user-facing failure: message to stderr, exit status 2.
 struct Failure(String);
@@ -137,6 +152,29 @@ fn render(out: &mut String, file: &str, r: &Report) {
     if r.devices.is_empty() {
         let _ = writeln!(out, "  (no device memory was used)");
     }
+    if let Some(d) = &r.denial {
+        let _ = writeln!(
+            out,
+            "\n  cap refused {} ({}) on device {}: {} of its {} cap in use",
+            human_bytes(d.bytes),
+            d.api,
+            d.device,
+            human_bytes(d.charged_bytes),
+            human_bytes(d.cap_bytes)
+        );
+        for f in d.frames.iter().take(6) {
+            let _ = writeln!(out, "        {f}");
+        }
+        let _ = writeln!(out);
+    }
+    for d in r.devices.iter().filter(|d| d.pool_reserved_bytes > 0) {
+        let _ = writeln!(
+            out,
+            "  device {}: stream-ordered pools hold {} from the driver",
+            d.device,
+            human_bytes(d.pool_reserved_bytes)
+        );
+    }
     let h = &r.host_pinned;
     let _ = writeln!(
         out,
@@ -227,10 +265,34 @@ fn find_shim() -> Option<PathBuf> {
 }
 
 fn run(args: &[String]) -> Result<(), Failure> {
-    let cmd: &[String] = match args.first().map(String::as_str) {
-        Some("--") => &args[1..],
-        _ => args,
-    };
+    let mut vars: Vec<(&str, String)> = Vec::new();
+    let mut rest = args;
+    while let Some(first) = rest.first() {
+        if first == "--" {
+            rest = &rest[1..];
+            break;
+        }
+        let (flag, inline) = match first.split_once('=') {
+            Some((f, v)) if f.starts_with("--") => (f, Some(v.to_string())),
+            _ => (first.as_str(), None),
+        };
+        let Some(&(_, var)) = RUN_OPTIONS.iter().find(|(f, _)| *f == flag) else {
+            if flag.starts_with("--") {
+                return Err(Failure(format!("unknown option {flag}\n{USAGE}")));
+            }
+            break;
+        };
+        let (value, used) = match inline {
+            Some(v) => (v, 1),
+            None => match rest.get(1) {
+                Some(v) => (v.clone(), 2),
+                None => return Err(Failure(format!("{flag} needs a value\n{USAGE}"))),
+            },
+        };
+        vars.push((var, value));
+        rest = &rest[used..];
+    }
+    let cmd = rest;
     let Some(program) = cmd.first() else {
         return Err(Failure(format!("run needs a command\n{USAGE}")));
     };
@@ -242,9 +304,12 @@ fn run(args: &[String]) -> Result<(), Failure> {
         preload = format!("{preload}:{}", existing.to_string_lossy());
     }
     use std::os::unix::process::CommandExt;
+    // The library checks every value when it loads and stops the command with a
+    // message naming the variable if one is malformed.
     let err = std::process::Command::new(program)
         .args(&cmd[1..])
         .env("LD_PRELOAD", preload)
+        .envs(vars)
         .exec();
     Err(Failure(format!("cannot run {program}: {err}")))
 }

@@ -328,9 +328,15 @@ impl Ledger {
     /// The allocation went through: its bytes (already reserved) become a record.
     pub fn commit(&self, key: Key, rec: Record) {
         let c = self.counters_for(&rec);
-        c.seen.store(1, Relaxed);
+        // Read before writing: these lines are shared by every allocating thread.
+        if c.seen.load(Relaxed) == 0 {
+            c.seen.store(1, Relaxed);
+        }
         c.allocs.fetch_add(1, Relaxed);
-        c.peak.fetch_max(c.current.load(Relaxed), Relaxed);
+        let now = c.current.load(Relaxed);
+        if now > c.peak.load(Relaxed) {
+            c.peak.fetch_max(now, Relaxed);
+        }
         if rec.kind == Kind::Pool {
             c.pool_live.fetch_add(rec.bytes, Relaxed);
         }

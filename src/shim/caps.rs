@@ -20,6 +20,14 @@ pub(crate) struct Thresholds {
     pub trim_pending: AtomicBool,
 }
 
+/// A memory pool: its device, and what it held from the driver when last measured
+/// (measured on capped devices only).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct PoolInfo {
+    pub device: i32,
+    pub held: u64,
+}
+
 /// The last refusal, for the cap report.
 #[derive(Clone, Debug)]
 pub(crate) struct Denial {
@@ -135,49 +143,89 @@ impl Books {
         device >= 0 && self.ledger.device(device).cap().is_some()
     }
 
-    /// The pools of a device: those seen created or handed out, and its current one.
-    fn pools_of(&self, device: i32) -> Vec<u64> {
-        if let Some(p) = super::real::DRIVER.device_mem_pool(device) {
-            self.pools.entry(p).or_insert(device);
+    /// A pool seen created or handed out.
+    pub fn add_pool(&self, pool: u64, device: i32) {
+        if pool != 0 {
+            self.pools
+                .entry(pool)
+                .or_insert(PoolInfo { device, held: 0 });
         }
-        self.pools
-            .iter()
-            .filter(|e| *e.value() == device)
-            .map(|e| *e.key())
-            .collect()
     }
 
-    /// Measures what the device's pools hold from the driver (capped devices only).
-    pub fn measure_pools(&self, device: i32) {
-        let held: u64 = self
-            .pools_of(device)
-            .into_iter()
-            .filter_map(|p| super::real::DRIVER.pool_reserved(p))
-            .sum();
-        self.ledger
-            .device(device)
-            .pool_reserved
-            .store(held, Relaxed);
+    pub fn remove_pool(&self, pool: u64) {
+        if let Some((_, info)) = self.pools.remove(&pool) {
+            let c = self.ledger.device(info.device);
+            let _ = c
+                .pool_reserved
+                .fetch_update(Relaxed, Relaxed, |v| Some(v.saturating_sub(info.held)));
+        }
     }
 
-    /// Gives back what the device's pools hold unused (`cuMemPoolTrimTo(pool, 0)`).
+    /// The device's current pool, asked of the driver once and then remembered
+    /// (`cuDeviceSetMemPool` updates it).
+    fn current_pool(&self, device: i32) -> Option<u64> {
+        let slot = self.current_pool.get(usize::try_from(device).ok()?)?;
+        let p = slot.load(Relaxed);
+        if p != 0 {
+            return Some(p);
+        }
+        let p = super::real::DRIVER.device_mem_pool(device)?;
+        self.add_pool(p, device);
+        slot.store(p, Relaxed);
+        Some(p)
+    }
+
+    /// Measures what one pool holds from the driver and moves the device's total by
+    /// the change: one driver call, no walk over every pool.
+    fn measure_pool(&self, device: i32, pool: u64) {
+        let Some(held) = super::real::DRIVER.pool_reserved(pool) else {
+            return;
+        };
+        let old = match self.pools.get_mut(&pool) {
+            Some(mut info) => std::mem::replace(&mut info.held, held),
+            None => {
+                self.pools.insert(pool, PoolInfo { device, held });
+                0
+            }
+        };
+        let c = self.ledger.device(device);
+        if held >= old {
+            c.pool_reserved.fetch_add(held - old, Relaxed);
+        } else {
+            let _ = c
+                .pool_reserved
+                .fetch_update(Relaxed, Relaxed, |v| Some(v.saturating_sub(old - held)));
+        }
+    }
+
+    /// Gives back what the device's pools hold unused (`cuMemPoolTrimTo(pool, 0)`)
+    /// and measures them again. Only at a refusal or a trim threshold.
     pub fn trim_pools(&self, device: i32) {
         if !self.capped(device) {
             return;
         }
-        for p in self.pools_of(device) {
+        let _ = self.current_pool(device);
+        let pools: Vec<u64> = self
+            .pools
+            .iter()
+            .filter(|e| e.value().device == device)
+            .map(|e| *e.key())
+            .collect();
+        for p in pools {
             super::real::DRIVER.pool_trim(p);
+            self.measure_pool(device, p);
         }
-        self.measure_pools(device);
     }
 
     /// After an allocation: pools measured again, thresholds checked.
-    pub fn after_alloc(&self, device: i32, kind: Kind) {
+    pub fn after_alloc(&self, device: i32, kind: Kind, pool: Option<u64>) {
         if !self.capped(device) {
             return;
         }
-        if kind == Kind::Pool {
-            self.measure_pools(device);
+        if kind == Kind::Pool
+            && let Some(p) = pool.or_else(|| self.current_pool(device))
+        {
+            self.measure_pool(device, p);
         }
         let charged = self.ledger.device(device).charged();
         let t = &self.thresholds[device as usize];

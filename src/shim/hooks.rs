@@ -155,6 +155,7 @@ hooks! {
     Driver fn cuMemPoolDestroy(pool: *mut c_void) ["cuMemPoolDestroy", 11020, false] => pool_destroy;
     Driver fn cuDeviceGetDefaultMemPool(pool: *mut *mut c_void, dev: c_int) ["cuDeviceGetDefaultMemPool", 11020, false] => device_pool;
     Driver fn cuDeviceGetMemPool(pool: *mut *mut c_void, dev: c_int) ["cuDeviceGetMemPool", 11020, false] => device_pool;
+    Driver fn cuDeviceSetMemPool(dev: c_int, pool: *mut c_void) ["cuDeviceSetMemPool", 11020, false] => device_set_pool;
     // Virtual memory management: the handle is the physical memory.
     Driver fn cuMemCreate(handle: *mut MemHandle, bytes: usize, prop: *const MemAllocationProp, flags: u64) ["cuMemCreate", 10020, false] => mem_create;
     Driver fn cuMemRelease(handle: MemHandle) ["cuMemRelease", 10020, false] => mem_release;
@@ -597,6 +598,7 @@ unsafe fn mem_alloc_from_pool(
         Plan {
             bytes: bytes as u64,
             device: track::pool_device(pool),
+            pool: Some(pool as u64),
         },
         || unsafe { real(dptr, bytes, pool, stream) },
         || {
@@ -621,7 +623,7 @@ unsafe fn pool_create(
             // SAFETY: written/accepted by the driver on success.
             let (p, props) = unsafe { (out(pool)?, props.as_ref()?) };
             if props.location_type == CU_MEM_LOCATION_TYPE_DEVICE {
-                books.pools.insert(p as u64, props.location_id);
+                books.add_pool(p as u64, props.location_id);
             }
             Some(())
         },
@@ -632,7 +634,26 @@ unsafe fn pool_destroy(_api: u8, real: row::cuMemPoolDestroy::Real, pool: *mut c
     track::observe(
         || unsafe { real(pool) },
         |books| {
-            books.pools.remove(&(pool as u64));
+            books.remove_pool(pool as u64);
+            Some(())
+        },
+    )
+}
+
+unsafe fn device_set_pool(
+    _api: u8,
+    real: row::cuDeviceSetMemPool::Real,
+    dev: c_int,
+    pool: *mut c_void,
+) -> c_int {
+    track::observe(
+        || unsafe { real(dev, pool) },
+        |books| {
+            books.add_pool(pool as u64, dev);
+            books
+                .current_pool
+                .get(usize::try_from(dev).ok()?)?
+                .store(pool as u64, std::sync::atomic::Ordering::Relaxed);
             Some(())
         },
     )
@@ -647,7 +668,7 @@ unsafe fn device_pool(
     track::observe(
         || unsafe { real(pool, dev) },
         |books| {
-            books.pools.insert(unsafe { out(pool) }? as u64, dev);
+            books.add_pool(unsafe { out(pool) }? as u64, dev);
             Some(())
         },
     )
@@ -676,6 +697,7 @@ unsafe fn mem_create(
         Plan {
             bytes: bytes as u64,
             device: unsafe { vmm_device(prop) },
+            pool: None,
         },
         || unsafe { real(handle, bytes, prop, flags) },
         || {

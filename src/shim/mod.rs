@@ -45,8 +45,10 @@ pub(crate) struct Books {
     pub seq: AtomicU64,
     /// Device sizes, asked once per device when it is first used.
     pub totals: Box<[AtomicU64]>,
-    /// Memory pools and their devices.
-    pub pools: dashmap::DashMap<u64, i32>,
+    /// Memory pools: their device and what each held at its last measurement.
+    pub pools: dashmap::DashMap<u64, caps::PoolInfo>,
+    /// Each device's current pool (what `cuMemAllocAsync` draws from), 0 if unknown.
+    pub current_pool: Box<[AtomicU64]>,
     /// Contexts made with cuCtxCreate (the rest are primary contexts).
     pub created_ctx: dashmap::DashMap<u64, ()>,
     /// VMM mappings, so a handle released while mapped is freed at its last unmap.
@@ -72,6 +74,9 @@ impl Books {
                 .map(|_| AtomicU64::new(0))
                 .collect(),
             pools: dashmap::DashMap::new(),
+            current_pool: (0..crate::ledger::MAX_DEVICES)
+                .map(|_| AtomicU64::new(0))
+                .collect(),
             created_ctx: dashmap::DashMap::new(),
             vmm: crate::vmm::VmmMaps::new(),
             thresholds: caps::new_thresholds(),

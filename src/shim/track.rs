@@ -173,6 +173,8 @@ pub(crate) const SUCCESS: c_int = 0;
 pub(crate) struct Plan {
     pub bytes: u64,
     pub device: Option<i32>,
+    /// The pool a stream-ordered allocation names (else the device's current one).
+    pub pool: Option<u64>,
 }
 
 impl Plan {
@@ -180,6 +182,7 @@ impl Plan {
         Plan {
             bytes,
             device: None,
+            pool: None,
         }
     }
 }
@@ -300,7 +303,7 @@ pub(crate) fn driver_alloc(
         }
         record(books, api, kind, m, ctx, dev, true);
         if !host {
-            books.after_alloc(dev, kind);
+            books.after_alloc(dev, kind, plan.pool);
         }
     });
     result
@@ -386,7 +389,10 @@ pub(crate) fn observe(
 
 /// The device of a memory pool gpuguard saw created or handed out.
 pub(crate) fn pool_device(pool: *mut c_void) -> Option<i32> {
-    super::active_books()?.pools.get(&(pool as u64)).map(|d| *d)
+    super::active_books()?
+        .pools
+        .get(&(pool as u64))
+        .map(|p| p.device)
 }
 
 /// A runtime allocation: the driver call beneath labels and counts it. If none was

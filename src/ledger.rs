@@ -184,11 +184,6 @@ pub struct CountersSnapshot {
 }
 
 impl DeviceCounters {
-    fn add(&self, bytes: u64) {
-        let now = self.current.fetch_add(bytes, Relaxed) + bytes;
-        self.peak.fetch_max(now, Relaxed);
-    }
-
     fn sub(&self, bytes: u64) {
         // Saturating: a teardown racing a free must never wrap the counter.
         let _ = self
@@ -358,13 +353,13 @@ impl Ledger {
         }
     }
 
-    /// Takes a record out before its memory is freed, so an address the driver reuses
-    /// at once for another thread cannot be confused with this one. `None` for an
+    /// Takes a record out of the map before its memory is freed, so an address the
+    /// driver reuses at once for another thread cannot be confused with this one. Its
+    /// bytes stay counted until `confirm_free`: the driver holds the memory until the
+    /// real free returns, and a cap must not hand that room out before. `None` for an
     /// address gpuguard never saw.
     pub fn take(&self, key: Key) -> Option<Record> {
-        let (_, rec) = self.live.remove(&key)?;
-        self.forget(&rec);
-        Some(rec)
+        self.live.remove(&key).map(|(_, rec)| rec)
     }
 
     /// A free of an address gpuguard never saw, passed to the driver untouched.
@@ -379,16 +374,13 @@ impl Ledger {
 
     /// The free went through: count it.
     pub fn confirm_free(&self, rec: &Record) {
+        self.forget(rec);
         self.counters_for(rec).frees.fetch_add(1, Relaxed);
     }
 
-    /// The free failed in the driver: the memory is still live, put the record back.
+    /// The free failed in the driver: the memory is still live, put the record back
+    /// (its bytes never left the counters).
     pub fn restore(&self, key: Key, rec: Record) {
-        let c = self.counters_for(&rec);
-        c.add(rec.bytes);
-        if rec.kind == Kind::Pool {
-            c.pool_live.fetch_add(rec.bytes, Relaxed);
-        }
         self.live.insert(key, rec);
     }
 
@@ -499,7 +491,11 @@ mod tests {
         assert_eq!(l.device(1).snapshot().unknown_frees, 1);
         l.insert(Key::device(0x10), rec(10, 1, Kind::Device));
         let r = l.take(Key::device(0x10)).unwrap();
-        assert_eq!(l.device(1).snapshot().current, 0);
+        assert_eq!(
+            l.device(1).snapshot().current,
+            10,
+            "held until the free returns"
+        );
         l.restore(Key::device(0x10), r);
         let s = l.device(1).snapshot();
         assert_eq!((s.current, s.frees, s.allocs), (10, 0, 1));

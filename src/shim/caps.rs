@@ -18,6 +18,8 @@ pub(crate) struct Thresholds {
     trim_fired: AtomicBool,
     pub warn_pending: AtomicBool,
     pub trim_pending: AtomicBool,
+    /// What was charged when a threshold was last crossed.
+    pub crossed_at: AtomicU64,
 }
 
 /// A memory pool: its device, and what it held from the driver when last measured
@@ -217,6 +219,48 @@ impl Books {
         }
     }
 
+    /// The program trimmed a pool itself (`torch.cuda.empty_cache()` does): what it
+    /// holds is measured again, so the cap sees the memory come back.
+    pub fn pool_trimmed(&self, pool: u64) {
+        let dev = self.pools.get(&pool).map(|p| p.device);
+        if let Some(dev) = dev
+            && self.capped(dev)
+        {
+            self.measure_pool(dev, pool);
+        }
+    }
+
+    /// Whether the device is over its cap even after its pools gave back what they
+    /// hold unused.
+    pub fn over_cap_after_trim(&self, device: i32) -> bool {
+        let c = self.ledger.device(device);
+        let Some(cap) = c.cap() else {
+            return false;
+        };
+        if c.charged() <= cap {
+            return false;
+        }
+        self.trim_pools(device);
+        c.charged() > cap
+    }
+
+    /// Measures every pool of a capped device again (for a report or a memory-info
+    /// answer: a pool also gives memory back at stream synchronization).
+    pub fn refresh_pools(&self, device: i32) {
+        if !self.capped(device) {
+            return;
+        }
+        let pools: Vec<u64> = self
+            .pools
+            .iter()
+            .filter(|e| e.value().device == device)
+            .map(|e| *e.key())
+            .collect();
+        for p in pools {
+            self.measure_pool(device, p);
+        }
+    }
+
     /// After an allocation: pools measured again, thresholds checked.
     pub fn after_alloc(&self, device: i32, kind: Kind, pool: Option<u64>) {
         if !self.capped(device) {
@@ -236,6 +280,8 @@ impl Books {
         ] {
             let at = limit.load(Relaxed);
             if at > 0 && charged >= at && !fired.swap(true, Relaxed) {
+                // The usage at the crossing, for the message written later.
+                t.crossed_at.store(charged, Relaxed);
                 pending.store(true, Relaxed);
                 wake = true;
             }
@@ -275,7 +321,12 @@ impl Books {
             charged: c.charged(),
             cap: c.cap().unwrap_or(0),
         };
-        *self.denial.lock().unwrap_or_else(|e| e.into_inner()) = Some(d);
+        // The report names the first refusal since the last cap report.
+        let mut slot = self.denial.lock().unwrap_or_else(|e| e.into_inner());
+        if !self.cap_pending.load(Acquire) || slot.is_none() {
+            *slot = Some(d);
+        }
+        drop(slot);
         self.cap_pending.store(true, Release);
         worker::wake();
     }

@@ -155,6 +155,7 @@ hooks! {
     Driver fn cuMemPoolDestroy(pool: *mut c_void) ["cuMemPoolDestroy", 11020, false] => pool_destroy;
     Driver fn cuDeviceGetDefaultMemPool(pool: *mut *mut c_void, dev: c_int) ["cuDeviceGetDefaultMemPool", 11020, false] => device_pool;
     Driver fn cuDeviceGetMemPool(pool: *mut *mut c_void, dev: c_int) ["cuDeviceGetMemPool", 11020, false] => device_pool;
+    Driver fn cuMemPoolTrimTo(pool: *mut c_void, keep: usize) ["cuMemPoolTrimTo", 11020, false] => pool_trim_to;
     Driver fn cuDeviceSetMemPool(dev: c_int, pool: *mut c_void) ["cuDeviceSetMemPool", 11020, false] => device_set_pool;
     // Virtual memory management: the handle is the physical memory.
     Driver fn cuMemCreate(handle: *mut MemHandle, bytes: usize, prop: *const MemAllocationProp, flags: u64) ["cuMemCreate", 10020, false] => mem_create;
@@ -640,6 +641,21 @@ unsafe fn pool_destroy(_api: u8, real: row::cuMemPoolDestroy::Real, pool: *mut c
     )
 }
 
+unsafe fn pool_trim_to(
+    _api: u8,
+    real: row::cuMemPoolTrimTo::Real,
+    pool: *mut c_void,
+    keep: usize,
+) -> c_int {
+    track::observe(
+        || unsafe { real(pool, keep) },
+        |books| {
+            books.pool_trimmed(pool as u64);
+            Some(())
+        },
+    )
+}
+
 unsafe fn device_set_pool(
     _api: u8,
     real: row::cuDeviceSetMemPool::Real,
@@ -977,6 +993,7 @@ fn current_cap() -> Option<(u64, u64)> {
     let books = super::books()?;
     let dev = track::ctx_device().1;
     books.note_device(dev);
+    books.refresh_pools(dev);
     let c = books.ledger.device(dev);
     Some((c.cap()?, c.charged()))
 }

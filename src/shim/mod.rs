@@ -58,6 +58,8 @@ pub(crate) struct Books {
     /// The last refusal by a cap, waiting for its report.
     pub denial: Mutex<Option<caps::Denial>>,
     pub cap_pending: AtomicBool,
+    /// When the last cap report was claimed (monotonic ns, 0: never).
+    pub last_cap_report_ns: AtomicU64,
     /// NVML device handles and their CUDA ordinals (-1: not visible here).
     pub nvml: dashmap::DashMap<u64, i32>,
 }
@@ -82,6 +84,7 @@ impl Books {
             thresholds: caps::new_thresholds(),
             denial: Mutex::new(None),
             cap_pending: AtomicBool::new(false),
+            last_cap_report_ns: AtomicU64::new(0),
             nvml: dashmap::DashMap::new(),
         }
     }
@@ -274,7 +277,7 @@ extern "C" fn after_fork_in_child() {
 extern "C" fn at_exit() {
     if let Some(books) = active_books() {
         // A refusal the helper thread had no time to report still gets its report.
-        if books.cap_pending.swap(false, AcqRel) {
+        if worker::claim_cap_report(books) {
             shielded(|| worker::write_report("cap"));
         }
         shielded(|| worker::write_report("exit"));

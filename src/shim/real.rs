@@ -180,6 +180,7 @@ pub(crate) struct Driver {
     pool_get_attribute: AtomicUsize,
     pool_trim_to: AtomicUsize,
     device_get_uuid: AtomicUsize,
+    device_get_uuid_v1: AtomicUsize,
 }
 
 pub(crate) static DRIVER: Driver = Driver {
@@ -193,6 +194,7 @@ pub(crate) static DRIVER: Driver = Driver {
     pool_get_attribute: AtomicUsize::new(0),
     pool_trim_to: AtomicUsize::new(0),
     device_get_uuid: AtomicUsize::new(0),
+    device_get_uuid_v1: AtomicUsize::new(0),
 };
 
 /// Marks a slot whose lookup failed, so it is not retried on every call.
@@ -283,7 +285,7 @@ impl Driver {
     pub fn device_uuid(&self, device: i32) -> Option<String> {
         type F = unsafe extern "C" fn(*mut [u8; 16], c_int) -> c_int;
         let p = driver_fn(&self.device_get_uuid, c"cuDeviceGetUuid_v2")
-            .or_else(|| driver_fn(&self.device_get_uuid, c"cuDeviceGetUuid"))?;
+            .or_else(|| driver_fn(&self.device_get_uuid_v1, c"cuDeviceGetUuid"))?;
         let mut u = [0u8; 16];
         // SAFETY: p is the driver's cuDeviceGetUuid(_v2), which writes 16 bytes.
         let rc = unsafe { std::mem::transmute::<usize, F>(p)(&mut u, device) };

@@ -193,6 +193,15 @@ pub(crate) struct Made {
     pub bytes: u64,
 }
 
+/// The API to name: the runtime call in progress on this thread, if any (it is what
+/// the program called), else the driver call.
+fn label_for(api: u8) -> u8 {
+    RUNTIME.with(|r| {
+        let f = r.get();
+        if f.active { f.api } else { api }
+    })
+}
+
 fn record(books: &Books, api: u8, kind: Kind, made: Made, ctx: u64, device: i32, reserved: bool) {
     let label = RUNTIME.with(|r| {
         let mut f = r.get();
@@ -225,12 +234,18 @@ fn record(books: &Books, api: u8, kind: Kind, made: Made, ctx: u64, device: i32,
 /// The API's own out-of-memory code: what a framework already handles.
 pub(crate) const OUT_OF_MEMORY: c_int = 2; // CUDA_ERROR_OUT_OF_MEMORY
 
+/// Stream-ordered pools take memory from the driver in chunks of (at least) this size;
+/// on a capped device a pool allocation reserves a whole chunk, so a pool that must
+/// grow for it cannot take the device past the cap.
+const POOL_CHUNK: u64 = 2 << 20;
+
 enum Admission {
-    /// Bytes reserved on `dev`; the call may go ahead.
+    /// `reserved` bytes reserved on `dev`; the call may go ahead.
     Admitted {
         books: &'static Books,
         ctx: u64,
         dev: i32,
+        reserved: u64,
     },
     /// Refused by the cap: the call is not made.
     Refused,
@@ -245,14 +260,26 @@ fn admit(api: u8, kind: Kind, plan: &Plan) -> Option<Admission> {
     let dev = plan.device.unwrap_or(ctx_dev);
     books.note_device(dev);
     let host = kind.is_host();
-    if books.ledger.reserve(dev, host, plan.bytes) {
-        return Some(Admission::Admitted { books, ctx, dev });
+    let capped = !host && books.ledger.device(dev).cap().is_some();
+    let reserved = if capped && kind == Kind::Pool {
+        plan.bytes.div_ceil(POOL_CHUNK).max(1) * POOL_CHUNK
+    } else {
+        plan.bytes
+    };
+    let admitted = || Admission::Admitted {
+        books,
+        ctx,
+        dev,
+        reserved,
+    };
+    if books.ledger.reserve(dev, host, reserved) {
+        return Some(admitted());
     }
     books.trim_pools(dev);
-    if books.ledger.reserve(dev, host, plan.bytes) {
-        return Some(Admission::Admitted { books, ctx, dev });
+    if books.ledger.reserve(dev, host, reserved) {
+        return Some(admitted());
     }
-    books.refused(dev, plan.bytes, api, capture_site(books));
+    books.refused(dev, plan.bytes, label_for(api), capture_site(books));
     Some(Admission::Refused)
 }
 
@@ -269,8 +296,13 @@ pub(crate) fn driver_alloc(
     let Some(_scope) = enter_driver() else {
         return call();
     };
-    let (books, ctx, dev) = match shielded(|| admit(api, kind, &plan)).flatten() {
-        Some(Admission::Admitted { books, ctx, dev }) => (books, ctx, dev),
+    let (books, ctx, dev, reserved) = match shielded(|| admit(api, kind, &plan)).flatten() {
+        Some(Admission::Admitted {
+            books,
+            ctx,
+            dev,
+            reserved,
+        }) => (books, ctx, dev, reserved),
         Some(Admission::Refused) => return OUT_OF_MEMORY,
         None => return call(), // gpuguard is off: the call goes through untouched
     };
@@ -281,29 +313,41 @@ pub(crate) fn driver_alloc(
         let ledger = &books.ledger;
         let m = if rc == SUCCESS { made() } else { None };
         let Some(m) = m else {
-            ledger.unreserve(dev, host, plan.bytes);
+            ledger.unreserve(dev, host, reserved);
             if rc != SUCCESS {
                 ledger.failed(dev, host);
             }
             return;
         };
-        if m.bytes > plan.bytes && !ledger.reserve(dev, host, m.bytes - plan.bytes) {
+        if m.bytes > reserved && !ledger.reserve(dev, host, m.bytes - reserved) {
             // The driver rounded past the estimate and the cap has no room for the
             // difference: undo the allocation rather than pass the cap.
-            ledger.unreserve(dev, host, plan.bytes);
+            ledger.unreserve(dev, host, reserved);
             if m.key.space == crate::ledger::Space::DevicePtr {
                 super::real::DRIVER.free(m.key.value);
             }
-            books.refused(dev, m.bytes, api, capture_site(books));
+            books.refused(dev, m.bytes, label_for(api), capture_site(books));
             result = OUT_OF_MEMORY;
             return;
         }
-        if m.bytes < plan.bytes {
-            ledger.unreserve(dev, host, plan.bytes - m.bytes);
+        if m.bytes < reserved {
+            ledger.unreserve(dev, host, reserved - m.bytes);
         }
+        let key = m.key;
         record(books, api, kind, m, ctx, dev, true);
         if !host {
             books.after_alloc(dev, kind, plan.pool);
+            if kind == Kind::Pool && books.over_cap_after_trim(dev) {
+                // The pool grew by more than a chunk and took the device past its
+                // cap: give the block back and refuse.
+                if let Some(rec) = books.ledger.take(key) {
+                    books.ledger.confirm_free(&rec);
+                }
+                super::real::DRIVER.free(key.value);
+                books.trim_pools(dev);
+                books.refused(dev, plan.bytes, label_for(api), capture_site(books));
+                result = OUT_OF_MEMORY;
+            }
         }
     });
     result

@@ -143,7 +143,6 @@ fn run(fd: c_int) {
     // The count was reset at activation: a signal that came between then and now is
     // a request this thread must still answer.
     let mut handled = 0;
-    let mut last_cap_report: Option<std::time::Instant> = None;
     loop {
         let cap_waiting = active_books().is_some_and(|b| b.cap_pending.load(Acquire));
         let mut pfd = libc::pollfd {
@@ -164,15 +163,29 @@ fn run(fd: c_int) {
         }
         if let Some(books) = active_books() {
             shielded(|| thresholds(books));
-            // A cap report at the first refusal, then at most one a second.
-            let due =
-                last_cap_report.is_none_or(|t| t.elapsed() >= std::time::Duration::from_secs(1));
-            if due && books.cap_pending.swap(false, AcqRel) {
-                last_cap_report = Some(std::time::Instant::now());
+            if claim_cap_report(books) {
                 shielded(|| write_report("cap"));
             }
         }
     }
+}
+
+/// Whether a cap report should be written now, claiming it if so: one at the first
+/// refusal, then at most one a second, whichever thread (helper or exit) asks.
+pub(crate) fn claim_cap_report(books: &super::Books) -> bool {
+    if !books.cap_pending.load(Acquire) {
+        return false;
+    }
+    let now = super::track::monotonic_ns().max(1);
+    let last = books.last_cap_report_ns.load(Acquire);
+    if last != 0 && now.saturating_sub(last) < 1_000_000_000 {
+        return false;
+    }
+    books
+        .last_cap_report_ns
+        .compare_exchange(last, now, AcqRel, Acquire)
+        .is_ok()
+        && books.cap_pending.swap(false, AcqRel)
 }
 
 /// Warnings and trims for thresholds the hooks saw crossed.
@@ -185,7 +198,7 @@ fn thresholds(books: &super::Books) {
                 LogLevel::Warn,
                 format_args!(
                     "device {dev}: {} of its {} cap in use (peak {}), past GPUGUARD_WARN_AT",
-                    human_bytes(c.charged()),
+                    human_bytes(t.crossed_at.load(Relaxed)),
                     human_bytes(c.cap().unwrap_or(0)),
                     human_bytes(c.peak.load(Relaxed))
                 ),
@@ -353,6 +366,10 @@ pub(crate) fn write_report(reason: &str) -> Option<PathBuf> {
     let program = program_name();
     let now = super::track::monotonic_ns();
     let tables: Tables = RefCell::new(HashMap::new());
+    // Pools also give memory back at stream synchronization: measure them now.
+    for d in books.ledger.seen_devices() {
+        books.refresh_pools(d);
+    }
     let input = ReportInput {
         reason,
         seq,

@@ -25,7 +25,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Programs built into [`sim_dir`].
-pub const PROGRAMS: &[&str] = &["gg", "gg_dl", "gg_rt", "hello_gpu"];
+pub const PROGRAMS: &[&str] = &["gg", "gg_dl", "gg_rt", "hello_gpu", "gg_cap", "gg_nvml"];
 
 pub fn manifest_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -121,7 +121,7 @@ fn build_shim() -> PathBuf {
 // ---------------------------------------------------------------------------
 
 /// Changes whenever the build recipe below changes, so old builds are not reused.
-const RECIPE: &str = "sim-recipe-1";
+const RECIPE: &str = "sim-recipe-2";
 
 fn c_compiler() -> OsString {
     std::env::var_os("CC").unwrap_or_else(|| "cc".into())
@@ -144,7 +144,8 @@ fn sources() -> Vec<PathBuf> {
 }
 
 /// The folder holding `libcuda.so.1`, `libcuda.so`, `libcudart.so.13`,
-/// `libcudart.so` and the programs in [`PROGRAMS`]; compiled once per test
+/// `libcudart.so`, `libnvidia-ml.so.1`, `libnvidia-ml.so` and the programs in
+/// [`PROGRAMS`]; compiled once per test
 /// process, reused across processes while the sources are unchanged.
 pub fn sim_dir() -> PathBuf {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
@@ -268,11 +269,30 @@ fn compile_all(cc: &OsString, out: &Path) {
     std::os::unix::fs::symlink("libcudart.so.13", out.join("libcudart.so"))
         .expect("symlink libcudart.so");
 
-    let programs: [(&str, &[&str]); 4] = [
+    let mut a = lib(&[
+        "-Wl,-soname,libnvidia-ml.so.1".into(),
+        "-o".into(),
+        o("libnvidia-ml.so.1"),
+    ]);
+    a.extend([
+        sim.join("nvml_sim.c").into(),
+        "-ldl".into(),
+        "-lpthread".into(),
+    ]);
+    cc_run(a);
+    std::os::unix::fs::symlink("libnvidia-ml.so.1", out.join("libnvidia-ml.so"))
+        .expect("symlink libnvidia-ml.so");
+
+    let programs: [(&str, &[&str]); 6] = [
         ("gg", &["-lcuda", "-lcudart", "-ldl", "-lpthread"]),
         ("gg_dl", &["-ldl", "-lpthread"]),
         ("gg_rt", &["-lcudart", "-ldl", "-lpthread"]),
         ("hello_gpu", &["-lcudart"]),
+        (
+            "gg_cap",
+            &["-lcuda", "-lcudart", "-lnvidia-ml", "-ldl", "-lpthread"],
+        ),
+        ("gg_nvml", &["-lnvidia-ml", "-ldl"]),
     ];
     for (name, libs) in programs {
         let mut a = link(&[]);

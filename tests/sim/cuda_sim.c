@@ -11,6 +11,10 @@
  *   SIMCUDA_DEVICES    number of devices (default 2, max 64)
  *   SIMCUDA_MEM        bytes per device (default 8 GiB)
  *   SIMCUDA_FAIL_NEXT  the next n allocation calls fail with OUT_OF_MEMORY
+ *   SIMCUDA_FREE_DELAY_MS  every device-pointer free (cuMemFree*, cuMemFreeAsync*)
+ *                      sleeps this long before it gives the memory back, as a
+ *                      slow free in a real driver: the memory is still held
+ *                      meanwhile (default 0)
  *
  * Accounting rules (what the books count, per device):
  *   cuMemAlloc, _v2, Pitch, Managed the requested bytes (pitch: pitch * height)
@@ -230,8 +234,10 @@ static int g_ndev = 2;
 static size_t g_mem = (size_t)8 << 30;
 static int g_initialized;
 static int g_fail_next;
+static unsigned g_free_delay_ms;
 
 static unsigned long long g_live_bytes[MAX_DEVICES];
+static unsigned long long g_live_peak[MAX_DEVICES]; /* high-water mark of g_live_bytes */
 static int g_live_count[MAX_DEVICES];
 static unsigned long long g_host_bytes;
 static int g_host_count;
@@ -276,6 +282,7 @@ static void load_config(void)
     if (g_ndev > MAX_DEVICES) g_ndev = MAX_DEVICES;
     g_mem = (size_t)env_ull("SIMCUDA_MEM", (size_t)8 << 30);
     g_fail_next = (int)env_ull("SIMCUDA_FAIL_NEXT", 0);
+    g_free_delay_ms = (unsigned)env_ull("SIMCUDA_FREE_DELAY_MS", 0);
     for (int d = 0; d < MAX_DEVICES; d++) {
         g_primary[d] = (struct CUctx_st){CTX_MAGIC, d, 1, 0, 0};
         struct mempool *p = &g_default_pool[d];
@@ -377,6 +384,7 @@ static int fits(int dev, size_t bytes)
 static void book_add(int dev, size_t bytes)
 {
     g_live_bytes[dev] += bytes;
+    if (g_live_bytes[dev] > g_live_peak[dev]) g_live_peak[dev] = g_live_bytes[dev];
     g_live_count[dev]++;
 }
 
@@ -674,14 +682,20 @@ CUresult cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevice dev)
     return CUDA_SUCCESS;
 }
 
+/* The UUID of device `dev` (also what simcuda_uuid and the simulated NVML report). */
+static void uuid_bytes(int dev, char out[16])
+{
+    memcpy(out, "SIMCUDA-UUID-00", 16);
+    out[14] = (char)('0' + dev % 10);
+    out[15] = (char)dev;
+}
+
 static CUresult fill_uuid(CUuuid *uuid, CUdevice dev)
 {
     REQUIRE_INIT();
     if (!uuid) return CUDA_ERROR_INVALID_VALUE;
     if (!valid_dev(dev)) return CUDA_ERROR_INVALID_DEVICE;
-    memcpy(uuid->bytes, "SIMCUDA-UUID-00", 16);
-    uuid->bytes[14] = (char)('0' + dev % 10);
-    uuid->bytes[15] = (char)dev;
+    uuid_bytes(dev, uuid->bytes);
     return CUDA_SUCCESS;
 }
 
@@ -1086,6 +1100,7 @@ CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flag
 static CUresult free_devptr(CUdeviceptr dptr)
 {
     if (dptr == 0) return CUDA_ERROR_INVALID_VALUE;
+    if (g_free_delay_ms) usleep(g_free_delay_ms * 1000u); /* still held meanwhile */
     lock();
     struct rec *r = rec_find(dptr, KM_DEVPTR);
     CUresult rc = CUDA_SUCCESS;
@@ -1850,6 +1865,30 @@ unsigned long long simcuda_live_bytes(int dev)
     unsigned long long v = g_live_bytes[dev];
     unlock();
     return v;
+}
+
+unsigned long long simcuda_live_peak(int dev)
+{
+    config();
+    if (dev < 0 || dev >= MAX_DEVICES) return 0;
+    lock();
+    unsigned long long v = g_live_peak[dev];
+    unlock();
+    return v;
+}
+
+unsigned long long simcuda_mem(void)
+{
+    config();
+    return g_mem;
+}
+
+int simcuda_uuid(int dev, unsigned char out[16])
+{
+    config();
+    if (!out || dev < 0 || dev >= g_ndev) return CUDA_ERROR_INVALID_DEVICE;
+    uuid_bytes(dev, (char *)out);
+    return CUDA_SUCCESS;
 }
 
 int simcuda_live_count(int dev)

@@ -270,6 +270,9 @@ typedef CUresult (*PFN_cuGetProcAddress_v2)(const char *, void **, int, cuuint64
 /* ---- the sim's own books (truth for the tests); no cuInit needed ---- */
 unsigned long long simcuda_live_bytes(int dev);   /* device bytes held now, all kinds */
 int simcuda_live_count(int dev);                  /* device allocations held now */
+unsigned long long simcuda_live_peak(int dev);    /* highest simcuda_live_bytes(dev) so far */
+unsigned long long simcuda_mem(void);             /* memory per device (SIMCUDA_MEM) */
+int simcuda_uuid(int dev, unsigned char out[16]); /* cuDeviceGetUuid's bytes, without cuInit */
 unsigned long long simcuda_host_live_bytes(void); /* pinned host bytes held now */
 int simcuda_host_live_count(void);
 unsigned long long simcuda_pool_reserved(int dev);/* bytes reserved by this device's pools */

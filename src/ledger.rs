@@ -148,6 +148,9 @@ impl Hasher for AddrHasher {
 
 pub type AddrMap<V> = DashMap<Key, V, BuildHasherDefault<AddrHasher>>;
 
+/// A concurrent map keyed by a handle or address (pools, contexts, NVML devices).
+pub type U64Map<V> = DashMap<u64, V, BuildHasherDefault<AddrHasher>>;
+
 /// Counters of one device, alone on a cache line so devices do not share one.
 #[derive(Default)]
 #[repr(align(128))]

@@ -5,17 +5,13 @@
 //! right after `cuMemMap`. So a release of a mapped handle is deferred here and the
 //! memory is freed at its last `cuMemUnmap`. Safe Rust; the shim feeds it.
 
-use crate::ledger::AddrHasher;
-use dashmap::DashMap;
-use std::hash::BuildHasherDefault;
-
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 struct HandleState {
     maps: u32,
     released: bool,
 }
 
-type Map<V> = DashMap<u64, V, BuildHasherDefault<AddrHasher>>;
+type Map<V> = crate::ledger::U64Map<V>;
 
 #[derive(Default)]
 pub struct VmmMaps {

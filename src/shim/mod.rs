@@ -46,11 +46,11 @@ pub(crate) struct Books {
     /// Device sizes, asked once per device when it is first used.
     pub totals: Box<[AtomicU64]>,
     /// Memory pools: their device and what each held at its last measurement.
-    pub pools: dashmap::DashMap<u64, caps::PoolInfo>,
+    pub pools: crate::ledger::U64Map<caps::PoolInfo>,
     /// Each device's current pool (what `cuMemAllocAsync` draws from), 0 if unknown.
     pub current_pool: Box<[AtomicU64]>,
     /// Contexts made with cuCtxCreate (the rest are primary contexts).
-    pub created_ctx: dashmap::DashMap<u64, ()>,
+    pub created_ctx: crate::ledger::U64Map<()>,
     /// VMM mappings, so a handle released while mapped is freed at its last unmap.
     pub vmm: crate::vmm::VmmMaps,
     /// Warning and trim thresholds of capped devices.
@@ -61,7 +61,7 @@ pub(crate) struct Books {
     /// When the last cap report was claimed (monotonic ns, 0: never).
     pub last_cap_report_ns: AtomicU64,
     /// NVML device handles and their CUDA ordinals (-1: not visible here).
-    pub nvml: dashmap::DashMap<u64, i32>,
+    pub nvml: crate::ledger::U64Map<i32>,
 }
 
 impl Books {
@@ -75,17 +75,17 @@ impl Books {
             totals: (0..crate::ledger::MAX_DEVICES)
                 .map(|_| AtomicU64::new(0))
                 .collect(),
-            pools: dashmap::DashMap::new(),
+            pools: Default::default(),
             current_pool: (0..crate::ledger::MAX_DEVICES)
                 .map(|_| AtomicU64::new(0))
                 .collect(),
-            created_ctx: dashmap::DashMap::new(),
+            created_ctx: Default::default(),
             vmm: crate::vmm::VmmMaps::new(),
             thresholds: caps::new_thresholds(),
             denial: Mutex::new(None),
             cap_pending: AtomicBool::new(false),
             last_cap_report_ns: AtomicU64::new(0),
-            nvml: dashmap::DashMap::new(),
+            nvml: Default::default(),
         }
     }
 

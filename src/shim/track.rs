@@ -24,14 +24,35 @@ const NO_FRAME: RuntimeFrame = RuntimeFrame {
     seen: false,
 };
 
-thread_local! {
+/// Everything a hook keeps per thread, in one thread-local so a hook looks its thread
+/// up once (in a preloaded library every thread-local access is a `__tls_get_addr`).
+struct ThreadState {
     /// Depth of driver hooks on this thread: a hook reached from inside another (a
     /// driver calling its own exports) passes straight through.
-    static DRIVER_DEPTH: Cell<u32> = const { Cell::new(0) };
-    static RUNTIME: Cell<RuntimeFrame> = const { Cell::new(NO_FRAME) };
-    static THREAD_ID: Cell<u32> = const { Cell::new(0) };
+    driver_depth: Cell<u32>,
+    runtime: Cell<RuntimeFrame>,
+    thread_id: Cell<u32>,
     /// (context, device, epoch) of the last lookup: contexts rarely change per thread.
-    static CTX_CACHE: Cell<(u64, i32, u64)> = const { Cell::new((0, 0, u64::MAX)) };
+    ctx_cache: Cell<(u64, i32, u64)>,
+}
+
+thread_local! {
+    static THREAD: ThreadState = const {
+        ThreadState {
+            driver_depth: Cell::new(0),
+            runtime: Cell::new(NO_FRAME),
+            thread_id: Cell::new(0),
+            ctx_cache: Cell::new((0, 0, u64::MAX)),
+        }
+    };
+}
+
+/// This thread's state. It has no destructor, so it lives as long as the thread.
+#[inline]
+fn thread() -> &'static ThreadState {
+    // SAFETY: the pointer is valid for the life of this thread (const-initialized,
+    // no destructor), and the reference never leaves the thread.
+    THREAD.with(|t| unsafe { &*(t as *const ThreadState) })
 }
 
 /// Bumped whenever a context is destroyed, so no thread trusts a cached device for a
@@ -42,33 +63,32 @@ pub(crate) struct DriverScope;
 
 impl Drop for DriverScope {
     fn drop(&mut self) {
-        DRIVER_DEPTH.with(|d| d.set(d.get().saturating_sub(1)));
+        let d = &thread().driver_depth;
+        d.set(d.get().saturating_sub(1));
     }
 }
 
 /// Enters a driver hook; `None` when this thread is already inside one.
 #[inline]
 pub(crate) fn enter_driver() -> Option<DriverScope> {
-    DRIVER_DEPTH.with(|d| {
-        if d.get() > 0 {
-            None
-        } else {
-            d.set(1);
-            Some(DriverScope)
-        }
-    })
+    let d = &thread().driver_depth;
+    if d.get() > 0 {
+        None
+    } else {
+        d.set(1);
+        Some(DriverScope)
+    }
 }
 
 fn thread_id() -> u32 {
-    THREAD_ID.with(|t| {
-        let mut id = t.get();
-        if id == 0 {
-            // SAFETY: gettid has no preconditions.
-            id = unsafe { libc::gettid() } as u32;
-            t.set(id);
-        }
-        id
-    })
+    let t = &thread().thread_id;
+    let mut id = t.get();
+    if id == 0 {
+        // SAFETY: gettid has no preconditions.
+        id = unsafe { libc::gettid() } as u32;
+        t.set(id);
+    }
+    id
 }
 
 fn now_ns() -> u64 {
@@ -90,15 +110,14 @@ pub(crate) fn monotonic_ns() -> u64 {
 pub(crate) fn ctx_device() -> (u64, i32) {
     let ctx = DRIVER.current_ctx();
     let epoch = CTX_EPOCH.load(Relaxed);
-    CTX_CACHE.with(|c| {
-        let (cctx, cdev, cepoch) = c.get();
-        if cctx == ctx && cepoch == epoch && ctx != 0 {
-            return (ctx, cdev);
-        }
-        let dev = DRIVER.current_device().unwrap_or(0);
-        c.set((ctx, dev, epoch));
-        (ctx, dev)
-    })
+    let c = &thread().ctx_cache;
+    let (cctx, cdev, cepoch) = c.get();
+    if cctx == ctx && cepoch == epoch && ctx != 0 {
+        return (ctx, cdev);
+    }
+    let dev = DRIVER.current_device().unwrap_or(0);
+    c.set((ctx, dev, epoch));
+    (ctx, dev)
 }
 
 pub(crate) fn contexts_changed() {
@@ -196,23 +215,25 @@ pub(crate) struct Made {
 /// The API to name: the runtime call in progress on this thread, if any (it is what
 /// the program called), else the driver call.
 fn label_for(api: u8) -> u8 {
-    RUNTIME.with(|r| {
-        let f = r.get();
-        if f.active { f.api } else { api }
-    })
+    let f = thread().runtime.get();
+    if f.active { f.api } else { api }
+}
+
+/// Tells a runtime call in progress that the driver call beneath it did the work (so
+/// the runtime hook records nothing itself); returns the name to label it with.
+fn claim_for_runtime(api: u8) -> u8 {
+    let r = &thread().runtime;
+    let mut f = r.get();
+    if !f.active {
+        return api;
+    }
+    f.seen = true;
+    r.set(f);
+    f.api
 }
 
 fn record(books: &Books, api: u8, kind: Kind, made: Made, ctx: u64, device: i32, reserved: bool) {
-    let label = RUNTIME.with(|r| {
-        let mut f = r.get();
-        if f.active {
-            f.seen = true;
-            r.set(f);
-            f.api
-        } else {
-            api
-        }
-    });
+    let label = claim_for_runtime(api);
     let rec = Record {
         bytes: made.bytes,
         ctx,
@@ -366,13 +387,7 @@ pub(crate) fn driver_free(key: Key, call: impl FnOnce() -> c_int) -> c_int {
     }
     let taken = shielded(|| {
         let books = books()?;
-        RUNTIME.with(|r| {
-            let mut f = r.get();
-            if f.active {
-                f.seen = true;
-                r.set(f);
-            }
-        });
+        claim_for_runtime(0);
         Some((books, books.ledger.take(key)))
     })
     .flatten();
@@ -478,14 +493,12 @@ pub(crate) fn runtime_free(api: u8, key: Key, call: impl FnOnce() -> c_int) -> c
 }
 
 fn in_runtime_frame(api: u8, call: impl FnOnce() -> c_int) -> (c_int, RuntimeFrame) {
-    let prev = RUNTIME.with(|r| {
-        r.replace(RuntimeFrame {
-            api,
-            active: true,
-            seen: false,
-        })
+    let r = &thread().runtime;
+    let prev = r.replace(RuntimeFrame {
+        api,
+        active: true,
+        seen: false,
     });
     let rc = call();
-    let frame = RUNTIME.with(|r| r.replace(prev));
-    (rc, frame)
+    (rc, r.replace(prev))
 }

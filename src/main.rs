@@ -236,7 +236,7 @@ fn render(out: &mut String, file: &str, r: &Report) {
             let _ = writeln!(
                 out,
                 "    {:<18} {:>11} {:>4} {:<8} {:<24} {:>8.1}s {:>5}",
-                a.address,
+                a.address.to_string(),
                 human_bytes(a.bytes),
                 a.device,
                 a.kind,

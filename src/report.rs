@@ -1,7 +1,8 @@
 //! The report model, schema `gpuguard-report/1`: one set of types shared by the shim
 //! (which writes reports), the `gpuguard` CLI (which reads them) and the tests.
 
-use serde::{Deserialize, Serialize};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use std::borrow::Cow;
 
 pub const SCHEMA: &str = "gpuguard-report/1";
 
@@ -87,16 +88,57 @@ pub struct HostReport {
     pub live_count: u64,
 }
 
+/// An address or handle, written as a `0x...` string (JSON numbers lose precision
+/// past 2^53 in many readers), without a heap allocation per value.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Hex(pub u64);
+
+impl std::fmt::Display for Hex {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:#x}", self.0)
+    }
+}
+
+impl Serialize for Hex {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        const DIGITS: &[u8; 16] = b"0123456789abcdef";
+        let mut buf = [0u8; 18];
+        let mut i = buf.len();
+        let mut v = self.0;
+        loop {
+            i -= 1;
+            buf[i] = DIGITS[(v & 0xf) as usize];
+            v >>= 4;
+            if v == 0 {
+                break;
+            }
+        }
+        buf[i - 1] = b'x';
+        buf[i - 2] = b'0';
+        s.serialize_str(std::str::from_utf8(&buf[i - 2..]).unwrap_or("0x0"))
+    }
+}
+
+impl<'de> Deserialize<'de> for Hex {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Hex, D::Error> {
+        let text = String::deserialize(d)?;
+        let digits = text.strip_prefix("0x").unwrap_or(&text);
+        u64::from_str_radix(digits, 16)
+            .map(Hex)
+            .map_err(|_| serde::de::Error::custom(format!("not a hex address: {text:?}")))
+    }
+}
+
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
 pub struct LiveAllocation {
-    /// Hex, `0x...`: the device address, or the handle for VMM and arrays.
-    pub address: String,
+    /// `0x...`: the device address, or the handle for VMM and arrays.
+    pub address: Hex,
     pub bytes: u64,
     /// Device ordinal; for pinned host memory the device of its context.
     pub device: i32,
-    pub kind: String,
+    pub kind: Cow<'static, str>,
     /// The API the program called (a runtime call labels the driver call beneath it).
-    pub api: String,
+    pub api: Cow<'static, str>,
     #[serde(default)]
     pub thread: u32,
     pub age_s: f64,
@@ -152,6 +194,16 @@ mod tests {
     }
 
     #[test]
+    fn hex_addresses() {
+        for v in [0u64, 0x10, 0x7f12_3456_7890, u64::MAX] {
+            let text = serde_json::to_string(&Hex(v)).unwrap();
+            assert_eq!(text, format!("\"{v:#x}\""));
+            assert_eq!(serde_json::from_str::<Hex>(&text).unwrap(), Hex(v));
+        }
+        assert!(serde_json::from_str::<Hex>("\"zz\"").is_err());
+    }
+
+    #[test]
     fn round_trips_through_json() {
         let r = Report {
             schema: SCHEMA.into(),
@@ -163,7 +215,7 @@ mod tests {
                 ..Default::default()
             }],
             live: vec![LiveAllocation {
-                address: "0x10".into(),
+                address: Hex(0x10),
                 bytes: 5,
                 site: None,
                 ..Default::default()

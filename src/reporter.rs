@@ -1,7 +1,7 @@
 //! Turns the ledger into a `Report` and writes it atomically. Safe Rust: everything the
 //! process must be asked (symbol names, device sizes) comes in as closures.
 
-use crate::ledger::{Kind, Ledger, NO_SITE};
+use crate::ledger::{Kind, Ledger, MAX_DEVICES, NO_SITE};
 use crate::report::{DeviceReport, HostReport, LiveAllocation, Report, ReportConfig, SCHEMA, Site};
 use crate::sites::SiteTable;
 use std::collections::HashMap;
@@ -40,17 +40,19 @@ pub fn build(input: &ReportInput<'_>) -> Report {
     let mut live = ledger.live();
     live.sort_unstable_by(|a, b| b.1.bytes.cmp(&a.1.bytes).then(a.0.value.cmp(&b.0.value)));
 
-    // Per device: live count and bytes by kind, from the records themselves.
-    let mut per_dev: HashMap<i32, (u64, std::collections::BTreeMap<String, u64>)> = HashMap::new();
+    // Per device: live count and bytes by kind, from the records themselves. Plain
+    // arrays here: this loop runs once per live allocation.
+    let slot = |d: i32| (d.max(0) as usize).min(MAX_DEVICES - 1);
+    let mut per_dev = vec![(0u64, [0u64; Kind::ALL.len()]); MAX_DEVICES];
     let mut host_live = 0u64;
     let mut site_use: HashMap<u32, (u64, u64)> = HashMap::new();
     for (_, r) in &live {
         if r.kind == Kind::Host {
             host_live += 1;
         } else {
-            let e = per_dev.entry(r.device.into()).or_default();
+            let e = &mut per_dev[slot(r.device.into())];
             e.0 += 1;
-            *e.1.entry(r.kind.name().to_string()).or_default() += r.bytes;
+            e.1[r.kind as usize] += r.bytes;
         }
         if r.site != NO_SITE {
             let s = site_use.entry(r.site).or_default();
@@ -60,9 +62,9 @@ pub fn build(input: &ReportInput<'_>) -> Report {
     }
 
     let mut device_ids = ledger.seen_devices();
-    for d in per_dev.keys() {
-        if !device_ids.contains(d) {
-            device_ids.push(*d);
+    for (d, e) in per_dev.iter().enumerate() {
+        if e.0 > 0 && !device_ids.contains(&(d as i32)) {
+            device_ids.push(d as i32);
         }
     }
     device_ids.sort_unstable();
@@ -70,7 +72,12 @@ pub fn build(input: &ReportInput<'_>) -> Report {
         .into_iter()
         .map(|d| {
             let c = ledger.device(d).snapshot();
-            let (live_count, by_kind) = per_dev.remove(&d).unwrap_or_default();
+            let (live_count, bytes_by_kind) = per_dev[slot(d)];
+            let by_kind = Kind::ALL
+                .iter()
+                .filter(|k| bytes_by_kind[**k as usize] > 0)
+                .map(|k| (k.name().to_string(), bytes_by_kind[*k as usize]))
+                .collect();
             DeviceReport {
                 device: d,
                 total_bytes: (input.device_total)(d),
@@ -127,11 +134,11 @@ pub fn build(input: &ReportInput<'_>) -> Report {
     let live = live
         .into_iter()
         .map(|(k, r)| LiveAllocation {
-            address: format!("{:#x}", k.value),
+            address: crate::report::Hex(k.value),
             bytes: r.bytes,
             device: r.device.into(),
-            kind: r.kind.name().to_string(),
-            api: (input.api_name)(r.api).to_string(),
+            kind: r.kind.name().into(),
+            api: (input.api_name)(r.api).into(),
             thread: r.thread,
             age_s: input.now_ns.saturating_sub(r.t_ns) as f64 / 1e9,
             site: (r.site != NO_SITE).then_some(r.site),
@@ -184,15 +191,26 @@ pub fn file_name(program: &str, pid: u32, seq: u64, reason: &str) -> String {
 /// Writes `bytes` as `dir/name` so that a reader never sees a partial file: a private
 /// temporary (mode 0600, created new, never through a symlink) renamed into place.
 pub fn write_atomic(dir: &Path, name: &str, bytes: &[u8]) -> std::io::Result<PathBuf> {
+    write_atomic_with(dir, name, |w| w.write_all(bytes))
+}
+
+/// As `write_atomic`, with the content streamed by `fill` through a buffer (a report
+/// with a million live allocations is never held whole in memory).
+pub fn write_atomic_with(
+    dir: &Path,
+    name: &str,
+    fill: impl FnOnce(&mut dyn Write) -> std::io::Result<()>,
+) -> std::io::Result<PathBuf> {
     let tmp = dir.join(format!(".{name}.tmp"));
-    let mut f = std::fs::OpenOptions::new()
+    let f = std::fs::OpenOptions::new()
         .write(true)
         .create_new(true)
         .mode(0o600)
         .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
         .open(&tmp)?;
-    let written = f.write_all(bytes).and_then(|_| f.flush());
-    drop(f);
+    let mut w = std::io::BufWriter::with_capacity(1 << 20, f);
+    let written = fill(&mut w).and_then(|_| w.flush());
+    drop(w);
     if let Err(e) = written {
         let _ = std::fs::remove_file(&tmp);
         return Err(e);
@@ -260,7 +278,7 @@ mod tests {
         assert_eq!(r.devices[0].by_kind["pool"], 30);
         assert_eq!(r.host_pinned.current_bytes, 5);
         assert_eq!(r.live.len(), 3);
-        assert_eq!(r.live[0].address, "0x2000");
+        assert_eq!(r.live[0].address.to_string(), "0x2000");
         assert_eq!(r.live[0].bytes, 30);
         assert!((r.live[0].age_s - 2.0).abs() < 1e-9);
         assert_eq!(r.sites.len(), 1);

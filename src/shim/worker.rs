@@ -396,11 +396,14 @@ pub(crate) fn write_report(reason: &str) -> Option<PathBuf> {
         },
     };
     let report = reporter::build(&input);
-    let mut json = serde_json::to_vec_pretty(&report).unwrap_or_default();
-    json.push(b'\n');
     let name = reporter::file_name(&program, pid, seq, reason);
     let headline = headline(&report);
-    match reporter::write_atomic(&s.dir, &name, &json) {
+    // Compact JSON, streamed to the file: `gpuguard show` is for reading it.
+    let written = reporter::write_atomic_with(&s.dir, &name, |w| {
+        serde_json::to_writer(&mut *w, &report).map_err(std::io::Error::other)?;
+        w.write_all(b"\n")
+    });
+    match written {
         Ok(path) => {
             log(
                 LogLevel::Warn,
@@ -422,6 +425,8 @@ pub(crate) fn write_report(reason: &str) -> Option<PathBuf> {
                 LogLevel::Warn,
                 format_args!("report ({reason}) follows: {headline}"),
             );
+            let mut json = serde_json::to_vec_pretty(&report).unwrap_or_default();
+            json.push(b'\n');
             write_stderr(&json);
             None
         }

@@ -10,7 +10,8 @@
 #
 # Writes 8 files into $OUT: summary.md (all tables), bench.log (this console),
 # env.txt, micro_results.txt, micro_summary.md, train_results.txt, train_summary.md,
-# logs.tar.gz (build log, every run's stderr). Knobs: TOTAL_BUDGET_S (530),
+# logs.tar.gz (build log, every run's stderr), report_cost.txt (report time and RSS with
+# 1M live allocations on this machine's CPU). Knobs: TOTAL_BUDGET_S (530),
 # MICRO_BUDGET_S (150), and those of the two scripts.
 set -u
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -60,6 +61,29 @@ EOF
 section "microbenchmark (run_gpu.sh)"
 timeout $((MICRO_BUDGET_S + 60)) bash "$ROOT/scripts/bench/run_gpu.sh"
 echo "(run_gpu.sh exit status $?)"
+
+section "report and memory cost on this machine's CPU (simulated driver, 1M live)"
+# The same measurement as run_cpu.sh's report step, on the GPU machine's faster CPU:
+# the shim's cost here does not depend on the GPU.
+(
+  set +e
+  B=$BENCH_WORK/cpu
+  mkdir -p "$B" "$B/reports"
+  sh tests/sim/build.sh "$B/sim" >"$B/build.log" 2>&1 &&
+    cc -O2 -g -Wall -I tests/sim -o "$B/microbench" scripts/bench/microbench.c \
+      -L"$B/sim" -Wl,-rpath,"$B/sim" -lcuda -ldl -lpthread >>"$B/build.log" 2>&1 || {
+    echo "build failed"; tail -5 "$B/build.log"; exit 0; }
+  for r in 1 2 3; do
+    for d in 0 16; do
+      SIMCUDA_MEM=$((1 << 40)) SIMCUDA_DEVICES=1 GPUGUARD_DIR=$B/reports GPUGUARD_LOG=off \
+        GPUGUARD_STACK_DEPTH=$d LD_PRELOAD=$LIB timeout 120 "$B/microbench" --live 1000000 --reps 1 --iters 10 --report |
+        grep -E "^(RSS|REPORT)" | sed "s/^/round=$r depth=$d /"
+      rm -f "$B"/reports/*
+    done
+    SIMCUDA_MEM=$((1 << 40)) SIMCUDA_DEVICES=1 timeout 120 "$B/microbench" --live 1000000 --reps 1 --iters 10 |
+      grep -E "^RSS" | sed "s/^/round=$r bare /"
+  done
+) 2>&1 | tee "$OUT/report_cost.txt"
 
 section "training (run_train.sh)"
 left=$((TOTAL - $(elapsed) - 15))

@@ -177,6 +177,15 @@ impl Books {
         Some(p)
     }
 
+    /// The pools known on a device (a walk over every pool: refusals and reports only).
+    fn device_pools(&self, device: i32) -> Vec<u64> {
+        self.pools
+            .iter()
+            .filter(|e| e.value().device == device)
+            .map(|e| *e.key())
+            .collect()
+    }
+
     /// Measures what one pool holds from the driver and moves the device's total by
     /// the change: one driver call, no walk over every pool.
     fn measure_pool(&self, device: i32, pool: u64) {
@@ -207,13 +216,7 @@ impl Books {
             return;
         }
         let _ = self.current_pool(device);
-        let pools: Vec<u64> = self
-            .pools
-            .iter()
-            .filter(|e| e.value().device == device)
-            .map(|e| *e.key())
-            .collect();
-        for p in pools {
+        for p in self.device_pools(device) {
             super::real::DRIVER.pool_trim(p);
             self.measure_pool(device, p);
         }
@@ -250,13 +253,7 @@ impl Books {
         if !self.capped(device) {
             return;
         }
-        let pools: Vec<u64> = self
-            .pools
-            .iter()
-            .filter(|e| e.value().device == device)
-            .map(|e| *e.key())
-            .collect();
-        for p in pools {
+        for p in self.device_pools(device) {
             self.measure_pool(device, p);
         }
     }

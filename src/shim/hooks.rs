@@ -460,6 +460,23 @@ unsafe fn vmm_device(prop: *const MemAllocationProp) -> Option<i32> {
 
 // ---- handlers: one per signature ------------------------------------------------------
 
+/// The allocation an out-parameter names, as a record in `key`'s number space.
+unsafe fn made_at(out_ptr: *const u64, key: fn(u64) -> Key, bytes: u64) -> Option<Made> {
+    // SAFETY: called only after the real call succeeded, which wrote the value.
+    let v = unsafe { out(out_ptr) }?;
+    Some(Made { key: key(v), bytes })
+}
+
+/// The same for an out-parameter of pointer type (`void **`).
+unsafe fn made_ptr(out_ptr: *const *mut c_void, key: fn(u64) -> Key, bytes: u64) -> Option<Made> {
+    // SAFETY: as above.
+    let v = unsafe { out(out_ptr) }?;
+    Some(Made {
+        key: key(v as u64),
+        bytes,
+    })
+}
+
 /// Reads an out-pointer the driver wrote after success.
 unsafe fn out<T: Copy>(p: *const T) -> Option<T> {
     // SAFETY: called only after the real call succeeded, which wrote *p.
@@ -477,13 +494,7 @@ unsafe fn mem_alloc(
         Kind::Device,
         Plan::bytes(bytes as u64),
         || unsafe { real(dptr, bytes) },
-        || {
-            let a = unsafe { out(dptr) }?;
-            Some(Made {
-                key: Key::device(a),
-                bytes: bytes as u64,
-            })
-        },
+        || unsafe { made_at(dptr, Key::device, bytes as u64) },
     )
 }
 
@@ -549,13 +560,7 @@ unsafe fn mem_alloc_managed(
         Kind::Managed,
         Plan::bytes(bytes as u64),
         || unsafe { real(dptr, bytes, flags) },
-        || {
-            let a = unsafe { out(dptr) }?;
-            Some(Made {
-                key: Key::device(a),
-                bytes: bytes as u64,
-            })
-        },
+        || unsafe { made_at(dptr, Key::device, bytes as u64) },
     )
 }
 
@@ -575,13 +580,7 @@ unsafe fn mem_alloc_async(
         Kind::Pool,
         Plan::bytes(bytes as u64),
         || unsafe { real(dptr, bytes, stream) },
-        || {
-            let a = unsafe { out(dptr) }?;
-            Some(Made {
-                key: Key::device(a),
-                bytes: bytes as u64,
-            })
-        },
+        || unsafe { made_at(dptr, Key::device, bytes as u64) },
     )
 }
 
@@ -602,13 +601,7 @@ unsafe fn mem_alloc_from_pool(
             pool: Some(pool as u64),
         },
         || unsafe { real(dptr, bytes, pool, stream) },
-        || {
-            let a = unsafe { out(dptr) }?;
-            Some(Made {
-                key: Key::device(a),
-                bytes: bytes as u64,
-            })
-        },
+        || unsafe { made_at(dptr, Key::device, bytes as u64) },
     )
 }
 
@@ -716,13 +709,7 @@ unsafe fn mem_create(
             pool: None,
         },
         || unsafe { real(handle, bytes, prop, flags) },
-        || {
-            let h = unsafe { out(handle) }?;
-            Some(Made {
-                key: Key::vmm(h),
-                bytes: bytes as u64,
-            })
-        },
+        || unsafe { made_at(handle, Key::vmm, bytes as u64) },
     )
 }
 
@@ -790,13 +777,7 @@ unsafe fn mem_host_alloc(
         Kind::Host,
         Plan::bytes(bytes as u64),
         || unsafe { real(pp, bytes, flags) },
-        || {
-            let p = unsafe { out(pp) }?;
-            Some(Made {
-                key: Key::host(p as u64),
-                bytes: bytes as u64,
-            })
-        },
+        || unsafe { made_ptr(pp, Key::host, bytes as u64) },
     )
 }
 
@@ -811,13 +792,7 @@ unsafe fn mem_alloc_host(
         Kind::Host,
         Plan::bytes(bytes as u64),
         || unsafe { real(pp, bytes) },
-        || {
-            let p = unsafe { out(pp) }?;
-            Some(Made {
-                key: Key::host(p as u64),
-                bytes: bytes as u64,
-            })
-        },
+        || unsafe { made_ptr(pp, Key::host, bytes as u64) },
     )
 }
 
@@ -1145,13 +1120,7 @@ unsafe fn rt_malloc(
         api,
         Kind::Device,
         || unsafe { real(p, bytes) },
-        || {
-            let a = unsafe { out(p) }?;
-            Some(Made {
-                key: Key::device(a as u64),
-                bytes: bytes as u64,
-            })
-        },
+        || unsafe { made_ptr(p, Key::device, bytes as u64) },
     )
 }
 
@@ -1166,13 +1135,7 @@ unsafe fn rt_malloc_managed(
         api,
         Kind::Managed,
         || unsafe { real(p, bytes, flags) },
-        || {
-            let a = unsafe { out(p) }?;
-            Some(Made {
-                key: Key::device(a as u64),
-                bytes: bytes as u64,
-            })
-        },
+        || unsafe { made_ptr(p, Key::device, bytes as u64) },
     )
 }
 
@@ -1232,13 +1195,7 @@ unsafe fn rt_malloc_async(
         api,
         Kind::Pool,
         || unsafe { real(p, bytes, stream) },
-        || {
-            let a = unsafe { out(p) }?;
-            Some(Made {
-                key: Key::device(a as u64),
-                bytes: bytes as u64,
-            })
-        },
+        || unsafe { made_ptr(p, Key::device, bytes as u64) },
     )
 }
 
@@ -1254,13 +1211,7 @@ unsafe fn rt_malloc_from_pool(
         api,
         Kind::Pool,
         || unsafe { real(p, bytes, pool, stream) },
-        || {
-            let a = unsafe { out(p) }?;
-            Some(Made {
-                key: Key::device(a as u64),
-                bytes: bytes as u64,
-            })
-        },
+        || unsafe { made_ptr(p, Key::device, bytes as u64) },
     )
 }
 
@@ -1287,13 +1238,7 @@ unsafe fn rt_malloc_host(
         api,
         Kind::Host,
         || unsafe { real(p, bytes) },
-        || {
-            let a = unsafe { out(p) }?;
-            Some(Made {
-                key: Key::host(a as u64),
-                bytes: bytes as u64,
-            })
-        },
+        || unsafe { made_ptr(p, Key::host, bytes as u64) },
     )
 }
 
@@ -1308,13 +1253,7 @@ unsafe fn rt_host_alloc(
         api,
         Kind::Host,
         || unsafe { real(p, bytes, flags) },
-        || {
-            let a = unsafe { out(p) }?;
-            Some(Made {
-                key: Key::host(a as u64),
-                bytes: bytes as u64,
-            })
-        },
+        || unsafe { made_ptr(p, Key::host, bytes as u64) },
     )
 }
 

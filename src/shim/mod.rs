@@ -15,6 +15,7 @@ mod caps;
 pub mod hooks;
 mod real;
 mod track;
+mod unwind;
 mod worker;
 
 use crate::config::{Config, LogLevel};

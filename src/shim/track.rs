@@ -34,6 +34,8 @@ struct ThreadState {
     thread_id: Cell<u32>,
     /// (context, device, epoch) of the last lookup: contexts rarely change per thread.
     ctx_cache: Cell<(u64, i32, u64)>,
+    /// This thread's stack, [lo, hi), for the stack walk's bounds checks.
+    stack: Cell<(usize, usize)>,
 }
 
 thread_local! {
@@ -43,6 +45,7 @@ thread_local! {
             runtime: Cell::new(NO_FRAME),
             thread_id: Cell::new(0),
             ctx_cache: Cell::new((0, 0, u64::MAX)),
+            stack: Cell::new((0, 0)),
         }
     };
 }
@@ -126,41 +129,17 @@ pub(crate) fn contexts_changed() {
 
 // ---- stacks ----------------------------------------------------------------------
 
-unsafe extern "C" {
-    fn _Unwind_Backtrace(
-        trace: unsafe extern "C" fn(*mut c_void, *mut c_void) -> c_int,
-        arg: *mut c_void,
-    ) -> c_int;
-    fn _Unwind_GetIP(ctx: *mut c_void) -> usize;
-}
-
 const MAX_FRAMES: usize = crate::config::MAX_STACK_DEPTH;
 
-struct Capture {
-    pcs: [usize; MAX_FRAMES],
-    n: usize,
-    max: usize,
-}
-
-unsafe extern "C" fn each_frame(ctx: *mut c_void, arg: *mut c_void) -> c_int {
-    const URC_NO_REASON: c_int = 0;
-    const URC_END_OF_STACK: c_int = 5;
-    // SAFETY: arg is the Capture passed to _Unwind_Backtrace below; ctx is libgcc's.
-    let cap = unsafe { &mut *(arg as *mut Capture) };
-    let pc = unsafe { _Unwind_GetIP(ctx) };
-    if pc == 0 {
-        return URC_END_OF_STACK;
+/// This thread's stack bounds, asked once per thread.
+fn stack_bounds() -> (usize, usize) {
+    let b = &thread().stack;
+    let mut v = b.get();
+    if v == (0, 0) {
+        v = super::unwind::stack_bounds();
+        b.set(if v == (0, 0) { (1, 1) } else { v });
     }
-    if is_own_code(pc) {
-        return URC_NO_REASON;
-    }
-    cap.pcs[cap.n] = pc;
-    cap.n += 1;
-    if cap.n >= cap.max {
-        URC_END_OF_STACK
-    } else {
-        URC_NO_REASON
-    }
+    v
 }
 
 /// The caller's stack as an interned site id; gpuguard's own frames are skipped.
@@ -169,17 +148,16 @@ pub(crate) fn capture_site(books: &Books) -> u32 {
     if depth == 0 {
         return NO_SITE;
     }
-    let mut cap = Capture {
-        pcs: [0; MAX_FRAMES],
-        n: 0,
-        max: depth.min(MAX_FRAMES),
-    };
-    // SAFETY: the callback writes only into `cap`, within its bounds.
-    unsafe { _Unwind_Backtrace(each_frame, &mut cap as *mut Capture as *mut c_void) };
-    if cap.n == 0 {
+    let mut pcs = [0usize; MAX_FRAMES];
+    let n = super::unwind::capture(
+        &mut pcs[..depth.min(MAX_FRAMES)],
+        stack_bounds(),
+        &is_own_code,
+    );
+    if n == 0 {
         return NO_SITE;
     }
-    books.sites.intern(&cap.pcs[..cap.n])
+    books.sites.intern(&pcs[..n])
 }
 
 // ---- the hook bodies ---------------------------------------------------------------

@@ -218,6 +218,23 @@ fn exit_report_site_names_the_leaking_function() {
     }
 }
 
+/// The first allocation from a call path is captured by a full DWARF unwind, the
+/// later ones by the learned walk: both must give the same frames, so every leak from
+/// the same line lands in one site.
+#[test]
+fn repeated_allocations_from_one_path_share_one_site() {
+    let r = gg_run("gg", &["leak", "8"], &[]);
+    r.assert_ok();
+    let (_, rep) = exit_report(&r);
+    assert_eq!(live(&rep).len(), 8);
+    let sites: std::collections::BTreeSet<u64> = live(&rep)
+        .iter()
+        .map(|e| e["site"].as_u64().expect("a site"))
+        .collect();
+    assert_eq!(sites.len(), 1, "leaks split over sites {sites:?}: {rep:#}");
+    assert_eq!(rep["sites"].as_array().map(Vec::len), Some(1), "{rep:#}");
+}
+
 #[test]
 fn stack_depth_zero_records_no_sites() {
     let r = gg_run("gg", &["leak", "2"], &[("GPUGUARD_STACK_DEPTH", "0")]);

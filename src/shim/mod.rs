@@ -282,5 +282,13 @@ extern "C" fn at_exit() {
             shielded(|| worker::write_report("cap"));
         }
         shielded(|| worker::write_report("exit"));
+        log(
+            LogLevel::Debug,
+            format_args!(
+                "stack captures: {} walked, {} full unwinds",
+                unwind::WALKS.load(Relaxed),
+                unwind::FULL_UNWINDS.load(Relaxed)
+            ),
+        );
     }
 }

@@ -21,8 +21,9 @@ unsafe extern "C" {
     fn _Unwind_GetCFA(ctx: *mut c_void) -> usize;
 }
 
-/// Return address -> distance to the caller's CFA, packed as `pc << 16 | distance`.
-/// Direct-mapped and lock-free: a collision only costs a relearn.
+/// Return address -> distance to the caller's CFA, packed as `pc << 16 | distance / 8`
+/// (frames are 8-byte multiples; up to 512 KiB). Direct-mapped and lock-free: a
+/// collision only costs a relearn.
 const SLOTS: usize = 1 << 16;
 static DISTANCES: [AtomicU64; SLOTS] = [const { AtomicU64::new(0) }; SLOTS];
 /// The distance of a frame with no caller: the walk ends there.
@@ -35,15 +36,34 @@ fn slot(pc: usize) -> &'static AtomicU64 {
 
 fn learned(pc: usize) -> Option<u64> {
     let v = slot(pc).load(Relaxed);
-    (v != 0 && (v >> 16) == pc as u64).then_some(v & 0xffff)
+    if v == 0 || (v >> 16) != pc as u64 {
+        return None;
+    }
+    let units = v & 0xffff;
+    Some(if units == OUTERMOST {
+        OUTERMOST
+    } else {
+        units * 8
+    })
 }
 
 fn learn(pc: usize, distance: u64) {
-    // Return addresses of user space fit in 48 bits; larger frames are not kept.
-    if pc as u64 >> 48 == 0 && distance > 0 && distance <= OUTERMOST {
-        slot(pc).store((pc as u64) << 16 | distance, Relaxed);
+    // Return addresses of user space fit in 48 bits.
+    let units = if distance == OUTERMOST {
+        OUTERMOST
+    } else if distance.is_multiple_of(8) && distance / 8 < OUTERMOST {
+        distance / 8
+    } else {
+        return;
+    };
+    if pc as u64 >> 48 == 0 && units > 0 {
+        slot(pc).store((pc as u64) << 16 | units, Relaxed);
     }
 }
+
+/// Captures that had to learn (full unwinds) and that walked, for `GPUGUARD_LOG=debug`.
+pub(crate) static FULL_UNWINDS: AtomicU64 = AtomicU64::new(0);
+pub(crate) static WALKS: AtomicU64 = AtomicU64::new(0);
 
 /// Where a walk starts: the CFA of `probe`'s frame and its return address.
 #[repr(C)]
@@ -76,47 +96,50 @@ struct Learning<'a> {
     out: &'a mut [usize],
     n: usize,
     skip: &'a dyn Fn(usize) -> bool,
-    /// (pc, cfa) of the previous frame; pc 0 after a signal frame.
-    prev: (usize, usize),
-    first: bool,
+    /// The previous frame: (return address, CFA where it was found, signal frame).
+    prev: Option<(usize, usize, bool)>,
 }
 
 unsafe extern "C" fn learn_entry(_start: *mut Start, _learn_fn: usize, state: *mut Learning) {
     // SAFETY: `state` is the Learning passed to `probe` by `capture`.
     let state = unsafe { &mut *state };
     unsafe { _Unwind_Backtrace(each_frame, state as *mut Learning as *mut c_void) };
-    if state.prev.0 != 0 {
-        learn(state.prev.0, OUTERMOST);
+    if let Some((ra, _, false)) = state.prev {
+        learn(ra, OUTERMOST);
     }
 }
 
+/// libgcc hands each frame as (the return address into the caller, the CFA the
+/// return address sits under); the caller's own CFA comes with the next frame. So a
+/// return address's distance is learned one frame later.
 unsafe extern "C" fn each_frame(ctx: *mut c_void, arg: *mut c_void) -> c_int {
-    const URC_NO_REASON: c_int = 0;
     // SAFETY: `arg` is the Learning passed in `learn_entry`; `ctx` is libgcc's.
     let st = unsafe { &mut *(arg as *mut Learning) };
     let mut before: c_int = 0;
-    let pc = unsafe { _Unwind_GetIPInfo(ctx, &mut before) };
+    let ra = unsafe { _Unwind_GetIPInfo(ctx, &mut before) };
     let cfa = unsafe { _Unwind_GetCFA(ctx) };
-    if pc == 0 {
+    if ra == 0 {
         return 5; // _URC_END_OF_STACK
     }
-    if st.first {
-        // The frame of `learn_entry` itself: it stands where `probe`'s frame stood.
-        st.first = false;
-        st.prev = (0, cfa);
-        return URC_NO_REASON;
+    let signal = before != 0;
+    // Around a signal frame distances depend on where the signal struck: not learned.
+    if let Some((prev_ra, prev_cfa, prev_signal)) = st.prev
+        && !prev_signal
+        && !signal
+        && cfa > prev_cfa
+    {
+        learn(prev_ra, (cfa - prev_cfa) as u64);
     }
-    let prev_cfa = st.prev.1;
-    if before == 0 && prev_cfa != 0 && cfa > prev_cfa {
-        learn(pc, (cfa - prev_cfa) as u64);
-    }
-    // A signal frame's distances depend on where the signal struck: never learned.
-    st.prev = if before != 0 { (0, 0) } else { (pc, cfa) };
-    if !(st.skip)(pc) && st.n < st.out.len() {
-        st.out[st.n] = pc;
+    st.prev = Some((ra, cfa, signal));
+    if !(st.skip)(ra) && st.n < st.out.len() {
+        st.out[st.n] = ra;
         st.n += 1;
     }
-    URC_NO_REASON
+    0 // _URC_NO_REASON
+}
+
+fn counting() -> bool {
+    super::config().log >= crate::config::LogLevel::Debug
 }
 
 /// This thread's stack, [lo, hi), for bounds checks.
@@ -154,8 +177,7 @@ pub(crate) fn capture(
         out,
         n: 0,
         skip,
-        prev: (0, 0),
-        first: true,
+        prev: None,
     };
     // Without known stack bounds (or on a stack outside them, such as a signal's
     // alternate stack) every capture is a full unwind.
@@ -163,18 +185,29 @@ pub(crate) fn capture(
         // SAFETY: probe only writes `start`.
         unsafe { probe(&mut start, 0, &mut state) };
         if let Some(n) = walk(&start, state.out, bounds, state.skip) {
+            if counting() {
+                WALKS.fetch_add(1, Relaxed);
+            }
             return n;
         }
     }
-    let fast_pc = start.pc;
+    if counting() {
+        FULL_UNWINDS.fetch_add(1, Relaxed);
+    }
+    let (fast_pc, fast_cfa) = (start.pc, start.cfa);
     // SAFETY: probe writes `start`, then learn_entry runs a full unwind into `state`.
     unsafe { probe(&mut start, learn_entry as *const () as usize, &mut state) };
-    // This function's frame has one size at both calls of `probe`: the distance
-    // measured from this call's return address holds for the first call's too.
+    // The first call of `probe` returns to another address, where this function's
+    // frame may be smaller (the compiler can set the frame up late, on the slow path
+    // only); but this function's CFA is one and the same: measured from the second
+    // call, it gives the first call's distance.
     if fast_pc != 0
-        && let Some(d) = learned(start.pc)
+        && let Some(d) = learned(start.pc).filter(|d| *d != OUTERMOST)
     {
-        learn(fast_pc, d);
+        let capture_cfa = start.cfa + d as usize;
+        if capture_cfa > fast_cfa {
+            learn(fast_pc, (capture_cfa - fast_cfa) as u64);
+        }
     }
     state.n
 }

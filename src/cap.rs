@@ -17,12 +17,22 @@ pub enum Limit {
 
 impl Limit {
     /// Bytes allowed on a device of `total` bytes (0 when the size is unknown, then
-    /// a fraction cannot be applied and the device stays uncapped).
+    /// a fraction cannot be applied and the device stays uncapped). A fraction is
+    /// rounded down to the driver's 2 MiB page, so allocations filling it cannot take
+    /// a page past it; a size is taken as given.
     pub fn resolve(self, total: u64) -> Option<u64> {
+        const PAGE: u64 = 2 << 20;
         match self {
             Limit::Bytes(b) => Some(b),
             Limit::Fraction(_) if total == 0 => None,
-            Limit::Fraction(f) => Some(((total as f64) * f) as u64),
+            Limit::Fraction(f) => {
+                let exact = ((total as f64) * f) as u64;
+                Some(if exact >= PAGE {
+                    exact / PAGE * PAGE
+                } else {
+                    exact
+                })
+            }
         }
     }
 }
@@ -201,6 +211,13 @@ mod tests {
     #[test]
     fn resolving() {
         assert_eq!(Limit::Fraction(0.5).resolve(1000), Some(500));
+        // Fractions land on 2 MiB pages: 3% of 139.8 GiB.
+        let total = 150_109_782_016u64;
+        let cap = Limit::Fraction(0.03).resolve(total).unwrap();
+        assert_eq!(cap % (2 << 20), 0);
+        assert!(
+            cap <= (total as f64 * 0.03) as u64 && cap + (2 << 20) > (total as f64 * 0.03) as u64
+        );
         assert_eq!(Limit::Fraction(0.5).resolve(0), None);
         assert_eq!(Limit::Bytes(7).resolve(0), Some(7));
     }

@@ -1026,6 +1026,13 @@ unsafe fn device_total_mem(
     rc
 }
 
+/// What a capped device shows: total = the cap, used = what is charged against it,
+/// free = what is left of the cap, never more than the driver has free.
+fn capped_view(cap: u64, used: u64, real_free: u64) -> (u64, u64, u64) {
+    let used = used.min(cap);
+    (cap, used, real_free.min(cap - used))
+}
+
 /// The cap and the charge of an NVML device, once CUDA is in use in this process
 /// (an NVML-only process, such as nvidia-smi, is left alone).
 fn nvml_cap(handle: *mut c_void) -> Option<(u64, u64)> {
@@ -1048,9 +1055,7 @@ unsafe fn nvml_memory(
             let (cap, used) = nvml_cap(dev)?;
             // SAFETY: written by NVML on success.
             let m = unsafe { mem.as_mut() }?;
-            m.total = cap;
-            m.used = used.min(cap);
-            m.free = m.free.min(cap - m.used);
+            (m.total, m.used, m.free) = capped_view(cap, used, m.free);
             Some(())
         });
     }
@@ -1069,10 +1074,8 @@ unsafe fn nvml_memory_v2(
             let (cap, used) = nvml_cap(dev)?;
             // SAFETY: written by NVML on success.
             let m = unsafe { mem.as_mut() }?;
-            m.total = cap;
+            (m.total, m.used, m.free) = capped_view(cap, used, m.free);
             m.reserved = 0;
-            m.used = used.min(cap);
-            m.free = m.free.min(cap - m.used);
             Some(())
         });
     }

@@ -36,6 +36,10 @@ pub struct Config {
     pub warn_at: Option<f64>,
     /// Fraction of a cap whose upward crossing trims pools; `None` (the default) off.
     pub trim_at: Option<f64>,
+    /// Keep only this many live allocations (the largest) in a report; `None`: all.
+    pub max_live: Option<usize>,
+    /// Interval of `snapshot` reports, in milliseconds; `None` (the default) off.
+    pub snapshot_every_ms: Option<u64>,
 }
 
 impl Default for Config {
@@ -48,6 +52,8 @@ impl Default for Config {
             cap: CapSpec::default(),
             warn_at: Some(0.8),
             trim_at: None,
+            max_live: None,
+            snapshot_every_ms: None,
         }
     }
 }
@@ -80,6 +86,8 @@ pub const KNOWN_VARS: &[&str] = &[
     "GPUGUARD_LOG",
     "GPUGUARD_STACK_DEPTH",
     "GPUGUARD_REPORT_SIGNAL",
+    "GPUGUARD_MAX_LIVE",
+    "GPUGUARD_SNAPSHOT_EVERY",
 ];
 
 impl Config {
@@ -150,8 +158,53 @@ impl Config {
                 })?;
             }
         }
+        if let Some(v) = get("GPUGUARD_MAX_LIVE") {
+            cfg.max_live = Some(
+                v.trim()
+                    .parse::<usize>()
+                    .ok()
+                    .filter(|n| *n >= 1)
+                    .ok_or_else(|| {
+                        err(
+                            "GPUGUARD_MAX_LIVE",
+                            &v,
+                            "a whole number of live allocations, 1 or more",
+                        )
+                    })?,
+            );
+        }
+        if let Some(v) = get("GPUGUARD_SNAPSHOT_EVERY") {
+            cfg.snapshot_every_ms = parse_interval_ms(&v).ok_or_else(|| {
+                err(
+                    "GPUGUARD_SNAPSHOT_EVERY",
+                    &v,
+                    "an interval with a unit (500ms, 60s, 2m, 1h; at least 1ms), or off",
+                )
+            })?;
+        }
         Ok(cfg)
     }
+}
+
+/// `500ms`, `60s`, `1.5s`, `2m`, `1h` or `off`: `Some(None)` for off, `None` when
+/// malformed or under a millisecond.
+pub fn parse_interval_ms(v: &str) -> Option<Option<u64>> {
+    let t = v.trim().to_ascii_lowercase();
+    if t == "off" || t == "none" {
+        return Some(None);
+    }
+    let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.'))?;
+    let (num, unit) = t.split_at(split);
+    let scale = match unit.trim() {
+        "ms" => 1.0,
+        "s" => 1e3,
+        "m" | "min" => 60e3,
+        "h" => 3600e3,
+        _ => return None,
+    };
+    let n: f64 = num.parse().ok()?;
+    let ms = (n * scale).round();
+    (ms.is_finite() && (1.0..=1e15).contains(&ms)).then_some(Some(ms as u64))
 }
 
 /// `0.8`, `80%` or `off`: `Some(None)` for off, `None` when malformed.
@@ -340,11 +393,154 @@ mod tests {
     }
 
     #[test]
+    fn max_live_and_snapshot_interval() {
+        let c = parse(&[
+            ("GPUGUARD_MAX_LIVE", "5"),
+            ("GPUGUARD_SNAPSHOT_EVERY", "500ms"),
+        ])
+        .unwrap();
+        assert_eq!(c.max_live, Some(5));
+        assert_eq!(c.snapshot_every_ms, Some(500));
+        assert_eq!(parse(&[]).unwrap().max_live, None);
+        assert_eq!(parse(&[]).unwrap().snapshot_every_ms, None);
+        for (v, ms) in [
+            ("60s", Some(60_000)),
+            ("2m", Some(120_000)),
+            ("1.5s", Some(1500)),
+            ("1h", Some(3_600_000)),
+            (" 10 ms ", Some(10)),
+            ("off", None),
+        ] {
+            assert_eq!(parse_interval_ms(v), Some(ms), "{v}");
+        }
+        for bad in ["", "5", "0s", "0.1ms", "-1s", "5x", "s", "1..2s", "ms5"] {
+            assert_eq!(parse_interval_ms(bad), None, "{bad}");
+            let e = parse(&[("GPUGUARD_SNAPSHOT_EVERY", bad)]).unwrap_err();
+            assert_eq!(e.var, "GPUGUARD_SNAPSHOT_EVERY");
+            assert!(e.accepted.contains("500ms"), "{}", e.accepted);
+        }
+        for bad in ["0", "-1", "x", "1.5", ""] {
+            let e = parse(&[("GPUGUARD_MAX_LIVE", bad)]).unwrap_err();
+            assert_eq!(
+                (e.var.as_str(), e.value.as_str()),
+                ("GPUGUARD_MAX_LIVE", bad)
+            );
+        }
+    }
+
+    #[test]
     fn unknown_gpuguard_variables_are_refused() {
         let e = parse(&[("GPUGUARD_CAPP", "1GiB")]).unwrap_err();
         assert_eq!(e.var, "GPUGUARD_CAPP");
         assert!(e.accepted.contains("GPUGUARD_LOG"));
         // Other prefixes are none of gpuguard's business.
         assert!(parse(&[("GPUGUARDX", "1"), ("CUDA_VISIBLE_DEVICES", "0")]).is_ok());
+    }
+}
+
+/// Where this process sits in a distributed run, from its launcher's variables.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Launch {
+    pub rank: Option<u64>,
+    pub local_rank: Option<u64>,
+    pub world_size: Option<u64>,
+    /// This machine's name; set only when a rank is known.
+    pub host: Option<String>,
+}
+
+/// Each launcher's (rank, local rank, world size) variables, most specific first:
+/// torchrun's ranks are per process even under Slurm or MPI.
+const LAUNCHERS: &[(&str, Option<&str>, &str)] = &[
+    ("RANK", Some("LOCAL_RANK"), "WORLD_SIZE"),
+    (
+        "OMPI_COMM_WORLD_RANK",
+        Some("OMPI_COMM_WORLD_LOCAL_RANK"),
+        "OMPI_COMM_WORLD_SIZE",
+    ),
+    ("SLURM_PROCID", Some("SLURM_LOCALID"), "SLURM_NTASKS"),
+    ("PMI_RANK", None, "PMI_SIZE"),
+];
+
+impl Launch {
+    /// The first launcher whose rank variable holds a whole number gives every field;
+    /// none: all `None`. `hostname` is asked only when a rank is known.
+    pub fn detect(
+        get: impl Fn(&str) -> Option<String>,
+        hostname: impl FnOnce() -> Option<String>,
+    ) -> Launch {
+        let num = |k: &str| get(k).and_then(|v| v.trim().parse::<u64>().ok());
+        for &(rank, local, size) in LAUNCHERS {
+            if let Some(r) = num(rank) {
+                return Launch {
+                    rank: Some(r),
+                    local_rank: local.and_then(num),
+                    world_size: num(size),
+                    host: hostname().filter(|h| !h.is_empty()),
+                };
+            }
+        }
+        Launch::default()
+    }
+}
+
+#[cfg(test)]
+mod launch_tests {
+    use super::*;
+
+    fn detect(pairs: &[(&str, &str)]) -> Launch {
+        Launch::detect(
+            |k| {
+                pairs
+                    .iter()
+                    .find(|(n, _)| *n == k)
+                    .map(|(_, v)| v.to_string())
+            },
+            || Some("node7".into()),
+        )
+    }
+
+    #[test]
+    fn launchers() {
+        assert_eq!(detect(&[]), Launch::default());
+        assert_eq!(detect(&[("LOCAL_RANK", "1")]), Launch::default());
+        let t = detect(&[("RANK", "3"), ("LOCAL_RANK", "1"), ("WORLD_SIZE", "8")]);
+        assert_eq!(
+            t,
+            Launch {
+                rank: Some(3),
+                local_rank: Some(1),
+                world_size: Some(8),
+                host: Some("node7".into())
+            }
+        );
+        let s = detect(&[
+            ("SLURM_PROCID", "5"),
+            ("SLURM_LOCALID", "0"),
+            ("SLURM_NTASKS", "6"),
+        ]);
+        assert_eq!(
+            (s.rank, s.local_rank, s.world_size),
+            (Some(5), Some(0), Some(6))
+        );
+        let o = detect(&[
+            ("OMPI_COMM_WORLD_RANK", "2"),
+            ("OMPI_COMM_WORLD_LOCAL_RANK", "2"),
+            ("OMPI_COMM_WORLD_SIZE", "4"),
+            ("SLURM_PROCID", "0"),
+        ]);
+        assert_eq!(
+            (o.rank, o.local_rank, o.world_size),
+            (Some(2), Some(2), Some(4))
+        );
+        let p = detect(&[("PMI_RANK", "1"), ("PMI_SIZE", "2")]);
+        assert_eq!(
+            (p.rank, p.local_rank, p.world_size),
+            (Some(1), None, Some(2))
+        );
+        // torchrun under Slurm: torchrun's per-process rank wins.
+        let both = detect(&[("SLURM_PROCID", "0"), ("RANK", "9")]);
+        assert_eq!(both.rank, Some(9));
+        // A malformed rank is not a rank.
+        assert_eq!(detect(&[("RANK", "x")]), Launch::default());
     }
 }

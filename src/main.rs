@@ -1,6 +1,7 @@
 //! The `gpuguard` command: read reports, and run programs under the shim.
 //!
 //!   gpuguard show REPORT.json...      a readable rendering of one or more reports
+//!   gpuguard diff A.json B.json       the call sites whose live bytes grew from A to B
 //!   gpuguard run [--] COMMAND...      run COMMAND with libgpuguard.so preloaded
 //!
 //! It shares the report model with the library (`src/report.rs`), included here by
@@ -15,7 +16,10 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 const USAGE: &str = "usage:
-  gpuguard show REPORT.json...     render gpuguard reports
+  gpuguard show REPORT.json...     render gpuguard reports; with several reports of one
+                                   process, flag call sites whose live bytes only grew
+                                   (suspected leaks); with ranks, a line per rank
+  gpuguard diff A.json B.json      call sites whose live bytes grew from A to B
   gpuguard run [OPTIONS] [--] COMMAND...
                                    run COMMAND with libgpuguard.so preloaded
       --cap SIZE         GPUGUARD_CAP: 20GiB, 0.5 (of each device), 0:20GiB,1:0.25
@@ -41,6 +45,7 @@ fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let result = match args.first().map(String::as_str) {
         Some("show") => show(&args[1..]),
+        Some("diff") => diff(&args[1..]),
         Some("run") => run(&args[1..]),
         Some("--version") | Some("-V") => {
             println!("gpuguard {}", env!("CARGO_PKG_VERSION"));
@@ -100,13 +105,216 @@ fn show(files: &[String]) -> Result<(), Failure> {
             "show needs at least one report file\n{USAGE}"
         )));
     }
+    let reports = files
+        .iter()
+        .map(|f| load(Path::new(f)))
+        .collect::<Result<Vec<_>, _>>()?;
     let mut out = String::new();
-    for (i, f) in files.iter().enumerate() {
-        let r = load(Path::new(f))?;
+    for (i, (f, r)) in files.iter().zip(&reports).enumerate() {
         if i > 0 {
             out.push('\n');
         }
-        render(&mut out, f, &r);
+        render(&mut out, f, r);
+    }
+    render_suspected(&mut out, &reports);
+    render_ranks(&mut out, &reports);
+    print!("{out}");
+    Ok(())
+}
+
+/// A site's identity across reports (ids differ from report to report): its frames.
+fn site_key(frames: &[String]) -> String {
+    if frames.is_empty() {
+        "(no stack)".into()
+    } else {
+        frames.join("\n")
+    }
+}
+
+/// Live (bytes, count) per site, by frames text.
+fn site_map(r: &Report) -> std::collections::BTreeMap<String, (u64, u64)> {
+    let mut m = std::collections::BTreeMap::new();
+    for s in &r.sites {
+        let e: &mut (u64, u64) = m.entry(site_key(&s.frames)).or_default();
+        e.0 += s.live_bytes;
+        e.1 += s.live_count;
+    }
+    m
+}
+
+/// A site that grew: its frames and live (bytes, count) in each report compared.
+#[derive(Debug, PartialEq)]
+struct Growth {
+    frames: String,
+    live: Vec<(u64, u64)>,
+}
+
+impl Growth {
+    fn grew(&self) -> u64 {
+        let first = self.live.first().map_or(0, |l| l.0);
+        let last = self.live.last().map_or(0, |l| l.0);
+        last.saturating_sub(first)
+    }
+}
+
+/// Sites whose live bytes never fell and ended higher across `reports` (in order),
+/// most growth first. With two reports: every site that grew from the first.
+fn growing_sites(reports: &[&Report]) -> Vec<Growth> {
+    let maps: Vec<_> = reports.iter().map(|r| site_map(r)).collect();
+    let keys: std::collections::BTreeSet<&String> = maps.iter().flat_map(|m| m.keys()).collect();
+    let mut out: Vec<Growth> = keys
+        .into_iter()
+        .map(|k| Growth {
+            frames: k.clone(),
+            live: maps
+                .iter()
+                .map(|m| m.get(k).copied().unwrap_or_default())
+                .collect(),
+        })
+        .filter(|g| g.live.windows(2).all(|w| w[1].0 >= w[0].0) && g.grew() > 0)
+        .collect();
+    out.sort_by(|a, b| b.grew().cmp(&a.grew()).then(a.frames.cmp(&b.frames)));
+    out
+}
+
+fn render_growth(out: &mut String, g: &Growth, labels: &[String]) {
+    use std::fmt::Write;
+    let _ = writeln!(out, "    +{}", human_bytes(g.grew()));
+    for (label, (bytes, count)) in labels.iter().zip(&g.live) {
+        let _ = writeln!(
+            out,
+            "      {label:<10} {:>11} in {count} allocations",
+            human_bytes(*bytes)
+        );
+    }
+    let frames: Vec<&str> = g.frames.lines().collect();
+    for f in frames.iter().take(6) {
+        let _ = writeln!(out, "        {f}");
+    }
+    if frames.len() > 6 {
+        let _ = writeln!(out, "        ... {} more frames", frames.len() - 6);
+    }
+}
+
+/// For each process (host and pid) with 2+ reports, ordered by seq: the sites whose
+/// live bytes only grew.
+fn render_suspected(out: &mut String, reports: &[Report]) {
+    use std::fmt::Write;
+    type Process<'a> = (Option<&'a str>, u32);
+    let mut groups: Vec<(Process, Vec<&Report>)> = Vec::new();
+    for r in reports {
+        let key = (r.host.as_deref(), r.pid);
+        match groups.iter_mut().find(|(k, _)| *k == key) {
+            Some((_, g)) => g.push(r),
+            None => groups.push((key, vec![r])),
+        }
+    }
+    for ((_, pid), mut group) in groups.into_iter().filter(|(_, g)| g.len() >= 2) {
+        group.sort_by_key(|r| r.seq);
+        group.dedup_by_key(|r| r.seq);
+        if group.len() < 2 {
+            continue;
+        }
+        let grown = growing_sites(&group);
+        let seqs: Vec<String> = group.iter().map(|r| format!("#{}", r.seq)).collect();
+        let _ = writeln!(
+            out,
+            "\nsuspected leaks in {} (pid {pid}), across reports {}:",
+            group[0].program,
+            seqs.join(", ")
+        );
+        if grown.is_empty() {
+            let _ = writeln!(out, "  none: no call site's live bytes only grew");
+            continue;
+        }
+        let _ = writeln!(out, "  call sites whose live bytes only grew, most first:");
+        let labels: Vec<String> = group.iter().map(|r| format!("#{}", r.seq)).collect();
+        for g in grown.iter().take(10) {
+            render_growth(out, g, &labels);
+        }
+        if grown.len() > 10 {
+            let _ = writeln!(out, "    ... {} more sites", grown.len() - 10);
+        }
+    }
+}
+
+/// One line per rank (its latest report) when the reports carry ranks.
+fn render_ranks(out: &mut String, reports: &[Report]) {
+    use std::fmt::Write;
+    let mut latest: Vec<&Report> = Vec::new();
+    for r in reports.iter().filter(|r| r.rank.is_some()) {
+        let same = |o: &&mut &Report| o.rank == r.rank && o.host == r.host && o.pid == r.pid;
+        match latest.iter_mut().find(same) {
+            Some(slot) if slot.seq < r.seq => *slot = r,
+            Some(_) => {}
+            None => latest.push(r),
+        }
+    }
+    if latest.is_empty() {
+        return;
+    }
+    latest.sort_by_key(|r| (r.rank, r.host.clone(), r.pid));
+    let _ = writeln!(out, "\nper rank (latest report of each):");
+    for r in latest {
+        let devs: Vec<String> = r
+            .devices
+            .iter()
+            .map(|d| {
+                format!(
+                    "device {} {} live, peak {}",
+                    d.device,
+                    human_bytes(d.current_bytes),
+                    human_bytes(d.peak_bytes)
+                )
+            })
+            .collect();
+        let _ = writeln!(
+            out,
+            "  rank {}{} host {} pid {} (#{} {}): {}",
+            r.rank.unwrap_or_default(),
+            r.world_size.map_or(String::new(), |w| format!("/{w}")),
+            r.host.as_deref().unwrap_or("?"),
+            r.pid,
+            r.seq,
+            r.reason,
+            if devs.is_empty() {
+                "no device memory used".into()
+            } else {
+                devs.join("; ")
+            }
+        );
+    }
+}
+
+fn diff(files: &[String]) -> Result<(), Failure> {
+    let [a, b] = files else {
+        return Err(Failure(format!("diff needs two report files\n{USAGE}")));
+    };
+    let ra = load(Path::new(a))?;
+    let rb = load(Path::new(b))?;
+    let grown: Vec<Growth> = growing_sites(&[&ra, &rb]);
+    let mut out = String::new();
+    use std::fmt::Write;
+    let _ = writeln!(out, "gpuguard diff");
+    for (label, f, r) in [("A", a, &ra), ("B", b, &rb)] {
+        let _ = writeln!(
+            out,
+            "  {label}: {f}: {} (pid {}), reason {}, report #{}, {:.1} s",
+            r.program, r.pid, r.reason, r.seq, r.uptime_s
+        );
+    }
+    if grown.is_empty() {
+        let _ = writeln!(out, "\n  no call site's live bytes grew from A to B");
+    } else {
+        let _ = writeln!(
+            out,
+            "\n  {} call sites whose live bytes grew from A to B, most first:",
+            grown.len()
+        );
+        let labels = ["A".to_string(), "B".to_string()];
+        for g in &grown {
+            render_growth(&mut out, g, &labels);
+        }
     }
     print!("{out}");
     Ok(())
@@ -312,4 +520,79 @@ fn run(args: &[String]) -> Result<(), Failure> {
         .envs(vars)
         .exec();
     Err(Failure(format!("cannot run {program}: {err}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use report::Site;
+
+    fn rep(pid: u32, seq: u64, sites: &[(&str, u64)]) -> Report {
+        Report {
+            pid,
+            seq,
+            sites: sites
+                .iter()
+                .enumerate()
+                .map(|(i, (f, b))| Site {
+                    id: i as u32,
+                    frames: vec![f.to_string(), "main".into()],
+                    live_bytes: *b,
+                    live_count: 1,
+                })
+                .collect(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn growth_matches_sites_by_frames_and_orders_by_growth() {
+        let a = rep(1, 1, &[("weights", 100), ("cache", 10), ("gone", 5)]);
+        // Ids are reassigned between reports: only frames match sites.
+        let b = rep(1, 2, &[("cache", 50), ("new", 20), ("weights", 100)]);
+        let g = growing_sites(&[&a, &b]);
+        let names: Vec<&str> = g.iter().map(|g| g.frames.lines().next().unwrap()).collect();
+        assert_eq!(names, ["cache", "new"]);
+        assert_eq!(g[0].live, vec![(10, 1), (50, 1)]);
+        assert_eq!(g[0].grew(), 40);
+        assert_eq!(g[1].live, vec![(0, 0), (20, 1)]);
+    }
+
+    #[test]
+    fn suspected_leaks_only_grow() {
+        let r1 = rep(7, 1, &[("leak", 10), ("bumpy", 10)]);
+        let r2 = rep(7, 2, &[("leak", 20), ("bumpy", 5)]);
+        let r3 = rep(7, 3, &[("leak", 30), ("bumpy", 40)]);
+        let other = rep(8, 1, &[("leak", 1)]);
+        let g = growing_sites(&[&r1, &r2, &r3]);
+        assert_eq!(g.len(), 1);
+        assert!(g[0].frames.starts_with("leak"));
+        // Order by seq, whatever the order given; one pid's single report is no trend.
+        let mut out = String::new();
+        render_suspected(&mut out, &[r3, other, r1, r2]);
+        assert!(out.contains("across reports #1, #2, #3"), "{out}");
+        assert!(out.contains("leak") && !out.contains("bumpy"), "{out}");
+        assert_eq!(out.matches("suspected leaks").count(), 1, "{out}");
+    }
+
+    #[test]
+    fn rank_lines_only_with_ranks() {
+        let mut out = String::new();
+        render_ranks(&mut out, &[rep(1, 1, &[])]);
+        assert!(out.is_empty());
+        let mut a = rep(1, 1, &[]);
+        a.rank = Some(1);
+        a.host = Some("n1".into());
+        let mut b = rep(2, 4, &[]);
+        b.rank = Some(0);
+        b.world_size = Some(2);
+        b.host = Some("n0".into());
+        let mut a2 = a.clone();
+        a2.seq = 2;
+        render_ranks(&mut out, &[a, a2, b]);
+        let lines: Vec<&str> = out.lines().filter(|l| l.starts_with("  rank ")).collect();
+        assert_eq!(lines.len(), 2, "{out}");
+        assert!(lines[0].contains("rank 0/2 host n0 pid 2"), "{out}");
+        assert!(lines[1].contains("rank 1 host n1 pid 1 (#2"), "{out}");
+    }
 }

@@ -17,6 +17,16 @@ pub struct Report {
     pub pid: u32,
     pub program: String,
     pub argv: Vec<String>,
+    /// Distributed runs: the launcher's rank, local rank and world size, and the
+    /// host name; absent when no launcher variable names a rank.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rank: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub local_rank: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub world_size: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<String>,
     pub time_unix_ms: u64,
     /// Seconds since gpuguard saw the first CUDA call.
     pub uptime_s: f64,
@@ -163,6 +173,12 @@ pub struct ReportConfig {
     pub report_signal: Option<i32>,
     #[serde(default)]
     pub dir: String,
+    /// `GPUGUARD_MAX_LIVE`, `null` when unlimited.
+    #[serde(default)]
+    pub max_live: Option<usize>,
+    /// `GPUGUARD_SNAPSHOT_EVERY` in milliseconds, `null` when off.
+    #[serde(default)]
+    pub snapshot_every_ms: Option<u64>,
 }
 
 /// `1.5 GiB`-style sizes for people.
@@ -227,5 +243,15 @@ mod tests {
         assert!(text.contains("\"site\":null"));
         let back: Report = serde_json::from_str(&text).unwrap();
         assert_eq!(back, r);
+        // No rank: the fields are left out, and files without them still parse.
+        assert!(!text.contains("\"rank\""));
+        let ranked = Report {
+            rank: Some(2),
+            host: Some("n1".into()),
+            ..r.clone()
+        };
+        let text = serde_json::to_string(&ranked).unwrap();
+        assert!(text.contains("\"rank\":2") && text.contains("\"host\":\"n1\""));
+        assert_eq!(serde_json::from_str::<Report>(&text).unwrap(), ranked);
     }
 }

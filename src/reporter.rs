@@ -33,6 +33,9 @@ pub struct ReportInput<'a> {
     pub device_total: &'a dyn Fn(i32) -> u64,
     pub config: ReportConfig,
     pub denial: Option<crate::report::DenialReport>,
+    /// Keep only this many live allocations, the largest; `None`: all.
+    pub max_live: Option<usize>,
+    pub launch: &'a crate::config::Launch,
 }
 
 pub fn build(input: &ReportInput<'_>) -> Report {
@@ -131,6 +134,10 @@ pub fn build(input: &ReportInput<'_>) -> Report {
         .collect();
     sites.sort_unstable_by(|a, b| b.live_bytes.cmp(&a.live_bytes).then(a.id.cmp(&b.id)));
 
+    // Counters and sites above cover every allocation; the list keeps the largest.
+    let keep = input.max_live.unwrap_or(usize::MAX).min(live.len());
+    let live_omitted = (live.len() - keep) as u64;
+    live.truncate(keep);
     let live = live
         .into_iter()
         .map(|(k, r)| LiveAllocation {
@@ -153,21 +160,26 @@ pub fn build(input: &ReportInput<'_>) -> Report {
         pid: input.pid,
         program: input.program.to_string(),
         argv: input.argv.clone(),
+        rank: input.launch.rank,
+        local_rank: input.launch.local_rank,
+        world_size: input.launch.world_size,
+        host: input.launch.host.clone(),
         time_unix_ms: input.time_unix_ms,
         uptime_s: input.uptime_s,
         devices,
         host_pinned,
         live,
-        live_omitted: 0,
+        live_omitted,
         sites,
         config: input.config.clone(),
         denial: input.denial.clone(),
     }
 }
 
-/// `gpuguard.<program>.<pid>.<seq>.<reason>.json`, the program name reduced to
+/// `gpuguard.<program>.<pid>.<seq>.<reason>.json`, or with a known rank
+/// `gpuguard.<program>.r<rank>.<pid>.<seq>.<reason>.json`, the program name reduced to
 /// characters that are safe in a file name.
-pub fn file_name(program: &str, pid: u32, seq: u64, reason: &str) -> String {
+pub fn file_name(program: &str, rank: Option<u64>, pid: u32, seq: u64, reason: &str) -> String {
     let clean = |s: &str| -> String {
         let c: String = s
             .chars()
@@ -181,8 +193,9 @@ pub fn file_name(program: &str, pid: u32, seq: u64, reason: &str) -> String {
             .collect();
         if c.is_empty() { "unknown".into() } else { c }
     };
+    let rank = rank.map_or(String::new(), |r| format!("r{r}."));
     format!(
-        "gpuguard.{}.{pid}.{seq}.{}.json",
+        "gpuguard.{}.{rank}{pid}.{seq}.{}.json",
         clean(program),
         clean(reason)
     )
@@ -229,6 +242,13 @@ mod tests {
     use super::*;
     use crate::ledger::{Key, Record};
 
+    static NO_LAUNCH: crate::config::Launch = crate::config::Launch {
+        rank: None,
+        local_rank: None,
+        world_size: None,
+        host: None,
+    };
+
     fn input<'a>(ledger: &'a Ledger, sites: &'a SiteTable) -> ReportInput<'a> {
         ReportInput {
             reason: "exit",
@@ -249,6 +269,8 @@ mod tests {
             device_total: &|_| 1 << 30,
             config: ReportConfig::default(),
             denial: None,
+            max_live: None,
+            launch: &NO_LAUNCH,
         }
     }
 
@@ -286,15 +308,50 @@ mod tests {
         assert_eq!(r.sites[0].frames, vec!["f100", "f200"]);
         assert_eq!(r.sites[0].live_bytes, 45);
         assert_eq!(r.sites[0].live_count, 3);
+        assert_eq!(r.live_omitted, 0);
+        assert_eq!(r.rank, None);
+
+        // A limit keeps the largest; counters and sites still cover everything.
+        let launch = crate::config::Launch {
+            rank: Some(4),
+            local_rank: Some(0),
+            world_size: Some(8),
+            host: Some("n".into()),
+        };
+        let capped = build(&ReportInput {
+            max_live: Some(1),
+            launch: &launch,
+            ..input(&ledger, &sites)
+        });
+        assert_eq!(capped.live.len(), 1);
+        assert_eq!(capped.live[0].bytes, 30);
+        assert_eq!(capped.live_omitted, 2);
+        assert_eq!(capped.devices, r.devices);
+        assert_eq!(capped.host_pinned, r.host_pinned);
+        assert_eq!(capped.sites, r.sites);
+        assert_eq!((capped.rank, capped.world_size), (Some(4), Some(8)));
+        assert_eq!(capped.host.as_deref(), Some("n"));
+        let all = build(&ReportInput {
+            max_live: Some(10),
+            ..input(&ledger, &sites)
+        });
+        assert_eq!((all.live.len(), all.live_omitted), (3, 0));
     }
 
     #[test]
     fn file_names_are_safe() {
         assert_eq!(
-            file_name("python3", 12, 3, "exit"),
+            file_name("python3", None, 12, 3, "exit"),
             "gpuguard.python3.12.3.exit.json"
         );
-        assert_eq!(file_name("a/b c", 1, 1, "x"), "gpuguard.a_b_c.1.1.x.json");
+        assert_eq!(
+            file_name("python3", Some(3), 12, 3, "snapshot"),
+            "gpuguard.python3.r3.12.3.snapshot.json"
+        );
+        assert_eq!(
+            file_name("a/b c", None, 1, 1, "x"),
+            "gpuguard.a_b_c.1.1.x.json"
+        );
     }
 
     #[test]

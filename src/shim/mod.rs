@@ -106,6 +106,8 @@ pub(crate) struct Settings {
     /// `CUDA_API_PER_THREAD_DEFAULT_STREAM` was set: `cuGetProcAddress` default flags
     /// then mean the `_ptsz` variants.
     pub ptds_default: bool,
+    /// Rank, world size and host of a distributed run, read at load.
+    pub launch: crate::config::Launch,
 }
 
 pub(crate) fn settings() -> &'static Settings {
@@ -113,6 +115,7 @@ pub(crate) fn settings() -> &'static Settings {
         cfg: Config::default(),
         dir: std::env::current_dir().unwrap_or_else(|_| PathBuf::from(".")),
         ptds_default: false,
+        launch: Default::default(),
     })
 }
 
@@ -248,10 +251,15 @@ fn load() {
     };
     let ptds_default = std::env::var_os("CUDA_API_PER_THREAD_DEFAULT_STREAM")
         .is_some_and(|v| v != "0" && !v.is_empty());
+    let launch = crate::config::Launch::detect(
+        |k| std::env::var_os(k).map(|v| v.to_string_lossy().into_owned()),
+        hostname,
+    );
     let _ = CONFIG.set(Settings {
         cfg,
         dir,
         ptds_default,
+        launch,
     });
     real::find_own_range();
     let _ = real::real_dlsym();
@@ -261,6 +269,16 @@ fn load() {
         libc::pthread_atfork(None, None, Some(after_fork_in_child));
         libc::atexit(at_exit);
     }
+}
+
+fn hostname() -> Option<String> {
+    let mut buf = [0u8; 256];
+    // SAFETY: gethostname writes at most buf.len() bytes into buf.
+    if unsafe { libc::gethostname(buf.as_mut_ptr() as *mut libc::c_char, buf.len()) } != 0 {
+        return None;
+    }
+    let end = buf.iter().position(|b| *b == 0).unwrap_or(buf.len());
+    Some(String::from_utf8_lossy(&buf[..end]).into_owned())
 }
 
 /// The child forgets the parent's allocations; it starts INERT and gets fresh books

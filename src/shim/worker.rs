@@ -143,8 +143,19 @@ fn run(fd: c_int) {
     // The count was reset at activation: a signal that came between then and now is
     // a request this thread must still answer.
     let mut handled = 0;
+    let every_ns = settings()
+        .cfg
+        .snapshot_every_ms
+        .map(|ms| ms.saturating_mul(1_000_000));
+    // The thread starts at activation: the first snapshot is one interval after it.
+    let mut next_snapshot = every_ns.map(|e| super::track::monotonic_ns().saturating_add(e));
     loop {
         let cap_waiting = active_books().is_some_and(|b| b.cap_pending.load(Acquire));
+        let mut timeout_ms: u64 = if cap_waiting { 100 } else { 1000 };
+        if let Some(due) = next_snapshot {
+            let left = due.saturating_sub(super::track::monotonic_ns());
+            timeout_ms = timeout_ms.min(left.div_ceil(1_000_000));
+        }
         let mut pfd = libc::pollfd {
             fd,
             events: libc::POLLIN,
@@ -152,7 +163,7 @@ fn run(fd: c_int) {
         };
         // SAFETY: polling and draining our own eventfd.
         unsafe {
-            libc::poll(&mut pfd, 1, if cap_waiting { 100 } else { 1000 });
+            libc::poll(&mut pfd, 1, timeout_ms as c_int);
             let mut v: u64 = 0;
             libc::read(fd, &mut v as *mut u64 as *mut c_void, 8);
         }
@@ -160,6 +171,19 @@ fn run(fd: c_int) {
         if now != handled {
             handled = now;
             shielded(|| write_report("signal"));
+        }
+        if let (Some(due), Some(every)) = (next_snapshot, every_ns) {
+            let t = super::track::monotonic_ns();
+            if t >= due {
+                // Late past a whole interval (a slow report): the next is one from now.
+                let next = due.saturating_add(every);
+                next_snapshot = Some(if next <= t {
+                    t.saturating_add(every)
+                } else {
+                    next
+                });
+                shielded(|| write_report("snapshot"));
+            }
         }
         if let Some(books) = active_books() {
             shielded(|| thresholds(books));
@@ -388,15 +412,19 @@ pub(crate) fn write_report(reason: &str) -> Option<PathBuf> {
             stack_depth: s.cfg.stack_depth,
             report_signal: s.cfg.report_signal,
             dir: s.dir.to_string_lossy().into_owned(),
+            max_live: s.cfg.max_live,
+            snapshot_every_ms: s.cfg.snapshot_every_ms,
         },
         denial: if reason == "cap" {
             denial(books, &tables)
         } else {
             None
         },
+        max_live: s.cfg.max_live,
+        launch: &s.launch,
     };
     let report = reporter::build(&input);
-    let name = reporter::file_name(&program, pid, seq, reason);
+    let name = reporter::file_name(&program, s.launch.rank, pid, seq, reason);
     let headline = headline(&report);
     // Compact JSON, streamed to the file: `gpuguard show` is for reading it.
     let written = reporter::write_atomic_with(&s.dir, &name, |w| {

@@ -1,0 +1,370 @@
+//! Leak reports over time: `GPUGUARD_MAX_LIVE` (a short live list), periodic
+//! `snapshot` reports, ranks of distributed runs in reports and file names, and the
+//! `gpuguard diff` / multi-report `gpuguard show` views of growth.
+
+mod common;
+mod core_support;
+
+use common::*;
+use core_support::*;
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+
+fn cli() -> &'static str {
+    env!("CARGO_BIN_EXE_gpuguard")
+}
+
+fn gpuguard(args: &[&str]) -> Run {
+    run(cli(), args, &[], false)
+}
+
+/// Exit status 0 (the CLI and hello_gpu print no `OK` line).
+fn succeeded(r: &Run) {
+    assert!(r.status.success(), "{}", r.describe());
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().expect("utf-8 path")
+}
+
+/// The program exited 2 before running, with one line naming the variable and value.
+fn assert_refused(var: &str, value: &str) {
+    let r = gg_run("gg", &["leak", "1"], &[(var, value)]);
+    assert_eq!(
+        r.status.code(),
+        Some(2),
+        "{var}={value:?}\n{}",
+        r.describe()
+    );
+    assert_eq!(r.stdout, "", "{var}={value:?}: the program must not run");
+    let lines: Vec<&str> = r.stderr.lines().collect();
+    assert_eq!(lines.len(), 1, "{}", r.describe());
+    assert!(
+        lines[0].contains(var) && lines[0].contains(value) && lines[0].contains("accepted"),
+        "{:?}",
+        lines[0]
+    );
+    assert!(dir_files(&r).is_empty());
+}
+
+/// Total live allocations the counters know of.
+fn counted_live(rep: &Value) -> u64 {
+    rep["devices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| u(&d["live_count"]))
+        .sum::<u64>()
+        + u(&rep["host_pinned"]["live_count"])
+}
+
+fn site_frames(site: &Value) -> String {
+    site["frames"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f.as_str().unwrap())
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+// ---- GPUGUARD_MAX_LIVE -----------------------------------------------------------
+
+#[test]
+fn max_live_keeps_the_largest_and_counts_the_rest() {
+    let full = gg_run("gg", &["leak", "3"], &[]);
+    full.assert_ok();
+    let (_, all) = exit_report(&full);
+    let r = gg_run("gg", &["leak", "3"], &[("GPUGUARD_MAX_LIVE", "1")]);
+    r.assert_ok();
+    let (_, rep) = exit_report(&r);
+    let live = live(&rep);
+    assert_eq!(live.len(), 1, "{rep:#}");
+    let total = counted_live(&rep);
+    assert!(total >= 3, "{rep:#}");
+    assert_eq!(u(&rep["live_omitted"]), total - 1, "{rep:#}");
+    // The one kept is the largest (leak 3's biggest is 3 MiB).
+    let largest = live_set(&all).into_iter().map(|(_, b)| b).max().unwrap();
+    assert_eq!(u(&live[0]["bytes"]), largest);
+    assert_eq!(largest, 3 << 20);
+    // Sites and counters still cover every allocation.
+    let bytes = |v: &Value| -> u64 {
+        v["sites"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| u(&s["live_bytes"]))
+            .sum()
+    };
+    assert_eq!(bytes(&rep), bytes(&all));
+    assert_eq!(
+        rep["devices"][0]["current_bytes"],
+        all["devices"][0]["current_bytes"]
+    );
+    assert_eq!(rep["config"]["max_live"], 1);
+    assert_eq!(u(&all["live_omitted"]), 0);
+    // `show` counts the omitted ones too.
+    let (path, _) = exit_report(&r);
+    let out = gpuguard(&["show", s(&path)]);
+    succeeded(&out);
+    assert!(
+        out.stdout
+            .contains(&format!("{total} allocations still live at exit")),
+        "{}",
+        out.stdout
+    );
+}
+
+#[test]
+fn malformed_max_live_is_refused() {
+    for bad in ["0", "-3", "many", "1.5"] {
+        assert_refused("GPUGUARD_MAX_LIVE", bad);
+    }
+}
+
+// ---- GPUGUARD_SNAPSHOT_EVERY -------------------------------------------------------
+
+/// hello_gpu for 15 steps (~1.6 s) with a snapshot every 500 ms: its snapshot
+/// reports, ordered by seq.
+fn hello_snapshots() -> (Run, Vec<(PathBuf, Value)>) {
+    let r = gg_run(
+        "hello_gpu",
+        &["15"],
+        &[("GPUGUARD_SNAPSHOT_EVERY", "500ms")],
+    );
+    succeeded(&r);
+    let mut snaps = reports_with_reason(&r, "snapshot");
+    snaps.sort_by_key(|(_, v)| u(&v["seq"]));
+    (r, snaps)
+}
+
+#[test]
+fn snapshots_at_the_interval_show_growth() {
+    let (r, snaps) = hello_snapshots();
+    assert!(snaps.len() >= 2, "{}\n{:?}", r.describe(), dir_files(&r));
+    for (p, v) in &snaps {
+        assert_eq!(v["reason"], "snapshot");
+        let name = file_name(p);
+        assert!(
+            name.starts_with(&format!("gpuguard.hello_gpu.{}.", r.pid))
+                && name.ends_with(".snapshot.json"),
+            "{name}"
+        );
+        assert_eq!(v["config"]["snapshot_every_ms"], 500);
+    }
+    let leaked =
+        |v: &Value| -> u64 { live(v).iter().filter(|e| u(&e["bytes"]) == 8 << 20).count() as u64 };
+    let (first, last) = (&snaps[0].1, &snaps[snaps.len() - 1].1);
+    assert!(leaked(last) > leaked(first), "{first:#}\n{last:#}");
+    assert!(live(last).len() > live(first).len());
+    // Spaced by about the interval.
+    let t: Vec<f64> = snaps
+        .iter()
+        .map(|(_, v)| v["uptime_s"].as_f64().unwrap())
+        .collect();
+    assert!(
+        t[0] >= 0.4 && t[1] - t[0] >= 0.4 && t[1] - t[0] < 1.0,
+        "{t:?}"
+    );
+    // The exit report still comes last.
+    let (_, exit) = exit_report(&r);
+    assert!(u(&exit["seq"]) > u(&last["seq"]));
+}
+
+#[test]
+fn no_snapshots_by_default() {
+    let r = gg_run("hello_gpu", &["12"], &[]);
+    succeeded(&r);
+    assert!(reports_with_reason(&r, "snapshot").is_empty());
+}
+
+#[test]
+fn malformed_snapshot_interval_is_refused() {
+    for bad in ["5", "0s", "fast", "-1s"] {
+        assert_refused("GPUGUARD_SNAPSHOT_EVERY", bad);
+    }
+}
+
+// ---- ranks ------------------------------------------------------------------------
+
+fn assert_ranked(env: &[(&str, &str)], rank: u64, local: Option<u64>, size: u64) -> PathBuf {
+    let r = gg_run("gg", &["leak", "1"], env);
+    r.assert_ok();
+    let (p, rep) = exit_report(&r);
+    assert_eq!(
+        file_name(&p),
+        format!("gpuguard.gg.r{rank}.{}.{}.exit.json", r.pid, rep["seq"])
+    );
+    assert_eq!(rep["rank"], rank);
+    assert_eq!(rep["local_rank"].as_u64(), local);
+    assert_eq!(rep["world_size"], size);
+    assert!(!rep["host"].as_str().unwrap().is_empty(), "{rep:#}");
+    p
+}
+
+#[test]
+fn ranks_from_each_launcher() {
+    assert_ranked(
+        &[("RANK", "3"), ("LOCAL_RANK", "1"), ("WORLD_SIZE", "8")],
+        3,
+        Some(1),
+        8,
+    );
+    assert_ranked(
+        &[
+            ("SLURM_PROCID", "5"),
+            ("SLURM_LOCALID", "2"),
+            ("SLURM_NTASKS", "6"),
+        ],
+        5,
+        Some(2),
+        6,
+    );
+    assert_ranked(
+        &[
+            ("OMPI_COMM_WORLD_RANK", "2"),
+            ("OMPI_COMM_WORLD_LOCAL_RANK", "0"),
+            ("OMPI_COMM_WORLD_SIZE", "4"),
+        ],
+        2,
+        Some(0),
+        4,
+    );
+    assert_ranked(&[("PMI_RANK", "1"), ("PMI_SIZE", "2")], 1, None, 2);
+}
+
+#[test]
+fn no_rank_no_fields_and_plain_names() {
+    let r = gg_run("gg", &["leak", "1"], &[]);
+    r.assert_ok();
+    let (p, rep) = exit_report(&r);
+    assert_eq!(
+        file_name(&p),
+        format!("gpuguard.gg.{}.{}.exit.json", r.pid, rep["seq"])
+    );
+    for k in ["rank", "local_rank", "world_size", "host"] {
+        assert!(rep.get(k).is_none(), "{k} in {rep:#}");
+    }
+}
+
+#[test]
+fn show_summarizes_ranks() {
+    let a = assert_ranked(&[("RANK", "1"), ("WORLD_SIZE", "2")], 1, None, 2);
+    let b = assert_ranked(&[("RANK", "0"), ("WORLD_SIZE", "2")], 0, None, 2);
+    let out = gpuguard(&["show", s(&a), s(&b)]);
+    succeeded(&out);
+    let lines: Vec<&str> = out
+        .stdout
+        .lines()
+        .filter(|l| l.starts_with("  rank "))
+        .collect();
+    assert_eq!(lines.len(), 2, "{}", out.stdout);
+    assert!(lines[0].starts_with("  rank 0/2 host "), "{}", out.stdout);
+    assert!(lines[1].starts_with("  rank 1/2 host "), "{}", out.stdout);
+    assert!(
+        lines[0].contains("device 0 ") && lines[0].contains(" live, peak "),
+        "{}",
+        out.stdout
+    );
+    // Different processes: no trend to judge.
+    assert!(!out.stdout.contains("suspected leaks"), "{}", out.stdout);
+}
+
+// ---- diff and growth across reports -----------------------------------------------
+
+#[test]
+fn diff_lists_grown_sites_first() {
+    let a = gg_run("gg", &["leak", "1"], &[]);
+    let b = gg_run("gg", &["leak", "3"], &[]);
+    a.assert_ok();
+    b.assert_ok();
+    let (pa, _) = exit_report(&a);
+    let (pb, rb) = exit_report(&b);
+    let out = gpuguard(&["diff", s(&pa), s(&pb)]);
+    succeeded(&out);
+    let text = &out.stdout;
+    let grown = text
+        .find("grew from A to B")
+        .unwrap_or_else(|| panic!("{text}"));
+    let first_site = &text[grown..];
+    let leaky = first_site.find("leaky_function").expect(text);
+    // leak 1 holds 1 MiB there, leak 3 holds 6 MiB: +5 MiB, 1 then 3 allocations.
+    assert!(first_site[..leaky].contains("+5.0 MiB"), "{text}");
+    assert!(first_site.contains("1.0 MiB in 1 allocations"), "{text}");
+    assert!(first_site.contains("6.0 MiB in 3 allocations"), "{text}");
+    // Reversed, nothing grew at that site.
+    let back = gpuguard(&["diff", s(&pb), s(&pa)]);
+    succeeded(&back);
+    assert!(!back.stdout.contains("leaky_function"), "{}", back.stdout);
+    // The site's frames are in the report, so they match across processes.
+    assert!(
+        rb["sites"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|s| site_frames(s).contains("leaky_function"))
+    );
+}
+
+#[test]
+fn diff_and_show_of_snapshots_name_the_leak() {
+    let (r, snaps) = hello_snapshots();
+    assert!(snaps.len() >= 2, "{}", r.describe());
+    let (first, last) = (&snaps[0].0, &snaps[snaps.len() - 1].0);
+    let out = gpuguard(&["diff", s(first), s(last)]);
+    succeeded(&out);
+    let text = &out.stdout;
+    let at = text.find("grew from A to B").expect(text);
+    let first_frame = text[at..]
+        .lines()
+        .find(|l| l.starts_with("        "))
+        .expect(text);
+    assert!(first_frame.contains("remember_batch_stats"), "{text}");
+
+    // Several snapshots and the exit report of one process: the leak only grew.
+    let (exit, _) = exit_report(&r);
+    let mut args: Vec<&str> = vec!["show"];
+    // Given in reverse: show orders by seq.
+    args.push(s(&exit));
+    args.extend(snaps.iter().rev().map(|(p, _)| s(p)));
+    let out = gpuguard(&args);
+    succeeded(&out);
+    let text = &out.stdout;
+    let sect = text.find("suspected leaks in hello_gpu").expect(text);
+    let section = &text[sect..];
+    assert!(section.contains("across reports #1, #2"), "{section}");
+    let first_frame = section
+        .lines()
+        .find(|l| l.starts_with("        "))
+        .expect(section);
+    assert!(first_frame.contains("remember_batch_stats"), "{section}");
+    // The weights (allocated once, never grown) are not suspected.
+    assert!(!section.contains("256.0 MiB"), "{section}");
+}
+
+#[test]
+fn diff_refuses_bad_files_and_arguments() {
+    let a = gg_run("gg", &["leak", "1"], &[]);
+    a.assert_ok();
+    let (pa, _) = exit_report(&a);
+    let truncated = a.dir.join("truncated.json");
+    let text = std::fs::read_to_string(&pa).unwrap();
+    std::fs::write(&truncated, &text[..text.len() / 2]).unwrap();
+    let missing = a.dir.join("missing.json");
+    for bad in [&truncated, &missing] {
+        for args in [["diff", s(&pa), s(bad)], ["diff", s(bad), s(&pa)]] {
+            let r = gpuguard(&args);
+            assert_eq!(r.status.code(), Some(2), "{args:?}\n{}", r.describe());
+            assert!(r.stderr.contains(s(bad)), "{}", r.describe());
+        }
+    }
+    for args in [
+        vec!["diff"],
+        vec!["diff", s(&pa)],
+        vec!["diff", s(&pa), s(&pa), s(&pa)],
+    ] {
+        let r = gpuguard(&args);
+        assert_eq!(r.status.code(), Some(2), "{args:?}\n{}", r.describe());
+        assert!(r.stderr.contains("usage"), "{}", r.describe());
+    }
+}

@@ -170,7 +170,7 @@ fn activate() -> Option<&'static Books> {
                 });
                 log(
                     LogLevel::Info,
-                    format_args!("active: first CUDA allocation call seen"),
+                    format_args!("active: first CUDA call seen"),
                 );
             }
             ACTIVATING.store(false, Release);

@@ -168,10 +168,7 @@ fn activate() -> Option<&'static Books> {
                         b.check_cap_devices();
                     }
                 });
-                log(
-                    LogLevel::Info,
-                    format_args!("active: first CUDA call seen"),
-                );
+                log(LogLevel::Info, format_args!("active: first CUDA call seen"));
             }
             ACTIVATING.store(false, Release);
         } else {

@@ -40,6 +40,13 @@ pub struct Config {
     pub max_live: Option<usize>,
     /// Interval of `snapshot` reports, in milliseconds; `None` (the default) off.
     pub snapshot_every_ms: Option<u64>,
+    /// Signal number that asks for a trim of framework caches, or `None` when disabled.
+    pub trim_signal: Option<i32>,
+    /// Least time between two automatic trims (threshold, cap), in milliseconds.
+    pub trim_interval_ms: u64,
+    /// Whether gpuguard may run its Python side in a Python process (trims of
+    /// PyTorch/CuPy caches, their recorders, cache-or-leak classification).
+    pub python: bool,
 }
 
 impl Default for Config {
@@ -54,6 +61,9 @@ impl Default for Config {
             trim_at: None,
             max_live: None,
             snapshot_every_ms: None,
+            trim_signal: Some(libc::SIGUSR2),
+            trim_interval_ms: 5_000,
+            python: true,
         }
     }
 }
@@ -88,6 +98,9 @@ pub const KNOWN_VARS: &[&str] = &[
     "GPUGUARD_REPORT_SIGNAL",
     "GPUGUARD_MAX_LIVE",
     "GPUGUARD_SNAPSHOT_EVERY",
+    "GPUGUARD_TRIM_SIGNAL",
+    "GPUGUARD_TRIM_INTERVAL",
+    "GPUGUARD_PYTHON",
 ];
 
 impl Config {
@@ -139,6 +152,46 @@ impl Config {
                     "none, a signal name (USR1, SIGUSR2, HUP, RTMIN+3, ...) or number; not KILL, STOP or a fault signal",
                 )
             })?;
+        }
+        if let Some(v) = get("GPUGUARD_TRIM_SIGNAL") {
+            cfg.trim_signal = parse_signal(&v).ok_or_else(|| {
+                err(
+                    "GPUGUARD_TRIM_SIGNAL",
+                    &v,
+                    "none, a signal name (USR2, SIGUSR1, HUP, RTMIN+3, ...) or number; not KILL, STOP or a fault signal",
+                )
+            })?;
+        }
+        if cfg.trim_signal.is_some() && cfg.trim_signal == cfg.report_signal {
+            // One signal cannot do both. A signal set explicitly wins over the other's
+            // default; two explicit settings that clash are an error.
+            match (get("GPUGUARD_REPORT_SIGNAL"), get("GPUGUARD_TRIM_SIGNAL")) {
+                (Some(_), Some(v)) => {
+                    return Err(err(
+                        "GPUGUARD_TRIM_SIGNAL",
+                        &v,
+                        "a signal other than GPUGUARD_REPORT_SIGNAL's",
+                    ));
+                }
+                (Some(_), None) => cfg.trim_signal = None,
+                _ => cfg.report_signal = None,
+            }
+        }
+        if let Some(v) = get("GPUGUARD_TRIM_INTERVAL") {
+            cfg.trim_interval_ms = parse_interval_ms(&v).and_then(|i| i).ok_or_else(|| {
+                err(
+                    "GPUGUARD_TRIM_INTERVAL",
+                    &v,
+                    "an interval with a unit (500ms, 5s, 2m; at least 1ms)",
+                )
+            })?;
+        }
+        if let Some(v) = get("GPUGUARD_PYTHON") {
+            cfg.python = match v.trim().to_ascii_lowercase().as_str() {
+                "on" | "1" | "yes" | "true" => true,
+                "off" | "0" | "no" | "false" => false,
+                _ => return Err(err("GPUGUARD_PYTHON", &v, "on or off")),
+            };
         }
         if let Some(v) = get("GPUGUARD_CAP") {
             cfg.cap =
@@ -340,6 +393,8 @@ mod tests {
         assert_eq!(c.log, LogLevel::Debug);
         assert_eq!(c.stack_depth, 0);
         assert_eq!(c.report_signal, Some(libc::SIGUSR2));
+        // The report signal took the trim signal's default: trims by signal are off.
+        assert_eq!(c.trim_signal, None);
         assert_eq!(parse_signal("none"), Some(None));
         assert_eq!(parse_signal("10"), Some(Some(10)));
         assert_eq!(parse_signal("HUP"), Some(Some(libc::SIGHUP)));
@@ -435,6 +490,48 @@ mod tests {
         assert!(e.accepted.contains("GPUGUARD_LOG"));
         // Other prefixes are none of gpuguard's business.
         assert!(parse(&[("GPUGUARDX", "1"), ("CUDA_VISIBLE_DEVICES", "0")]).is_ok());
+    }
+
+    #[test]
+    fn trim_settings() {
+        let c = parse(&[]).unwrap();
+        assert_eq!(c.trim_signal, Some(libc::SIGUSR2));
+        assert_eq!(c.trim_interval_ms, 5_000);
+        assert!(c.python);
+        let c = parse(&[
+            ("GPUGUARD_TRIM_SIGNAL", "hup"),
+            ("GPUGUARD_TRIM_INTERVAL", "250ms"),
+            ("GPUGUARD_PYTHON", "off"),
+        ])
+        .unwrap();
+        assert_eq!(c.trim_signal, Some(libc::SIGHUP));
+        assert_eq!(c.trim_interval_ms, 250);
+        assert!(!c.python);
+        assert_eq!(
+            parse(&[("GPUGUARD_TRIM_SIGNAL", "none")])
+                .unwrap()
+                .trim_signal,
+            None
+        );
+        // An explicit trim signal on the report signal's default takes it over.
+        let c = parse(&[("GPUGUARD_TRIM_SIGNAL", "USR1")]).unwrap();
+        assert_eq!(
+            (c.trim_signal, c.report_signal),
+            (Some(libc::SIGUSR1), None)
+        );
+        for bad in [
+            &[("GPUGUARD_TRIM_SIGNAL", "KILL")][..],
+            &[
+                ("GPUGUARD_TRIM_SIGNAL", "USR1"),
+                ("GPUGUARD_REPORT_SIGNAL", "USR1"),
+            ][..],
+            &[("GPUGUARD_TRIM_INTERVAL", "off")][..],
+            &[("GPUGUARD_TRIM_INTERVAL", "5")][..],
+            &[("GPUGUARD_PYTHON", "maybe")][..],
+        ] {
+            let e = parse(bad).unwrap_err();
+            assert_eq!(e.var, bad[0].0, "{bad:?}");
+        }
     }
 }
 

@@ -7,6 +7,7 @@
 //! the CLI) and `reporter` (ledger -> report -> file).
 
 pub mod cap;
+pub mod classify;
 pub mod config;
 pub mod ledger;
 pub mod report;

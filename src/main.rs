@@ -3,6 +3,7 @@
 //!   gpuguard show REPORT.json...      a readable rendering of one or more reports
 //!   gpuguard diff A.json B.json       the call sites whose live bytes grew from A to B
 //!   gpuguard run [--] COMMAND...      run COMMAND with libgpuguard.so preloaded
+//!   gpuguard trim PID                 trim a running process's caches, print what came back
 //!
 //! It shares the report model with the library (`src/report.rs`), included here by
 //! path because the library is built only as the preloadable `cdylib`.
@@ -10,6 +11,13 @@
 #[path = "report.rs"]
 #[allow(dead_code)]
 mod report;
+// The library's own parsing of GPUGUARD_* variables, to read a running process's.
+#[path = "cap.rs"]
+#[allow(dead_code)]
+mod cap;
+#[path = "config.rs"]
+#[allow(dead_code)]
+mod config;
 
 use report::{Report, SCHEMA, human_bytes};
 use std::path::{Path, PathBuf};
@@ -27,6 +35,11 @@ const USAGE: &str = "usage:
       --trim-at F        GPUGUARD_TRIM_AT: trim CUDA pools past this fraction
       --dir DIR          GPUGUARD_DIR: where reports go
       --log LEVEL        GPUGUARD_LOG: off, warn, info, debug
+  gpuguard trim [--timeout SECS] PID
+                                   trim the framework caches and CUDA pools of a
+                                   process running under gpuguard (sends its trim
+                                   signal), wait for its trim report (30 s by
+                                   default) and print what came back
   gpuguard --version";
 
 /// `gpuguard run` options and the variable each one sets.
@@ -47,6 +60,7 @@ fn main() -> ExitCode {
         Some("show") => show(&args[1..]),
         Some("diff") => diff(&args[1..]),
         Some("run") => run(&args[1..]),
+        Some("trim") => trim(&args[1..]),
         Some("--version") | Some("-V") => {
             println!("gpuguard {}", env!("CARGO_PKG_VERSION"));
             Ok(())
@@ -131,11 +145,25 @@ fn site_key(frames: &[String]) -> String {
     }
 }
 
+/// How a Python site's key starts (native frames never start with a bracket).
+const PY_SITE_MARK: &str = "[";
+
 /// Live (bytes, count) per site, by frames text.
 fn site_map(r: &Report) -> std::collections::BTreeMap<String, (u64, u64)> {
     let mut m = std::collections::BTreeMap::new();
     for s in &r.sites {
         let e: &mut (u64, u64) = m.entry(site_key(&s.frames)).or_default();
+        e.0 += s.live_bytes;
+        e.1 += s.live_count;
+    }
+    // Python sites (framework blocks in use) are compared too, marked as such.
+    for s in &r.python_sites {
+        let key = format!(
+            "{PY_SITE_MARK}{} blocks, Python]\n{}",
+            s.framework,
+            site_key(&s.frames)
+        );
+        let e: &mut (u64, u64) = m.entry(key).or_default();
         e.0 += s.live_bytes;
         e.1 += s.live_count;
     }
@@ -150,6 +178,10 @@ struct Growth {
 }
 
 impl Growth {
+    fn is_python(&self) -> bool {
+        self.frames.starts_with(PY_SITE_MARK)
+    }
+
     fn grew(&self) -> u64 {
         let first = self.live.first().map_or(0, |l| l.0);
         let last = self.live.last().map_or(0, |l| l.0);
@@ -173,7 +205,14 @@ fn growing_sites(reports: &[&Report]) -> Vec<Growth> {
         })
         .filter(|g| g.live.windows(2).all(|w| w[1].0 >= w[0].0) && g.grew() > 0)
         .collect();
-    out.sort_by(|a, b| b.grew().cmp(&a.grew()).then(a.frames.cmp(&b.frames)));
+    // Python lines (the program's own code) first: in a framework process the native
+    // sites are the framework's allocator, whose growth mixes cache and leak.
+    out.sort_by(|a, b| {
+        b.is_python()
+            .cmp(&a.is_python())
+            .then(b.grew().cmp(&a.grew()))
+            .then(a.frames.cmp(&b.frames))
+    });
     out
 }
 
@@ -227,7 +266,10 @@ fn render_suspected(out: &mut String, reports: &[Report]) {
             let _ = writeln!(out, "  none: no call site's live bytes only grew");
             continue;
         }
-        let _ = writeln!(out, "  call sites whose live bytes only grew, most first:");
+        let _ = writeln!(
+            out,
+            "  call sites whose live bytes only grew, Python lines first, most first:"
+        );
         let labels: Vec<String> = group.iter().map(|r| format!("#{}", r.seq)).collect();
         for g in grown.iter().take(10) {
             render_growth(out, g, &labels);
@@ -308,7 +350,7 @@ fn diff(files: &[String]) -> Result<(), Failure> {
     } else {
         let _ = writeln!(
             out,
-            "\n  {} call sites whose live bytes grew from A to B, most first:",
+            "\n  {} call sites whose live bytes grew from A to B, Python lines first, most first:",
             grown.len()
         );
         let labels = ["A".to_string(), "B".to_string()];
@@ -405,6 +447,11 @@ fn render(out: &mut String, file: &str, r: &Report) {
         );
     }
 
+    render_classes(out, r);
+    if let Some(t) = &r.trim {
+        render_trim(out, t);
+    }
+
     let what = if r.reason == "exit" {
         "still live at exit (leaks, or memory freed only by process teardown)"
     } else {
@@ -412,6 +459,35 @@ fn render(out: &mut String, file: &str, r: &Report) {
     };
     let total_live = r.live.len() as u64 + r.live_omitted;
     let _ = writeln!(out, "\n  {total_live} allocations {what}");
+    if !r.python_sites.is_empty() {
+        let _ = writeln!(
+            out,
+            "\n  Python lines holding framework memory in use, by bytes:"
+        );
+        for s in r.python_sites.iter().take(10) {
+            let _ = writeln!(
+                out,
+                "    py site {:<3} {:>11} in {} blocks ({})",
+                s.id,
+                human_bytes(s.live_bytes),
+                s.live_count,
+                s.framework
+            );
+            for f in s.frames.iter().take(6) {
+                let _ = writeln!(out, "        {f}");
+            }
+            if s.frames.len() > 6 {
+                let _ = writeln!(out, "        ... {} more frames", s.frames.len() - 6);
+            }
+        }
+        if r.python_sites.len() > 10 {
+            let _ = writeln!(
+                out,
+                "    ... {} more Python sites",
+                r.python_sites.len() - 10
+            );
+        }
+    }
     if !r.sites.is_empty() {
         let _ = writeln!(out, "\n  call sites by live bytes:");
         for s in r.sites.iter().take(10) {
@@ -457,6 +533,192 @@ fn render(out: &mut String, file: &str, r: &Report) {
             let _ = writeln!(out, "    ... {} more", total_live - 15);
         }
     }
+}
+
+/// In use, cached and unclassified bytes per device, and where the split came from.
+fn render_classes(out: &mut String, r: &Report) {
+    use std::fmt::Write;
+    for d in &r.devices {
+        if let (Some(u), Some(c)) = (d.in_use_bytes, d.cached_bytes) {
+            let _ = writeln!(
+                out,
+                "  device {}: {} in use by live tensors/arrays, {} cached by frameworks, {} unclassified",
+                d.device,
+                human_bytes(u),
+                human_bytes(c),
+                human_bytes(d.current_bytes.saturating_sub(u + c))
+            );
+        }
+    }
+    for c in &r.classification {
+        let _ = writeln!(
+            out,
+            "  {}: {}{}",
+            c.framework,
+            c.status,
+            c.detail
+                .as_deref()
+                .map_or(String::new(), |d| format!(" ({d})"))
+        );
+    }
+}
+
+fn render_trim(out: &mut String, t: &report::TrimReport) {
+    use std::fmt::Write;
+    let _ = writeln!(
+        out,
+        "\n  trim ({}, {} request{}): {} released; Python side: {}",
+        t.trigger,
+        t.merged,
+        if t.merged == 1 { "" } else { "s" },
+        human_bytes(t.released_bytes),
+        t.python
+    );
+    for d in &t.devices {
+        let _ = writeln!(
+            out,
+            "    device {}: {} -> {}",
+            d.device,
+            human_bytes(d.before_bytes),
+            human_bytes(d.after_bytes)
+        );
+    }
+    for m in &t.mechanisms {
+        let _ = writeln!(
+            out,
+            "    {:<11} {:<15} {:>11}  {}",
+            m.name,
+            m.status,
+            human_bytes(m.released_bytes),
+            m.detail.as_deref().unwrap_or("")
+        );
+    }
+}
+
+/// `gpuguard trim PID`: the process's trim signal, then its trim report.
+fn trim(args: &[String]) -> Result<(), Failure> {
+    let mut timeout = std::time::Duration::from_secs(30);
+    let mut rest = args;
+    while let Some(first) = rest.first() {
+        match first.as_str() {
+            "--timeout" => {
+                let v = rest.get(1).and_then(|v| v.parse::<f64>().ok());
+                let Some(secs) = v.filter(|s| *s > 0.0 && s.is_finite()) else {
+                    return Err(Failure(format!(
+                        "--timeout needs a number of seconds\n{USAGE}"
+                    )));
+                };
+                timeout = std::time::Duration::from_secs_f64(secs);
+                rest = &rest[2..];
+            }
+            _ => break,
+        }
+    }
+    let [pid] = rest else {
+        return Err(Failure(format!("trim needs one process id\n{USAGE}")));
+    };
+    let pid: u32 = pid
+        .parse()
+        .ok()
+        .filter(|p| *p > 0)
+        .ok_or_else(|| Failure(format!("not a process id: {pid:?}")))?;
+    let proc_dir = PathBuf::from(format!("/proc/{pid}"));
+    let maps = std::fs::read_to_string(proc_dir.join("maps")).map_err(|e| {
+        Failure(if e.kind() == std::io::ErrorKind::NotFound {
+            format!("no process {pid}")
+        } else {
+            format!("cannot inspect process {pid}: {e}")
+        })
+    })?;
+    if !maps.lines().any(|l| l.contains("libgpuguard")) {
+        return Err(Failure(format!(
+            "process {pid} is not running gpuguard (libgpuguard.so is not loaded in it)"
+        )));
+    }
+    // Its own settings: the trim signal and where its reports go.
+    let environ = std::fs::read(proc_dir.join("environ"))
+        .map_err(|e| Failure(format!("cannot read the environment of process {pid}: {e}")))?;
+    let vars: std::collections::HashMap<String, String> = environ
+        .split(|b| *b == 0)
+        .filter_map(|kv| {
+            let kv = String::from_utf8_lossy(kv);
+            let (k, v) = kv.split_once('=')?;
+            k.starts_with("GPUGUARD_")
+                .then(|| (k.to_string(), v.to_string()))
+        })
+        .collect();
+    let cfg = config::Config::parse(vars.keys().map(String::as_str), |k| vars.get(k).cloned())
+        .map_err(|e| Failure(format!("process {pid}: {e}")))?;
+    let Some(sig) = cfg.trim_signal else {
+        return Err(Failure(format!(
+            "process {pid} has its trim signal off (GPUGUARD_TRIM_SIGNAL=none)"
+        )));
+    };
+    let dir = match cfg.dir {
+        Some(d) if d.is_absolute() => d,
+        d => {
+            let cwd = std::fs::read_link(proc_dir.join("cwd"))
+                .map_err(|e| Failure(format!("cannot find the directory of process {pid}: {e}")))?;
+            d.map_or(cwd.clone(), |d| cwd.join(d))
+        }
+    };
+    let before = trim_reports(&dir, pid);
+    // SAFETY: kill(2) with a checked pid and a valid signal number.
+    if unsafe { libc::kill(pid as libc::pid_t, sig) } != 0 {
+        return Err(Failure(format!(
+            "cannot signal process {pid}: {}",
+            std::io::Error::last_os_error()
+        )));
+    }
+    let deadline = std::time::Instant::now() + timeout;
+    loop {
+        let new: Vec<PathBuf> = trim_reports(&dir, pid)
+            .into_iter()
+            .filter(|p| !before.contains(p))
+            .collect();
+        if let Some(path) = new.last() {
+            let r = load(path)?;
+            let mut out = String::new();
+            if let Some(t) = &r.trim {
+                render_trim(&mut out, t);
+            }
+            println!(
+                "gpuguard trim: process {pid} ({}), report {}",
+                r.program,
+                path.display()
+            );
+            print!("{out}");
+            return Ok(());
+        }
+        if std::time::Instant::now() >= deadline {
+            return Err(Failure(format!(
+                "process {pid} wrote no trim report in {} in {:.0} s (is it stopped, or is its report directory elsewhere?)",
+                dir.display(),
+                timeout.as_secs_f64()
+            )));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
+/// The trim reports of one process in a directory, oldest first (by sequence number).
+fn trim_reports(dir: &Path, pid: u32) -> Vec<PathBuf> {
+    let mut found: Vec<(u64, PathBuf)> = std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name().into_string().ok()?;
+            let stem = name.strip_prefix("gpuguard.")?.strip_suffix(".trim.json")?;
+            // <program>[.r<rank>].<pid>.<seq>
+            let mut parts = stem.rsplit('.');
+            let seq: u64 = parts.next()?.parse().ok()?;
+            let p: u32 = parts.next()?.parse().ok()?;
+            (p == pid).then(|| (seq, e.path()))
+        })
+        .collect();
+    found.sort();
+    found.into_iter().map(|(_, p)| p).collect()
 }
 
 /// The shim next to this executable (target/release/gpuguard ->

@@ -43,6 +43,69 @@ pub struct Report {
     /// For a `cap` report: the allocation the cap refused.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub denial: Option<DenialReport>,
+    /// For a `trim` report: what each mechanism gave back.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trim: Option<TrimReport>,
+    /// Which frameworks' memory was split into in-use and cached, and how; empty
+    /// when no framework could be asked (the memory is then unclassified).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub classification: Vec<Classification>,
+    /// Python call sites of the framework blocks in use, most bytes first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub python_sites: Vec<PythonSite>,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct TrimReport {
+    /// `signal`, `request`, `threshold` or `cap`.
+    pub trigger: String,
+    /// Requests answered by this one trim (signals in a burst merge).
+    pub merged: u64,
+    /// The Python side: `ran`, `absent`, `finalizing`, `timeout`, `error: ...`.
+    pub python: String,
+    pub devices: Vec<TrimDevice>,
+    /// What the process holds from the driver, before minus after, all devices.
+    pub released_bytes: u64,
+    pub mechanisms: Vec<TrimMechanism>,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct TrimDevice {
+    pub device: i32,
+    /// Live bytes plus what pools hold unused, as gpuguard counts them.
+    pub before_bytes: u64,
+    pub after_bytes: u64,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct TrimMechanism {
+    /// `cuda_pools`, `pytorch`, `cupy`, `jax`, `tensorflow`.
+    pub name: String,
+    /// `trimmed`, `released`, `not_releasable`, `error`, ...
+    pub status: String,
+    #[serde(default)]
+    pub released_bytes: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub detail: Option<String>,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct Classification {
+    pub framework: String,
+    /// `classified` or `unavailable`.
+    pub status: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub detail: Option<String>,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct PythonSite {
+    pub id: u32,
+    pub framework: String,
+    /// `file:line in function`, innermost first.
+    pub frames: Vec<String>,
+    pub live_bytes: u64,
+    pub live_count: u64,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
@@ -84,6 +147,13 @@ pub struct DeviceReport {
     pub by_kind: std::collections::BTreeMap<String, u64>,
     #[serde(default)]
     pub live_count: u64,
+    /// Of `current_bytes`: what frameworks hold behind live tensors/arrays, and what
+    /// they keep cached; `null` when no framework could be asked. The rest of
+    /// `current_bytes` is unclassified (libraries' workspaces, handles, ...).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub in_use_bytes: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cached_bytes: Option<u64>,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
@@ -154,6 +224,12 @@ pub struct LiveAllocation {
     pub age_s: f64,
     /// Index into `sites`, `null` when stacks are off.
     pub site: Option<u32>,
+    /// The framework whose blocks lie in it, and how many of its bytes those blocks
+    /// use; absent when unclassified.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub in_use_bytes: Option<u64>,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]

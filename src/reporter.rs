@@ -98,6 +98,8 @@ pub fn build(input: &ReportInput<'_>) -> Report {
                 unknown_frees: c.unknown_frees,
                 by_kind,
                 live_count,
+                in_use_bytes: None,
+                cached_bytes: None,
             }
         })
         .collect();
@@ -149,6 +151,8 @@ pub fn build(input: &ReportInput<'_>) -> Report {
             thread: r.thread,
             age_s: input.now_ns.saturating_sub(r.t_ns) as f64 / 1e9,
             site: (r.site != NO_SITE).then_some(r.site),
+            owner: None,
+            in_use_bytes: None,
         })
         .collect();
 
@@ -173,6 +177,9 @@ pub fn build(input: &ReportInput<'_>) -> Report {
         sites,
         config: input.config.clone(),
         denial: input.denial.clone(),
+        trim: None,
+        classification: Vec::new(),
+        python_sites: Vec::new(),
     }
 }
 

@@ -210,16 +210,16 @@ impl Books {
     }
 
     /// Gives back what the device's pools hold unused (`cuMemPoolTrimTo(pool, 0)`)
-    /// and measures them again. Only at a refusal or a trim threshold.
-    pub fn trim_pools(&self, device: i32) {
-        if !self.capped(device) {
-            return;
-        }
+    /// and measures them again; returns how many pools. Only at a refusal, a trim
+    /// threshold or a trim request.
+    pub fn trim_pools(&self, device: i32) -> usize {
         let _ = self.current_pool(device);
-        for p in self.device_pools(device) {
+        let pools = self.device_pools(device);
+        for &p in &pools {
             super::real::DRIVER.pool_trim(p);
             self.measure_pool(device, p);
         }
+        pools.len()
     }
 
     /// The program trimmed a pool itself (`torch.cuda.empty_cache()` does): what it
@@ -247,12 +247,11 @@ impl Books {
         c.charged() > cap
     }
 
-    /// Measures every pool of a capped device again (for a report or a memory-info
-    /// answer: a pool also gives memory back at stream synchronization).
+    /// Measures every pool of a device again (for a report, a trim or a memory-info
+    /// answer: a pool also gives memory back at stream synchronization). Uncapped
+    /// devices are measured only here, so between reports their figure is the last
+    /// one measured.
     pub fn refresh_pools(&self, device: i32) {
-        if !self.capped(device) {
-            return;
-        }
         for p in self.device_pools(device) {
             self.measure_pool(device, p);
         }
@@ -305,8 +304,15 @@ impl Books {
         }
     }
 
+    /// What the process holds from the driver on a device as gpuguard counts it: live
+    /// bytes plus what its pools hold unused (measured now).
+    pub fn held(&self, device: i32) -> u64 {
+        self.refresh_pools(device);
+        self.ledger.device(device).charged()
+    }
+
     /// An allocation refused by the cap: counted, kept for the cap report, and the
-    /// helper thread woken to write it.
+    /// helper thread woken to write it (and to trim framework caches).
     pub fn refused(&self, device: i32, bytes: u64, api: u8, site: u32) {
         let c = self.ledger.device(device);
         c.denied.fetch_add(1, Relaxed);
@@ -325,6 +331,7 @@ impl Books {
         }
         drop(slot);
         self.cap_pending.store(true, Release);
+        self.cap_trim_wanted.store(true, Release);
         worker::wake();
     }
 }

@@ -13,8 +13,10 @@
 pub mod capi;
 mod caps;
 pub mod hooks;
+mod python;
 mod real;
 mod track;
+mod trim;
 mod unwind;
 mod worker;
 
@@ -59,6 +61,8 @@ pub(crate) struct Books {
     /// The last refusal by a cap, waiting for its report.
     pub denial: Mutex<Option<caps::Denial>>,
     pub cap_pending: AtomicBool,
+    /// A refusal asks the helper thread for a full trim (rate-limited).
+    pub cap_trim_wanted: AtomicBool,
     /// When the last cap report was claimed (monotonic ns, 0: never).
     pub last_cap_report_ns: AtomicU64,
     /// NVML device handles and their CUDA ordinals (-1: not visible here).
@@ -85,6 +89,7 @@ impl Books {
             thresholds: caps::new_thresholds(),
             denial: Mutex::new(None),
             cap_pending: AtomicBool::new(false),
+            cap_trim_wanted: AtomicBool::new(false),
             last_cap_report_ns: AtomicU64::new(0),
             nvml: Default::default(),
         }

@@ -14,36 +14,53 @@ use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering::*};
 
 /// Report signals received; the thread writes one report for any number of them.
 static REPORT_REQUESTS: AtomicU64 = AtomicU64::new(0);
+/// Trim signals received; signals that arrive before or during a trim merge into it.
+static TRIM_REQUESTS: AtomicU64 = AtomicU64::new(0);
 static WAKE_FD: AtomicI32 = AtomicI32::new(-1);
 static THREAD_RUNNING: AtomicBool = AtomicBool::new(false);
-/// The program's handler for the report signal, called after ours.
-static mut PREVIOUS: Option<libc::sigaction> = None;
+/// The signal numbers, for the handler (0: none).
+static REPORT_SIG: AtomicI32 = AtomicI32::new(0);
+static TRIM_SIG: AtomicI32 = AtomicI32::new(0);
+/// The program's handler for each of our signals (report, trim), called after ours.
+static mut PREVIOUS: [Option<libc::sigaction>; 2] = [None, None];
 static DIR_WARNED: AtomicBool = AtomicBool::new(false);
 
-extern "C" fn on_report_signal(sig: c_int, info: *mut libc::siginfo_t, uctx: *mut c_void) {
+thread_local! {
+    /// Set on the helper thread: the only thread that may wait for the Python side.
+    static ON_HELPER: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+extern "C" fn on_signal(sig: c_int, info: *mut libc::siginfo_t, uctx: *mut c_void) {
     // SAFETY: async-signal-safe work only: atomics, write(2), errno save/restore.
     unsafe {
         let errno = *libc::__errno_location();
-        REPORT_REQUESTS.fetch_add(1, Relaxed);
+        let slot = if sig == TRIM_SIG.load(Relaxed) {
+            TRIM_REQUESTS.fetch_add(1, Relaxed);
+            1
+        } else {
+            REPORT_REQUESTS.fetch_add(1, Relaxed);
+            0
+        };
         let fd = WAKE_FD.load(Relaxed);
         if fd >= 0 {
             let one: u64 = 1;
             libc::write(fd, &one as *const u64 as *const c_void, 8);
         }
-        chain(sig, info, uctx);
+        chain(slot, sig, info, uctx);
         *libc::__errno_location() = errno;
     }
 }
 
 /// Calls the handler the program had before ours, as it asked to be called.
-unsafe fn chain(sig: c_int, info: *mut libc::siginfo_t, uctx: *mut c_void) {
-    // SAFETY: PREVIOUS is written before our handler is installed and not after.
-    let Some(prev) = (unsafe { *std::ptr::addr_of!(PREVIOUS) }) else {
+unsafe fn chain(slot: usize, sig: c_int, info: *mut libc::siginfo_t, uctx: *mut c_void) {
+    // SAFETY: PREVIOUS[slot] is written before our handler is installed for that
+    // signal and not after.
+    let Some(prev) = (unsafe { (*std::ptr::addr_of!(PREVIOUS))[slot] }) else {
         return;
     };
     let h = prev.sa_sigaction;
     if h == libc::SIG_DFL || h == libc::SIG_IGN {
-        return; // the default would kill the process: the report signal never does
+        return; // the default would kill the process: our signals never do
     }
     // SAFETY: h is a handler the program installed with these flags.
     unsafe {
@@ -58,35 +75,45 @@ unsafe fn chain(sig: c_int, info: *mut libc::siginfo_t, uctx: *mut c_void) {
 }
 
 fn our_handler() -> usize {
-    on_report_signal as extern "C" fn(c_int, *mut libc::siginfo_t, *mut c_void) as usize
+    on_signal as extern "C" fn(c_int, *mut libc::siginfo_t, *mut c_void) as usize
 }
 
-/// Installs the report-signal handler, keeping whatever handler was there to chain.
+/// Installs the handlers of the report and trim signals, keeping whatever handler
+/// was there to chain.
 pub(super) fn install_signal_handler() {
-    let Some(sig) = settings().cfg.report_signal else {
-        return;
-    };
-    // SAFETY: sigaction with zeroed, then filled structures.
-    unsafe {
-        let mut old: libc::sigaction = std::mem::zeroed();
-        if libc::sigaction(sig, std::ptr::null(), &mut old) != 0
-            || old.sa_sigaction == our_handler()
-        {
-            return;
+    let cfg = &settings().cfg;
+    for (slot, sig, num) in [
+        (0, cfg.report_signal, &REPORT_SIG),
+        (1, cfg.trim_signal, &TRIM_SIG),
+    ] {
+        let Some(sig) = sig else {
+            continue;
+        };
+        num.store(sig, Relaxed);
+        // SAFETY: sigaction with zeroed, then filled structures.
+        unsafe {
+            let mut old: libc::sigaction = std::mem::zeroed();
+            if libc::sigaction(sig, std::ptr::null(), &mut old) != 0
+                || old.sa_sigaction == our_handler()
+            {
+                continue;
+            }
+            (*std::ptr::addr_of_mut!(PREVIOUS))[slot] = Some(old);
+            let mut act: libc::sigaction = std::mem::zeroed();
+            act.sa_sigaction = our_handler();
+            act.sa_flags = libc::SA_SIGINFO | libc::SA_RESTART;
+            libc::sigemptyset(&mut act.sa_mask);
+            libc::sigaction(sig, &act, std::ptr::null_mut());
         }
-        *std::ptr::addr_of_mut!(PREVIOUS) = Some(old);
-        let mut act: libc::sigaction = std::mem::zeroed();
-        act.sa_sigaction = our_handler();
-        act.sa_flags = libc::SA_SIGINFO | libc::SA_RESTART;
-        libc::sigemptyset(&mut act.sa_mask);
-        libc::sigaction(sig, &act, std::ptr::null_mut());
     }
 }
 
 /// At activation: if the program installed its own handler since load, put ours back
 /// in front and chain to the program's.
 pub(super) fn signals_on_activation() {
-    REPORT_REQUESTS.store(0, Relaxed); // signals before CUDA asked for nothing
+    // Signals before CUDA asked for nothing.
+    REPORT_REQUESTS.store(0, Relaxed);
+    TRIM_REQUESTS.store(0, Relaxed);
     install_signal_handler();
 }
 
@@ -137,9 +164,23 @@ pub(super) fn after_fork_in_child() {
         unsafe { libc::close(fd) };
     }
     REPORT_REQUESTS.store(0, Relaxed);
+    TRIM_REQUESTS.store(0, Relaxed);
+    super::python::after_fork_in_child();
 }
 
+/// When the Python side is (re)installed after activation: soon (a framework may
+/// still be initializing CUDA when gpuguard activates), then less and less often,
+/// so a framework imported later still gets its recorder.
+const INSTALL_AFTER_MS: [u64; 10] = [
+    0, 200, 500, 1_000, 2_000, 4_000, 8_000, 16_000, 32_000, 64_000,
+];
+
 fn run(fd: c_int) {
+    ON_HELPER.with(|h| h.set(true));
+    let mut trims_handled = 0;
+    let mut last_auto_trim: Option<u64> = None;
+    let started = super::track::monotonic_ns();
+    let mut installs = 0usize;
     // The count was reset at activation: a signal that came between then and now is
     // a request this thread must still answer.
     let mut handled = 0;
@@ -153,6 +194,11 @@ fn run(fd: c_int) {
         let cap_waiting = active_books().is_some_and(|b| b.cap_pending.load(Acquire));
         let mut timeout_ms: u64 = if cap_waiting { 100 } else { 1000 };
         if let Some(due) = next_snapshot {
+            let left = due.saturating_sub(super::track::monotonic_ns());
+            timeout_ms = timeout_ms.min(left.div_ceil(1_000_000));
+        }
+        if let Some(&at) = INSTALL_AFTER_MS.get(installs) {
+            let due = started.saturating_add(at * 1_000_000);
             let left = due.saturating_sub(super::track::monotonic_ns());
             timeout_ms = timeout_ms.min(left.div_ceil(1_000_000));
         }
@@ -172,6 +218,22 @@ fn run(fd: c_int) {
             handled = now;
             shielded(|| write_report("signal"));
         }
+        if TRIM_REQUESTS.load(Relaxed) != trims_handled {
+            let base = trims_handled;
+            // Signals that come while it runs are answered by it too.
+            trims_handled = shielded(|| trim_now("signal", Some(base)))
+                .flatten()
+                .unwrap_or_else(|| TRIM_REQUESTS.load(Relaxed));
+        }
+        let t = super::track::monotonic_ns();
+        let due = INSTALL_AFTER_MS
+            .get(installs)
+            .copied()
+            .unwrap_or_else(|| 64_000 * (installs as u64).saturating_sub(8));
+        if t.saturating_sub(started) >= due.saturating_mul(1_000_000) {
+            installs += 1;
+            shielded(install_python);
+        }
         if let (Some(due), Some(every)) = (next_snapshot, every_ns) {
             let t = super::track::monotonic_ns();
             if t >= due {
@@ -186,12 +248,56 @@ fn run(fd: c_int) {
             }
         }
         if let Some(books) = active_books() {
-            shielded(|| thresholds(books));
+            let auto = shielded(|| thresholds(books)).unwrap_or(None);
             if claim_cap_report(books) {
                 shielded(|| write_report("cap"));
             }
+            let auto = auto.or_else(|| books.cap_trim_wanted.swap(false, AcqRel).then_some("cap"));
+            if let Some(trigger) = auto {
+                // At most one automatic trim per GPUGUARD_TRIM_INTERVAL: a job at its
+                // cap must not trim in a loop.
+                let t = super::track::monotonic_ns();
+                let every = settings().cfg.trim_interval_ms.saturating_mul(1_000_000);
+                if last_auto_trim.is_none_or(|l| t.saturating_sub(l) >= every) {
+                    last_auto_trim = Some(t);
+                    shielded(|| trim_now(trigger, None));
+                } else {
+                    log(
+                        LogLevel::Debug,
+                        format_args!(
+                            "{trigger} trim skipped: one ran less than GPUGUARD_TRIM_INTERVAL ago"
+                        ),
+                    );
+                }
+            }
         }
     }
+}
+
+/// Turns the Python side on (recorders, the exit hook) without waiting for it.
+fn install_python() {
+    if !super::python::present() {
+        return;
+    }
+    let devices = active_books()
+        .map(|b| b.ledger.seen_devices())
+        .unwrap_or_default();
+    let _ = super::python::run(&super::python::call("_gg_install", &devices), None);
+}
+
+/// Runs a trim and writes its report. For signals, `base` is the count of trim
+/// signals already answered; every signal up to the end of this trim merges into it,
+/// and the new count is returned.
+fn trim_now(trigger: &str, base: Option<u64>) -> Option<u64> {
+    let books = active_books()?;
+    let mut t = super::trim::perform(books, trigger);
+    let answered = base.map(|b| {
+        let now = TRIM_REQUESTS.load(Relaxed);
+        t.merged = now.saturating_sub(b).max(1);
+        now
+    });
+    write_report_with("trim", Extra { trim: Some(t) });
+    answered
 }
 
 /// Whether a cap report should be written now, claiming it if so: one at the first
@@ -212,8 +318,10 @@ pub(crate) fn claim_cap_report(books: &super::Books) -> bool {
         && books.cap_pending.swap(false, AcqRel)
 }
 
-/// Warnings and trims for thresholds the hooks saw crossed.
-fn thresholds(books: &super::Books) {
+/// Warnings for thresholds the hooks saw crossed; `Some("threshold")` when a trim
+/// threshold was crossed (the caller runs the trim, rate-limited).
+fn thresholds(books: &super::Books) -> Option<&'static str> {
+    let mut trim = None;
     for (dev, t) in books.thresholds.iter().enumerate() {
         let dev = dev as i32;
         if t.warn_pending.swap(false, Relaxed) {
@@ -229,18 +337,10 @@ fn thresholds(books: &super::Books) {
             );
         }
         if t.trim_pending.swap(false, Relaxed) {
-            let before = books.ledger.device(dev).charged();
-            books.trim_pools(dev);
-            let after = books.ledger.device(dev).charged();
-            log(
-                LogLevel::Info,
-                format_args!(
-                    "device {dev}: past GPUGUARD_TRIM_AT; trimmed CUDA memory pools, {} released",
-                    human_bytes(before.saturating_sub(after))
-                ),
-            );
+            trim = Some("threshold");
         }
     }
+    trim
 }
 
 // ---- reports -------------------------------------------------------------------------
@@ -380,9 +480,58 @@ fn demangle(name: &str) -> String {
     }
 }
 
+/// What some reports carry beyond the books.
+#[derive(Default)]
+pub(crate) struct Extra {
+    pub trim: Option<crate::report::TrimReport>,
+}
+
+/// How long a report waits for the Python side's classification.
+const CLASSIFY_WAIT: std::time::Duration = std::time::Duration::from_secs(3);
+
+/// The frameworks' account of their memory, for a report: asked now on the helper
+/// thread (the only one that may wait for the main thread); at exit, what Python's
+/// `atexit` handed over; otherwise none.
+fn classification(books: &super::Books, reason: &str) -> Option<crate::classify::Answer> {
+    use super::python::{self, Outcome};
+    let text = if reason == "exit" {
+        python::at_exit_answer()?
+    } else if ON_HELPER.with(|h| h.get()) && python::present() {
+        let call = python::call("_gg_classify", &books.ledger.seen_devices());
+        match python::run(&call, Some(CLASSIFY_WAIT)) {
+            Outcome::Answer(t) => t,
+            o => {
+                log(
+                    LogLevel::Info,
+                    format_args!(
+                        "no framework classification for this report: {}",
+                        o.status()
+                    ),
+                );
+                return None;
+            }
+        }
+    } else {
+        return None;
+    };
+    match crate::classify::Answer::parse(&text) {
+        Ok(a) => Some(a),
+        Err(e) => {
+            log(LogLevel::Warn, format_args!("{e}"));
+            None
+        }
+    }
+}
+
 /// Builds and writes a report now; returns where it went (None: to stderr).
 pub(crate) fn write_report(reason: &str) -> Option<PathBuf> {
+    write_report_with(reason, Extra::default())
+}
+
+pub(crate) fn write_report_with(reason: &str, extra: Extra) -> Option<PathBuf> {
     let books = active_books()?;
+    // Asked before the report lock: the main thread may be waiting for that lock.
+    let classes = classification(books, reason);
     let _guard = books.report_lock.lock().unwrap_or_else(|e| e.into_inner());
     let s = settings();
     let seq = books.seq.fetch_add(1, Relaxed) + 1;
@@ -423,7 +572,11 @@ pub(crate) fn write_report(reason: &str) -> Option<PathBuf> {
         max_live: s.cfg.max_live,
         launch: &s.launch,
     };
-    let report = reporter::build(&input);
+    let mut report = reporter::build(&input);
+    report.trim = extra.trim;
+    if let Some(c) = classes {
+        crate::classify::apply(&mut report, c);
+    }
     let name = reporter::file_name(&program, s.launch.rank, pid, seq, reason);
     let headline = headline(&report);
     // Compact JSON, streamed to the file: `gpuguard show` is for reading it.
@@ -433,10 +586,13 @@ pub(crate) fn write_report(reason: &str) -> Option<PathBuf> {
     });
     match written {
         Ok(path) => {
-            log(
-                LogLevel::Warn,
-                format_args!("report {} ({reason}): {headline}", path.display()),
-            );
+            match &report.trim {
+                Some(t) => super::trim::announce(t, Some(&path)),
+                None => log(
+                    LogLevel::Warn,
+                    format_args!("report {} ({reason}): {headline}", path.display()),
+                ),
+            }
             Some(path)
         }
         Err(e) => {
@@ -448,6 +604,9 @@ pub(crate) fn write_report(reason: &str) -> Option<PathBuf> {
                         s.dir.display()
                     ),
                 );
+            }
+            if let Some(t) = &report.trim {
+                super::trim::announce(t, None);
             }
             log(
                 LogLevel::Warn,

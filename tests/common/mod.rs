@@ -409,6 +409,48 @@ pub fn run_timeout(
     }
 }
 
+// ---------------------------------------------------------------------------
+// Python processes
+// ---------------------------------------------------------------------------
+
+/// The Python interpreter the Python tests run: `$PYTHON`, else `python3` on PATH.
+pub fn python() -> PathBuf {
+    if let Some(p) = std::env::var_os("PYTHON") {
+        return PathBuf::from(p);
+    }
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .map(|d| d.join("python3"))
+        .find(|p| p.is_file())
+        .unwrap_or_else(|| {
+            panic!("the Python tests need python3 (install it, e.g. `apt-get install python3`, or set PYTHON)")
+        })
+}
+
+/// `tests/python/trainer.py ARGS` under [`python`], on the sim, with the stand-in
+/// frameworks of `tests/python/fakefw` importable (see [`run`] for the rest).
+pub fn run_trainer(args: &[&str], env: &[(&str, &str)], preload: bool) -> Run {
+    let py = python();
+    let dir = manifest_dir().join("tests/python");
+    let script = dir.join("trainer.py").display().to_string();
+    let fakefw = dir.join("fakefw").display().to_string();
+    let mut all: Vec<&str> = vec![&script];
+    all.extend_from_slice(args);
+    let mut e: Vec<(&str, &str)> = vec![("PYTHONPATH", &fakefw), ("PYTHONDONTWRITEBYTECODE", "1")];
+    e.extend_from_slice(env);
+    run(&py.display().to_string(), &all, &e, preload)
+}
+
+/// The line of `tests/python/trainer.py` that leaks (marked `# LEAK-LINE`).
+pub fn trainer_leak_line() -> usize {
+    let text =
+        fs::read_to_string(manifest_dir().join("tests/python/trainer.py")).expect("trainer.py");
+    text.lines()
+        .position(|l| l.contains("# LEAK-LINE"))
+        .expect("LEAK-LINE marker")
+        + 1
+}
+
 /// One `ALLOC` line.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Alloc {

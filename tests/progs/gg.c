@@ -564,6 +564,35 @@ static int mode_fork(int argc, char **argv)
     return 0;
 }
 
+/* pool_trim [SIGNUM]: a pool keeps 8 MiB of freed blocks; SIGNUM (default SIGUSR2)
+ * asks gpuguard to trim; the pool is read before and after. No Python here. */
+static int mode_pool_trim(int argc, char **argv)
+{
+    int sig = argc > 1 ? atoi(argv[1]) : SIGUSR2;
+    setup(0);
+    CUmemoryPool dp;
+    MUST(cuDeviceGetDefaultMemPool(&dp, 0));
+    cuuint64_t keep = ~0ULL;
+    MUST(cuMemPoolSetAttribute(dp, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &keep));
+    CUstream s;
+    MUST(cuStreamCreate(&s, 0));
+    CUdeviceptr a, b;
+    MUST(cuMemAllocAsync(&a, 8 * MiB, s));
+    MUST(cuMemAllocAsync(&b, 1 * MiB, s));
+    alloc_line(b, 1 * MiB, 0, "pool");
+    MUST(cuMemFreeAsync(a, s));
+    MUST(cuStreamSynchronize(s));
+    step("before");
+    pool_line("default", dp);
+    raise(sig);
+    sleep_ms(700);
+    step("after");
+    pool_line("default", dp);
+    leak_line(b, 1 * MiB);
+    finish();
+    return 0;
+}
+
 /* ---- signals ---- */
 /* signal_after [SIGNUM]: raises SIGNUM (default SIGUSR1) after CUDA started */
 static int mode_signal_after(int argc, char **argv)
@@ -720,6 +749,7 @@ static const struct gg_mode g_modes[] = {
     {"link", mode_link},
     {"vmm", mode_vmm},
     {"pool", mode_pool},
+    {"pool_trim", mode_pool_trim},
     {"host", mode_host},
     {"array", mode_array},
     {"teardown", mode_teardown},

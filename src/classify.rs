@@ -1,0 +1,203 @@
+//! Cache or leak: joins what the frameworks say about their own memory (the Python
+//! side's answer, `bridge.py`) to a report. Safe Rust.
+//!
+//! Per device, `in_use_bytes` and `cached_bytes` come from the frameworks' totals
+//! (PyTorch's allocated and reserved, CuPy's pool used and total). Per live
+//! allocation, the frameworks' blocks are joined by address: a record that holds a
+//! framework's blocks is owned by it, and the blocks in use give its `in_use_bytes`.
+//! Python sites aggregate the in-use blocks by their Python stack.
+
+use crate::report::{Classification, LiveAllocation, PythonSite, Report};
+use serde::Deserialize;
+
+/// The Python side's answer to `_gg_classify`.
+#[derive(Debug, Default, Deserialize, PartialEq)]
+pub struct Answer {
+    #[serde(default)]
+    pub frameworks: Vec<Classification>,
+    #[serde(default)]
+    pub devices: Vec<FrameworkDevice>,
+    /// `[device, address, size, in_use (0/1), framework]` for each framework block.
+    #[serde(default)]
+    pub blocks: Vec<Block>,
+    #[serde(default)]
+    pub sites: Vec<AnswerSite>,
+}
+
+pub type Block = (i32, u64, u64, u8, String);
+
+#[derive(Debug, Default, Deserialize, PartialEq)]
+pub struct FrameworkDevice {
+    pub framework: String,
+    pub device: i32,
+    pub in_use: u64,
+    pub reserved: u64,
+}
+
+#[derive(Debug, Default, Deserialize, PartialEq)]
+pub struct AnswerSite {
+    pub framework: String,
+    pub frames: Vec<String>,
+    pub bytes: u64,
+    pub count: u64,
+}
+
+impl Answer {
+    pub fn parse(text: &str) -> Result<Answer, String> {
+        serde_json::from_str(text).map_err(|e| format!("unreadable answer from Python: {e}"))
+    }
+}
+
+/// Adds the classification to a report.
+pub fn apply(report: &mut Report, answer: Answer) {
+    report.classification = answer.frameworks;
+    for d in &mut report.devices {
+        let mine: Vec<&FrameworkDevice> = answer
+            .devices
+            .iter()
+            .filter(|f| f.device == d.device)
+            .collect();
+        if mine.is_empty() {
+            continue;
+        }
+        let in_use: u64 = mine.iter().map(|f| f.in_use).sum();
+        let cached: u64 = mine
+            .iter()
+            .map(|f| f.reserved.saturating_sub(f.in_use))
+            .sum();
+        d.in_use_bytes = Some(in_use);
+        d.cached_bytes = Some(cached);
+    }
+    join_blocks(&mut report.live, answer.blocks);
+    let mut sites: Vec<PythonSite> = answer
+        .sites
+        .into_iter()
+        .map(|s| PythonSite {
+            id: 0,
+            framework: s.framework,
+            frames: s.frames,
+            live_bytes: s.bytes,
+            live_count: s.count,
+        })
+        .collect();
+    sites.sort_by(|a, b| {
+        b.live_bytes
+            .cmp(&a.live_bytes)
+            .then_with(|| a.frames.cmp(&b.frames))
+    });
+    for (i, s) in sites.iter_mut().enumerate() {
+        s.id = i as u32;
+    }
+    report.python_sites = sites;
+}
+
+/// Marks each live device allocation that framework blocks lie in: its owner and
+/// the bytes of those blocks in use. Blocks are sorted and searched, so this is
+/// O((live + blocks) log blocks).
+fn join_blocks(live: &mut [LiveAllocation], mut blocks: Vec<Block>) {
+    blocks.retain(|b| b.2 > 0);
+    blocks.sort_unstable_by_key(|b| (b.0, b.1));
+    for a in live.iter_mut() {
+        if !matches!(a.kind.as_ref(), "device" | "pool" | "pitch" | "managed") {
+            continue; // VMM handles and arrays have no address to join on
+        }
+        let (lo, hi) = (a.address.0, a.address.0.saturating_add(a.bytes));
+        // First block that could overlap: the last one starting at or before `lo`.
+        let start = blocks
+            .partition_point(|b| (b.0, b.1) <= (a.device, lo))
+            .saturating_sub(1);
+        let mut owner: Option<&str> = None;
+        let mut in_use = 0u64;
+        for b in &blocks[start..] {
+            if b.0 > a.device || (b.0 == a.device && b.1 >= hi) {
+                break;
+            }
+            let (blo, bhi) = (b.1, b.1.saturating_add(b.2));
+            if b.0 < a.device || bhi <= lo {
+                continue;
+            }
+            owner.get_or_insert(&b.4);
+            if b.3 != 0 {
+                in_use += bhi.min(hi) - blo.max(lo);
+            }
+        }
+        if let Some(fw) = owner {
+            a.owner = Some(fw.to_string());
+            a.in_use_bytes = Some(in_use);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::report::{DeviceReport, Hex};
+
+    fn live(addr: u64, bytes: u64, kind: &'static str) -> LiveAllocation {
+        LiveAllocation {
+            address: Hex(addr),
+            bytes,
+            kind: kind.into(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn splits_devices_and_joins_blocks() {
+        let mut r = Report {
+            devices: vec![DeviceReport {
+                device: 0,
+                current_bytes: 1000,
+                ..Default::default()
+            }],
+            live: vec![
+                live(0x1000, 0x400, "device"), // segment with two blocks, one in use
+                live(0x2000, 0x100, "device"), // not the framework's
+                live(0x9, 0x100, "vmm"),       // a handle: never joined
+            ],
+            ..Default::default()
+        };
+        let answer = Answer::parse(
+            r#"{"frameworks":[{"framework":"pytorch","status":"classified"}],
+                "devices":[{"framework":"pytorch","device":0,"in_use":300,"reserved":800}],
+                "blocks":[[0,4096,256,1,"pytorch"],[0,4352,768,0,"pytorch"],[0,4096000,5,1,"pytorch"]],
+                "sites":[{"framework":"pytorch","frames":["a.py:1 in f"],"bytes":10,"count":1},
+                         {"framework":"pytorch","frames":["b.py:2 in g"],"bytes":300,"count":2}]}"#,
+        )
+        .unwrap();
+        apply(&mut r, answer);
+        assert_eq!(r.devices[0].in_use_bytes, Some(300));
+        assert_eq!(r.devices[0].cached_bytes, Some(500));
+        assert_eq!(r.live[0].owner.as_deref(), Some("pytorch"));
+        assert_eq!(r.live[0].in_use_bytes, Some(256));
+        assert_eq!(r.live[1].owner, None);
+        assert_eq!(r.live[2].owner, None);
+        assert_eq!(r.python_sites[0].frames, vec!["b.py:2 in g"]);
+        assert_eq!((r.python_sites[0].id, r.python_sites[1].id), (0, 1));
+    }
+
+    #[test]
+    fn blocks_on_another_device_do_not_join() {
+        let mut r = Report {
+            live: vec![LiveAllocation {
+                device: 1,
+                ..live(0x1000, 0x100, "device")
+            }],
+            ..Default::default()
+        };
+        let a = Answer::parse(
+            r#"{"frameworks":[{"framework":"cupy","status":"classified"}],"blocks":[[0,4096,256,1,"cupy"]]}"#,
+        )
+        .unwrap();
+        apply(&mut r, a);
+        assert_eq!(r.live[0].owner, None);
+        // A device no framework spoke of stays unclassified.
+        assert!(r.devices.is_empty());
+    }
+
+    #[test]
+    fn garbage_is_an_error_not_a_panic() {
+        assert!(Answer::parse("not json").is_err());
+        assert_eq!(Answer::parse("{}").unwrap(), Answer::default());
+    }
+}

@@ -1,0 +1,535 @@
+//! The Python bridge: runs gpuguard's Python side (`bridge.py`) inside a Python
+//! process, on the interpreter's main thread, through `Py_AddPendingCall`.
+//!
+//! Why this way: the allocation hooks run with the GIL released and possibly under a
+//! framework lock, so Python is never entered from a hook; and a helper thread that
+//! takes the GIL itself can be killed by the interpreter during finalization. A
+//! pending call runs at the main thread's next bytecode boundary, with the GIL held
+//! and no framework lock taken, exactly where a user's own `empty_cache()` would run.
+//! The helper thread queues the call and waits for its answer with a timeout; a main
+//! thread that never returns to Python makes the request time out, never hang.
+//!
+//! Every CPython function is found with `dlsym` at run time: the shim loads into
+//! processes without Python and must not link it.
+
+use super::real::lookup;
+use super::shielded;
+use std::ffi::{CStr, CString, c_char, c_int, c_void};
+use std::sync::atomic::{AtomicPtr, Ordering::*};
+use std::sync::{Condvar, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+type Obj = *mut c_void;
+type PendingFn = extern "C" fn(*mut c_void) -> c_int;
+
+/// The CPython functions gpuguard uses.
+struct Api {
+    is_initialized: unsafe extern "C" fn() -> c_int,
+    /// `Py_IsFinalizing` (3.13+) or `_Py_IsFinalizing` (3.10 to 3.12).
+    is_finalizing: Option<unsafe extern "C" fn() -> c_int>,
+    add_pending_call: unsafe extern "C" fn(PendingFn, *mut c_void) -> c_int,
+    compile_string: unsafe extern "C" fn(*const c_char, *const c_char, c_int) -> Obj,
+    eval_code: unsafe extern "C" fn(Obj, Obj, Obj) -> Obj,
+    dict_new: unsafe extern "C" fn() -> Obj,
+    dict_set_item_string: unsafe extern "C" fn(Obj, *const c_char, Obj) -> c_int,
+    get_builtins: unsafe extern "C" fn() -> Obj,
+    as_utf8: unsafe extern "C" fn(Obj, *mut isize) -> *const c_char,
+    from_utf8: unsafe extern "C" fn(*const c_char, isize) -> Obj,
+    cfunction_new: unsafe extern "C" fn(*const MethodDef, Obj, Obj) -> Obj,
+    inc_ref: unsafe extern "C" fn(Obj),
+    dec_ref: unsafe extern "C" fn(Obj),
+    err_fetch: unsafe extern "C" fn(*mut Obj, *mut Obj, *mut Obj),
+    object_str: unsafe extern "C" fn(Obj) -> Obj,
+    none: Obj,
+}
+
+// SAFETY: plain function pointers and the address of the immortal `None`.
+unsafe impl Send for Api {}
+unsafe impl Sync for Api {}
+
+/// `PyMethodDef`, whose layout is part of CPython's stable ABI.
+#[repr(C)]
+struct MethodDef {
+    name: *const c_char,
+    meth: *const c_void,
+    flags: c_int,
+    doc: *const c_char,
+}
+// SAFETY: constant data, never written.
+unsafe impl Sync for MethodDef {}
+
+const METH_NOARGS: c_int = 0x0004;
+const METH_O: c_int = 0x0008;
+const PY_FILE_INPUT: c_int = 257;
+
+static SUBMIT_DEF: MethodDef = MethodDef {
+    name: c"_gg_submit".as_ptr(),
+    meth: submit as *const c_void,
+    flags: METH_O,
+    doc: std::ptr::null(),
+};
+static DEVICES_DEF: MethodDef = MethodDef {
+    name: c"_gg_devices".as_ptr(),
+    meth: devices as *const c_void,
+    flags: METH_NOARGS,
+    doc: std::ptr::null(),
+};
+
+static API: OnceLock<Option<Api>> = OnceLock::new();
+
+fn api() -> Option<&'static Api> {
+    API.get_or_init(resolve).as_ref()
+}
+
+/// A looked-up address as the function pointer type the caller names.
+///
+/// # Safety
+/// `p` is non-null and is a function of type `F`, a function pointer type.
+unsafe fn fn_ptr<F: Copy>(p: *mut c_void) -> F {
+    const { assert!(std::mem::size_of::<F>() == std::mem::size_of::<*mut c_void>()) };
+    // SAFETY: same size; the caller vouches for the type.
+    unsafe { std::mem::transmute_copy(&p) }
+}
+
+fn resolve() -> Option<Api> {
+    macro_rules! sym {
+        ($name:literal) => {{
+            // SAFETY: a lookup through glibc of a constant name.
+            let p = unsafe { lookup(libc::RTLD_DEFAULT, $name) };
+            if p.is_null() {
+                return None;
+            }
+            // SAFETY: the CPython function of that name has the field's signature.
+            unsafe { fn_ptr(p) }
+        }};
+    }
+    // SAFETY: as above.
+    let fin = unsafe {
+        let p = lookup(libc::RTLD_DEFAULT, c"Py_IsFinalizing");
+        if p.is_null() {
+            lookup(libc::RTLD_DEFAULT, c"_Py_IsFinalizing")
+        } else {
+            p
+        }
+    };
+    // SAFETY: as above; `_Py_NoneStruct` is the `None` object itself.
+    let none = unsafe { lookup(libc::RTLD_DEFAULT, c"_Py_NoneStruct") };
+    if none.is_null() {
+        return None;
+    }
+    Some(Api {
+        is_initialized: sym!(c"Py_IsInitialized"),
+        // SAFETY: the function of that name takes nothing and returns an int.
+        is_finalizing: (!fin.is_null()).then(|| unsafe { fn_ptr(fin) }),
+        add_pending_call: sym!(c"Py_AddPendingCall"),
+        compile_string: sym!(c"Py_CompileString"),
+        eval_code: sym!(c"PyEval_EvalCode"),
+        dict_new: sym!(c"PyDict_New"),
+        dict_set_item_string: sym!(c"PyDict_SetItemString"),
+        get_builtins: sym!(c"PyEval_GetBuiltins"),
+        as_utf8: sym!(c"PyUnicode_AsUTF8AndSize"),
+        from_utf8: sym!(c"PyUnicode_FromStringAndSize"),
+        cfunction_new: sym!(c"PyCFunction_NewEx"),
+        inc_ref: sym!(c"Py_IncRef"),
+        dec_ref: sym!(c"Py_DecRef"),
+        err_fetch: sym!(c"PyErr_Fetch"),
+        object_str: sym!(c"PyObject_Str"),
+        none,
+    })
+}
+
+/// What a request to the Python side came to.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) enum Outcome {
+    /// No Python in this process (or gpuguard's Python side is off).
+    Absent,
+    /// Python is loaded but its interpreter is not running (not yet, or any more).
+    NotRunning,
+    /// The interpreter is shutting down: nothing was run.
+    Finalizing,
+    /// Queued; not waited for.
+    Queued,
+    /// The main thread did not run Python within the time allowed.
+    Timeout,
+    /// It ran and raised, or could not be queued.
+    Failed(String),
+    /// It ran; the JSON it handed back.
+    Answer(String),
+}
+
+impl Outcome {
+    /// The word reports use for it.
+    pub fn status(&self) -> String {
+        match self {
+            Outcome::Absent => "absent".into(),
+            Outcome::NotRunning => "not running".into(),
+            Outcome::Finalizing => "finalizing".into(),
+            Outcome::Queued => "queued".into(),
+            Outcome::Timeout => "timeout".into(),
+            Outcome::Failed(e) => format!("error: {e}"),
+            Outcome::Answer(_) => "ran".into(),
+        }
+    }
+}
+
+/// The one request in flight, shared by the helper thread and the main thread.
+struct Exchange {
+    /// The call waiting to run; taken by the main thread when it runs it.
+    code: Option<CString>,
+    /// Id of the request in `code` (or running), and of the last one finished.
+    queued_id: u64,
+    done_id: u64,
+    /// A pending call is queued with the interpreter and has not finished.
+    outstanding: bool,
+    /// The last finished request's answer.
+    reply: Option<Result<String, String>>,
+}
+
+static EXCHANGE: Mutex<Exchange> = Mutex::new(Exchange {
+    code: None,
+    queued_id: 0,
+    done_id: 0,
+    outstanding: false,
+    reply: None,
+});
+static DONE: Condvar = Condvar::new();
+/// What `_gg_submit("reply\n...")` handed back during the current call.
+static ANSWER: Mutex<Option<String>> = Mutex::new(None);
+/// The classification taken by Python's own `atexit`, for the exit report.
+static AT_EXIT: Mutex<Option<String>> = Mutex::new(None);
+/// The private namespace `bridge.py` runs in (a dict, owned, never freed).
+static NAMESPACE: AtomicPtr<c_void> = AtomicPtr::new(std::ptr::null_mut());
+
+const BRIDGE_SOURCE: &str = concat!(include_str!("bridge.py"), "\0");
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Whether this process has a running interpreter gpuguard may use.
+pub(crate) fn present() -> bool {
+    super::settings().cfg.python
+        && !BROKEN.load(Relaxed)
+        && api().is_some_and(|a| {
+            // SAFETY: both only read the runtime's state.
+            unsafe { (a.is_initialized)() != 0 && a.is_finalizing.is_none_or(|f| f() == 0) }
+        })
+}
+
+/// Runs `call` (Python statements over `bridge.py`'s functions) on the main thread.
+/// With `wait`, blocks for at most that long for the answer. Never call it from a
+/// hook, or from a thread that may hold the GIL.
+pub(crate) fn run(call: &str, wait: Option<Duration>) -> Outcome {
+    if !super::settings().cfg.python || BROKEN.load(Relaxed) {
+        return Outcome::Absent;
+    }
+    let Some(a) = api() else {
+        return Outcome::Absent;
+    };
+    // SAFETY: these only read the runtime's state. Finalizing first: an interpreter
+    // shutting down already says it is not initialized.
+    unsafe {
+        if a.is_finalizing.is_some_and(|f| f() != 0) {
+            return Outcome::Finalizing;
+        }
+        if (a.is_initialized)() == 0 {
+            return Outcome::NotRunning;
+        }
+    }
+    let Ok(code) = CString::new(call) else {
+        return Outcome::Failed("NUL in call".into());
+    };
+    let deadline = wait.map(|w| Instant::now() + w);
+    super::log(
+        super::LogLevel::Debug,
+        format_args!("python: queueing {call}"),
+    );
+    let mut ex = lock(&EXCHANGE);
+    // One pending call at a time: a queued call that has not started yet is taken
+    // over (what it asked is asked again later); a running one is waited for.
+    while ex.outstanding && ex.code.is_none() {
+        let Some(d) = deadline else {
+            return Outcome::Queued;
+        };
+        let left = d.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Outcome::Timeout;
+        }
+        ex = DONE
+            .wait_timeout(ex, left)
+            .unwrap_or_else(|e| e.into_inner())
+            .0;
+    }
+    ex.queued_id += 1;
+    let id = ex.queued_id;
+    ex.code = Some(code);
+    if !ex.outstanding {
+        // SAFETY: documented as callable from any thread without the GIL.
+        if unsafe { (a.add_pending_call)(pending, std::ptr::null_mut()) } != 0 {
+            ex.code = None;
+            return Outcome::Failed("the interpreter's pending-call queue is full".into());
+        }
+        ex.outstanding = true;
+    }
+    let Some(d) = deadline else {
+        return Outcome::Queued;
+    };
+    while ex.done_id < id {
+        let left = d.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Outcome::Timeout;
+        }
+        ex = DONE
+            .wait_timeout(ex, left)
+            .unwrap_or_else(|e| e.into_inner())
+            .0;
+    }
+    if ex.done_id != id {
+        // A later request took the slot over; ours never ran.
+        return Outcome::Timeout;
+    }
+    match ex.reply.take() {
+        Some(Ok(s)) => Outcome::Answer(s),
+        Some(Err(e)) if e == "finalizing" => Outcome::Finalizing,
+        Some(Err(e)) => Outcome::Failed(e),
+        None => Outcome::Failed("no answer".into()),
+    }
+}
+
+/// The Python statement that calls one of `bridge.py`'s entry points with what it
+/// needs to know: the devices gpuguard has seen memory on, and the stack depth (0:
+/// no recorders).
+pub(crate) fn call(function: &str, devices: &[i32]) -> String {
+    let devices = serde_json::to_string(devices).unwrap_or_else(|_| "[]".into());
+    let depth = super::settings().cfg.stack_depth;
+    format!("{function}({{\"devices\": {devices}, \"depth\": {depth}}})")
+}
+
+/// The classification Python's `atexit` handed over, if it ran.
+pub(crate) fn at_exit_answer() -> Option<String> {
+    if BROKEN.load(Relaxed) {
+        return None;
+    }
+    lock(&AT_EXIT).clone()
+}
+
+/// Set in a forked child whose copy of the bridge's locks was taken at the fork (by
+/// a thread that does not exist in the child): the bridge stays off there.
+static BROKEN: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+pub(super) fn after_fork_in_child() {
+    // The parent's queued call is not the child's; forget it. A lock held at the
+    // fork would never be released here, so only try them.
+    let ok = match (EXCHANGE.try_lock(), AT_EXIT.try_lock(), ANSWER.try_lock()) {
+        (Ok(mut ex), Ok(mut at_exit), Ok(mut answer)) => {
+            ex.code = None;
+            ex.outstanding = false;
+            ex.reply = None;
+            ex.done_id = ex.queued_id;
+            *at_exit = None;
+            *answer = None;
+            true
+        }
+        _ => false,
+    };
+    BROKEN.store(!ok, Relaxed);
+}
+
+/// The pending call, on the main thread with the GIL held.
+extern "C" fn pending(_arg: *mut c_void) -> c_int {
+    shielded(|| {
+        let (code, id) = {
+            let mut ex = lock(&EXCHANGE);
+            (ex.code.take(), ex.queued_id)
+        };
+        let reply = match (code, api()) {
+            (Some(code), Some(a)) => run_here(a, &code),
+            _ => Err("gpuguard: nothing to run".into()),
+        };
+        let mut ex = lock(&EXCHANGE);
+        ex.outstanding = false;
+        ex.done_id = id;
+        ex.reply = Some(reply);
+        DONE.notify_all();
+    });
+    // Never leave an exception set: 0 tells the interpreter all went well.
+    0
+}
+
+/// Runs `code` in the bridge's namespace. GIL held.
+fn run_here(a: &Api, code: &CStr) -> Result<String, String> {
+    // SAFETY: the GIL is held (pending calls run with it); objects are reference
+    // counted by the rules of the C API, every new reference released.
+    unsafe {
+        if a.is_finalizing.is_some_and(|f| f() != 0) {
+            return Err("finalizing".into());
+        }
+        let ns = namespace(a)?;
+        *lock(&ANSWER) = None;
+        exec(a, code, c"<gpuguard>", ns)?;
+        lock(&ANSWER)
+            .take()
+            .ok_or_else(|| "the Python side gave no answer".into())
+    }
+}
+
+/// The namespace with `bridge.py` run in it, made on first use.
+unsafe fn namespace(a: &Api) -> Result<Obj, String> {
+    let ns = NAMESPACE.load(Acquire);
+    if !ns.is_null() {
+        return Ok(ns);
+    }
+    // SAFETY: GIL held (see run_here).
+    unsafe {
+        let ns = (a.dict_new)();
+        if ns.is_null() {
+            return Err(error_text(a));
+        }
+        let ok = (a.dict_set_item_string)(ns, c"__builtins__".as_ptr(), (a.get_builtins)()) == 0
+            && set_function(a, ns, &SUBMIT_DEF)
+            && set_function(a, ns, &DEVICES_DEF);
+        if !ok {
+            let e = error_text(a);
+            (a.dec_ref)(ns);
+            return Err(e);
+        }
+        let src = CStr::from_bytes_with_nul(BRIDGE_SOURCE.as_bytes()).map_err(|e| e.to_string())?;
+        if let Err(e) = exec(a, src, c"<gpuguard bridge>", ns) {
+            (a.dec_ref)(ns);
+            return Err(e);
+        }
+        NAMESPACE.store(ns, Release);
+        Ok(ns)
+    }
+}
+
+unsafe fn set_function(a: &Api, ns: Obj, def: &'static MethodDef) -> bool {
+    // SAFETY: GIL held; `def` lives forever, as CPython requires.
+    unsafe {
+        let f = (a.cfunction_new)(def, std::ptr::null_mut(), std::ptr::null_mut());
+        if f.is_null() {
+            return false;
+        }
+        let ok = (a.dict_set_item_string)(ns, def.name, f) == 0;
+        (a.dec_ref)(f);
+        ok
+    }
+}
+
+unsafe fn exec(a: &Api, src: &CStr, file: &CStr, ns: Obj) -> Result<(), String> {
+    // SAFETY: GIL held; new references released.
+    unsafe {
+        let code = (a.compile_string)(src.as_ptr(), file.as_ptr(), PY_FILE_INPUT);
+        if code.is_null() {
+            return Err(error_text(a));
+        }
+        let r = (a.eval_code)(code, ns, ns);
+        (a.dec_ref)(code);
+        if r.is_null() {
+            return Err(error_text(a));
+        }
+        (a.dec_ref)(r);
+        Ok(())
+    }
+}
+
+/// The pending exception as text, clearing it.
+unsafe fn error_text(a: &Api) -> String {
+    // SAFETY: GIL held; PyErr_Fetch hands over (possibly NULL) new references.
+    unsafe {
+        let (mut t, mut v, mut tb) = (
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+        );
+        (a.err_fetch)(&mut t, &mut v, &mut tb);
+        let what = if v.is_null() { t } else { v };
+        let mut text = String::from("Python error");
+        if !what.is_null() {
+            let s = (a.object_str)(what);
+            if !s.is_null() {
+                if let Some(x) = utf8(a, s) {
+                    text = x;
+                }
+                (a.dec_ref)(s);
+            }
+        }
+        for o in [t, v, tb] {
+            if !o.is_null() {
+                (a.dec_ref)(o);
+            }
+        }
+        // PyObject_Str may itself have failed: leave no exception behind.
+        let (mut t2, mut v2, mut tb2) = (
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+        );
+        (a.err_fetch)(&mut t2, &mut v2, &mut tb2);
+        for o in [t2, v2, tb2] {
+            if !o.is_null() {
+                (a.dec_ref)(o);
+            }
+        }
+        text
+    }
+}
+
+unsafe fn utf8(a: &Api, s: Obj) -> Option<String> {
+    let mut n: isize = 0;
+    // SAFETY: GIL held; the buffer belongs to `s` and is copied at once.
+    unsafe {
+        let p = (a.as_utf8)(s, &mut n);
+        if p.is_null() || n < 0 {
+            return None;
+        }
+        Some(
+            String::from_utf8_lossy(std::slice::from_raw_parts(p as *const u8, n as usize))
+                .into_owned(),
+        )
+    }
+}
+
+unsafe fn none(a: &Api) -> Obj {
+    // SAFETY: GIL held.
+    unsafe { (a.inc_ref)(a.none) };
+    a.none
+}
+
+/// `_gg_submit(text)`: `"<tag>\n<json>"` from the Python side. GIL held.
+extern "C" fn submit(_module: Obj, arg: Obj) -> Obj {
+    let Some(a) = api() else {
+        return std::ptr::null_mut();
+    };
+    shielded(|| {
+        // SAFETY: GIL held; `arg` is a borrowed reference.
+        let text = unsafe { utf8(a, arg) };
+        if let Some(text) = text {
+            let (tag, body) = text.split_once('\n').unwrap_or(("reply", &text));
+            let slot = if tag == "exit" { &AT_EXIT } else { &ANSWER };
+            *lock(slot) = Some(body.to_string());
+        } else {
+            // Not a str: clear the TypeError so `None` can be returned.
+            // SAFETY: GIL held.
+            unsafe { error_text(a) };
+        }
+    });
+    // SAFETY: GIL held.
+    unsafe { none(a) }
+}
+
+/// `_gg_devices()`: the devices gpuguard has seen memory on, as JSON. GIL held.
+extern "C" fn devices(_module: Obj, _unused: Obj) -> Obj {
+    let Some(a) = api() else {
+        return std::ptr::null_mut();
+    };
+    let list = shielded(|| {
+        super::active_books()
+            .map(|b| b.ledger.seen_devices())
+            .unwrap_or_default()
+    })
+    .unwrap_or_default();
+    let text = serde_json::to_string(&list).unwrap_or_else(|_| "[]".into());
+    // SAFETY: GIL held; a new str from a valid buffer.
+    unsafe { (a.from_utf8)(text.as_ptr() as *const c_char, text.len() as isize) }
+}

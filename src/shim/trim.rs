@@ -1,0 +1,144 @@
+//! Trims: framework caches and CUDA pools handed back to the driver, on the trim
+//! signal, `GPUGUARD_TRIM_AT`, or a cap refusal. Runs on the helper thread only.
+//!
+//! Order: the Python side first (PyTorch's `empty_cache()`, CuPy's `free_all_blocks()`:
+//! what they free may land in a CUDA pool), then every known pool trimmed to zero.
+//! Before and after are gpuguard's own count of what the process holds from the
+//! driver (live bytes plus pools' unused bytes), measured on every device it has seen.
+
+use super::python::{self, Outcome};
+use super::{Books, LogLevel, log};
+use crate::report::{TrimDevice, TrimMechanism, TrimReport, human_bytes};
+use serde::Deserialize;
+use std::time::Duration;
+
+/// How long a trim waits for the main thread to run its Python part.
+const PYTHON_WAIT: Duration = Duration::from_secs(10);
+
+#[derive(Deserialize)]
+struct PyMechanism {
+    name: String,
+    status: String,
+    #[serde(default)]
+    released_bytes: u64,
+    #[serde(default)]
+    detail: Option<String>,
+}
+
+/// Runs one trim and returns its account (`merged` is filled in by the caller).
+pub(super) fn perform(books: &Books, trigger: &str) -> TrimReport {
+    let devices = books.ledger.seen_devices();
+    let before: Vec<u64> = devices.iter().map(|&d| books.held(d)).collect();
+    let mut mechanisms = Vec::new();
+
+    let outcome = python::run(&python::call("_gg_trim", &devices), Some(PYTHON_WAIT));
+    if let Outcome::Answer(text) = &outcome {
+        match serde_json::from_str::<Vec<PyMechanism>>(text) {
+            Ok(ms) => mechanisms.extend(ms.into_iter().map(|m| TrimMechanism {
+                name: m.name,
+                status: m.status,
+                released_bytes: m.released_bytes,
+                detail: m.detail,
+            })),
+            Err(e) => mechanisms.push(TrimMechanism {
+                name: "python".into(),
+                status: "error".into(),
+                released_bytes: 0,
+                detail: Some(format!("unreadable answer: {e}")),
+            }),
+        }
+    }
+
+    let has_framework = !mechanisms.is_empty();
+    let mid: Vec<u64> = devices.iter().map(|&d| books.held(d)).collect();
+    let pools: usize = devices.iter().map(|&d| books.trim_pools(d)).sum();
+    let after: Vec<u64> = devices.iter().map(|&d| books.held(d)).collect();
+    let pool_released: u64 = mid
+        .iter()
+        .zip(&after)
+        .map(|(m, a)| m.saturating_sub(*a))
+        .sum();
+    mechanisms.insert(
+        0,
+        TrimMechanism {
+            name: "cuda_pools".into(),
+            status: if pools > 0 { "trimmed" } else { "none" }.into(),
+            released_bytes: pool_released,
+            detail: Some(if pools > 0 {
+                format!("{pools} stream-ordered pool(s) trimmed to 0 (cuMemPoolTrimTo)")
+            } else {
+                "no stream-ordered memory pool in use".into()
+            }),
+        },
+    );
+
+    let released = before
+        .iter()
+        .zip(&after)
+        .map(|(b, a)| b.saturating_sub(*a))
+        .sum();
+    TrimReport {
+        trigger: trigger.into(),
+        merged: 1,
+        python: match outcome {
+            Outcome::Absent => "absent (no Python in this process: CUDA pools only)".into(),
+            Outcome::NotRunning => "not running (no interpreter: CUDA pools only)".into(),
+            Outcome::Finalizing => "finalizing (the interpreter is shutting down: skipped)".into(),
+            Outcome::Answer(_) if !has_framework => {
+                "ran (no PyTorch, CuPy, JAX or TensorFlow in this process: CUDA pools only)".into()
+            }
+            o => o.status(),
+        },
+        devices: devices
+            .iter()
+            .zip(before.iter().zip(&after))
+            .map(|(&device, (&b, &a))| TrimDevice {
+                device,
+                before_bytes: b,
+                after_bytes: a,
+            })
+            .collect(),
+        released_bytes: released,
+        mechanisms,
+    }
+}
+
+/// The one stderr line a trim leaves.
+pub(super) fn announce(t: &TrimReport, report: Option<&std::path::Path>) {
+    let parts: Vec<String> = t
+        .mechanisms
+        .iter()
+        .map(|m| match m.status.as_str() {
+            "trimmed" | "released" => format!("{} {}", m.name, human_bytes(m.released_bytes)),
+            s => format!("{} {s}", m.name),
+        })
+        .collect();
+    let devs: Vec<String> = t
+        .devices
+        .iter()
+        .map(|d| {
+            format!(
+                "device {} {} -> {}",
+                d.device,
+                human_bytes(d.before_bytes),
+                human_bytes(d.after_bytes)
+            )
+        })
+        .collect();
+    log(
+        LogLevel::Warn,
+        format_args!(
+            "trim ({}): {} released ({}); {}; python {}{}",
+            t.trigger,
+            human_bytes(t.released_bytes),
+            parts.join(", "),
+            if devs.is_empty() {
+                "no device memory".into()
+            } else {
+                devs.join(", ")
+            },
+            t.python,
+            report.map_or(String::new(), |p| format!("; report {}", p.display()))
+        ),
+    );
+}

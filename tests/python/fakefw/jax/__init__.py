@@ -1,0 +1,1 @@
+"""A stand-in for JAX in gpuguard's tests: only its presence in sys.modules matters."""

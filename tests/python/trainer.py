@@ -1,0 +1,147 @@
+"""A training-loop stand-in for gpuguard's Python tests, on the simulated CUDA stack.
+
+  trainer.py FRAMEWORK ACTION...
+
+FRAMEWORK: torch, cupy, torch+jax, none (Python without a framework), or nocuda.
+Actions, run in order:
+  cache:MiB     allocate that much in 1 MiB blocks and drop it (the framework caches it)
+  leak:N        one step of the leak: keep N 1 MiB blocks in a global list
+  big:MiB       allocate one block of that size and keep it; prints BIG <MiB> ok|refused
+  raise:SIG     send SIG to this process, without waiting
+  ignore:SIG    set SIG to be ignored (SIG_IGN)
+  signal:SIG    send SIG to this process and wait (running Python) for a new report
+  burst:SIG:N   send SIG N times at once, then wait for reports to settle
+  state         print STATE reserved=<bytes> allocated=<bytes>
+  ready:S       print READY, then run Python for S seconds (an outside signal may come)
+  del-trim      at interpreter shutdown, ask for a trim from inside finalization
+Prints REPORT <path> for every report the waits saw, and OK at the end.
+
+Waits sleep in short steps, as a training loop's main thread releases the GIL in
+every framework call: gpuguard's Python work runs when the main thread takes the GIL
+back (CPython notices pending calls then).
+"""
+import glob
+import os
+import signal
+import sys
+import time
+
+FW = sys.argv[1]
+LEAKS = []
+DIR = os.environ.get("GPUGUARD_DIR", ".")
+
+if FW.startswith("torch"):
+    import torch
+
+    alloc = torch.empty
+    torch.cuda._lazy_init()
+    if FW == "torch+jax":
+        import jax  # noqa: F401
+elif FW == "cupy":
+    import cupy
+
+    import simrt
+
+    alloc = cupy.empty
+    simrt.rt()  # the first CUDA call
+elif FW == "none":
+    import simrt
+
+    def alloc(n):
+        return simrt.malloc(n)
+else:
+    alloc = None
+
+if alloc is not None:
+    # A first allocation, outside any framework: gpuguard activates here (CUDA's
+    # queries alone do not activate it), so its Python side is set up before the
+    # actions run. Freed at once; no framework cache holds it.
+    import simrt
+
+    simrt.free(simrt.malloc(4096))
+
+MiB = 1 << 20
+
+
+def reports():
+    return set(glob.glob(os.path.join(DIR, "gpuguard.*.json")))
+
+
+def wait_new(before, want=1, timeout=20.0):
+    """Runs Python (so pending calls run) until `want` new reports appear."""
+    end = time.time() + timeout
+    while time.time() < end:
+        new = reports() - before
+        if len(new) >= want:
+            time.sleep(0.2)  # let a report being renamed into place settle
+            return sorted(reports() - before)
+        time.sleep(0.002)
+    return sorted(reports() - before)
+
+
+def state():
+    if FW.startswith("torch"):
+        r, a = torch.cuda.memory_reserved(0), torch.cuda.memory_allocated(0)
+    elif FW == "cupy":
+        p = cupy.get_default_memory_pool()
+        r, a = p.total_bytes(), p.used_bytes()
+    else:
+        r = a = 0
+    print("STATE reserved=%d allocated=%d" % (r, a), flush=True)
+
+
+class TrimAtShutdown:
+    def __del__(self):
+        # Module teardown, after Python's atexit: the interpreter is finalizing.
+        before = reports()
+        os.kill(os.getpid(), signal.SIGUSR2)
+        end = time.time() + 3
+        while time.time() < end and not (reports() - before):
+            time.sleep(0.002)
+
+
+for action in sys.argv[2:]:
+    name, _, arg = action.partition(":")
+    if name == "cache":
+        tmp = [alloc(MiB) for _ in range(int(arg))]
+        del tmp
+    elif name == "leak":
+        for _ in range(int(arg)):
+            LEAKS.append(alloc(MiB))  # LEAK-LINE
+    elif name == "big":
+        try:
+            LEAKS.append(alloc(int(arg) * MiB))
+            print("BIG", arg, "ok", flush=True)
+        except MemoryError:
+            print("BIG", arg, "refused", flush=True)
+    elif name == "raise":
+        os.kill(os.getpid(), getattr(signal, "SIG" + arg))
+        time.sleep(0.002)
+    elif name == "ignore":
+        signal.signal(getattr(signal, "SIG" + arg), signal.SIG_IGN)
+    elif name == "signal":
+        before = reports()
+        os.kill(os.getpid(), getattr(signal, "SIG" + arg))
+        for p in wait_new(before):
+            print("REPORT", p, flush=True)
+    elif name == "burst":
+        sig, n = arg.split(":")
+        before = reports()
+        for _ in range(int(n)):
+            os.kill(os.getpid(), getattr(signal, "SIG" + sig))
+        for p in wait_new(before, want=1):
+            print("REPORT", p, flush=True)
+        time.sleep(1.0)
+        time.sleep(0.002)
+    elif name == "state":
+        state()
+    elif name == "ready":
+        print("READY", flush=True)
+        end = time.time() + float(arg)
+        while time.time() < end:
+            time.sleep(0.002)
+    elif name == "del-trim":
+        sys.modules["__main__"].keeper = TrimAtShutdown()
+    else:
+        sys.exit("unknown action " + action)
+print("OK", flush=True)

@@ -1,0 +1,183 @@
+//! Leak reports for Python programs (issue 6): the Python line that holds framework
+//! memory, in use versus cached, and growth between reports, end to end with
+//! python3 over the stand-in frameworks of tests/python/fakefw on the simulated
+//! CUDA stack.
+
+mod common;
+
+use common::{Run, run_trainer, trainer_leak_line};
+use serde_json::Value;
+use std::process::Command;
+
+const MIB: u64 = 1 << 20;
+
+fn report(r: &Run, reason: &str) -> Vec<(std::path::PathBuf, Value)> {
+    let mut v: Vec<(std::path::PathBuf, Value)> = r
+        .reports()
+        .into_iter()
+        .filter(|(_, v)| v["reason"] == reason)
+        .collect();
+    v.sort_by_key(|(_, v)| v["seq"].as_u64());
+    v
+}
+
+fn leak_frame() -> String {
+    format!("trainer.py:{} in <module>", trainer_leak_line())
+}
+
+#[test]
+fn pytorch_exit_report_names_the_leaking_line_and_splits_cache() {
+    // 16 MiB cached, 5 MiB leaked by the marked line.
+    let r = run_trainer(
+        &["torch", "ready:0.5", "cache:16", "leak:2", "leak:3"],
+        &[],
+        true,
+    );
+    r.assert_ok();
+    let exit = &report(&r, "exit")[0].1;
+    let top = &exit["python_sites"][0];
+    assert_eq!(top["framework"], "pytorch");
+    assert!(
+        top["frames"][0].as_str().unwrap().ends_with(&leak_frame()),
+        "{top:#}"
+    );
+    assert_eq!(top["live_bytes"], 5 * MIB);
+    assert_eq!(top["live_count"], 5);
+    let d = &exit["devices"][0];
+    assert_eq!(d["in_use_bytes"], 5 * MIB);
+    assert_eq!(d["cached_bytes"], 11 * MIB);
+    assert_eq!(d["current_bytes"], 16 * MIB);
+    assert_eq!(exit["classification"][0]["status"], "classified");
+    // Every live record is the framework's; only the leaked blocks are in use.
+    let live = exit["live"].as_array().unwrap();
+    assert_eq!(live.len(), 16);
+    assert!(live.iter().all(|a| a["owner"] == "pytorch"));
+    let in_use: u64 = live
+        .iter()
+        .map(|a| a["in_use_bytes"].as_u64().unwrap())
+        .sum();
+    assert_eq!(in_use, 5 * MIB);
+}
+
+#[test]
+fn diff_of_two_mid_run_reports_puts_the_leaking_line_first() {
+    let r = run_trainer(
+        &[
+            "torch",
+            "ready:0.5",
+            "cache:8",
+            "leak:1",
+            "signal:USR1",
+            "leak:4",
+            "cache:8",
+            "signal:USR1",
+        ],
+        &[],
+        true,
+    );
+    r.assert_ok();
+    let sig = report(&r, "signal");
+    assert_eq!(sig.len(), 2, "{}", r.describe());
+    let out = Command::new(env!("CARGO_BIN_EXE_gpuguard"))
+        .arg("diff")
+        .arg(&sig[0].0)
+        .arg(&sig[1].0)
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    // The first growing site listed is the Python line, +4 MiB.
+    let after_header = text
+        .split("most first:")
+        .nth(1)
+        .unwrap_or_else(|| panic!("{text}"));
+    let first_site: Vec<&str> = after_header
+        .split("\n    +")
+        .nth(1)
+        .unwrap_or_else(|| panic!("{text}"))
+        .lines()
+        .collect();
+    assert!(first_site[0].starts_with("4.0 MiB"), "{text}");
+    assert!(
+        first_site
+            .iter()
+            .any(|l| l.contains("[pytorch blocks, Python]")),
+        "{text}"
+    );
+    assert!(
+        first_site.iter().any(|l| l.ends_with(&leak_frame())),
+        "{text}"
+    );
+
+    // `show` renders the Python lines above the native sites.
+    let out = Command::new(env!("CARGO_BIN_EXE_gpuguard"))
+        .arg("show")
+        .arg(&sig[1].0)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let py = text.find("Python lines holding").expect("python section");
+    let native = text
+        .find("call sites by live bytes")
+        .expect("native section");
+    assert!(py < native, "{text}");
+    assert!(text.contains("in use by live tensors/arrays"), "{text}");
+}
+
+#[test]
+fn cupy_blocks_are_attributed_to_their_line() {
+    let r = run_trainer(&["cupy", "ready:0.5", "cache:6", "leak:3"], &[], true);
+    r.assert_ok();
+    let exit = &report(&r, "exit")[0].1;
+    let top = &exit["python_sites"][0];
+    assert_eq!(top["framework"], "cupy");
+    assert!(
+        top["frames"][0].as_str().unwrap().ends_with(&leak_frame()),
+        "{top:#}"
+    );
+    assert_eq!(top["live_bytes"], 3 * MIB);
+    assert_eq!(exit["devices"][0]["in_use_bytes"], 3 * MIB);
+    assert_eq!(exit["devices"][0]["cached_bytes"], 3 * MIB);
+}
+
+#[test]
+fn stacks_off_means_no_recorders_but_still_a_split() {
+    let r = run_trainer(
+        &["torch", "ready:0.5", "cache:4", "leak:1"],
+        &[("GPUGUARD_STACK_DEPTH", "0")],
+        true,
+    );
+    r.assert_ok();
+    let exit = &report(&r, "exit")[0].1;
+    assert!(exit.get("python_sites").is_none(), "{exit:#}");
+    assert_eq!(exit["devices"][0]["in_use_bytes"], MIB);
+    assert_eq!(exit["devices"][0]["cached_bytes"], 3 * MIB);
+    let detail = exit["classification"][0]["detail"].as_str().unwrap();
+    assert!(detail.contains("stacks off"), "{detail}");
+}
+
+#[test]
+fn gpuguard_python_off_leaves_python_alone() {
+    let r = run_trainer(
+        &["torch", "ready:0.5", "cache:4", "leak:1", "signal:USR2"],
+        &[("GPUGUARD_PYTHON", "off")],
+        true,
+    );
+    r.assert_ok();
+    let trim = &report(&r, "trim")[0].1["trim"];
+    assert!(
+        trim["python"].as_str().unwrap().starts_with("absent"),
+        "{trim:#}"
+    );
+    let exit = &report(&r, "exit")[0].1;
+    assert!(exit.get("classification").is_none());
+    assert!(exit["devices"][0].get("in_use_bytes").is_none());
+}
+
+#[test]
+fn a_process_without_gpuguard_is_untouched() {
+    let r = run_trainer(&["torch", "cache:4", "leak:1", "state"], &[], false);
+    r.assert_ok();
+    assert!(r.reports().is_empty());
+    assert!(!r.stderr.contains("gpuguard"));
+}

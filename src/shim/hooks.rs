@@ -891,7 +891,13 @@ unsafe fn ctx_create_v2(
     flags: c_uint,
     dev: c_int,
 ) -> c_int {
-    track::observe(|| unsafe { real(ctx, flags, dev) }, note_created(ctx))
+    track::observe(
+        || {
+            track::creating_context();
+            unsafe { real(ctx, flags, dev) }
+        },
+        note_created(ctx),
+    )
 }
 
 unsafe fn ctx_create_v3(
@@ -904,7 +910,10 @@ unsafe fn ctx_create_v3(
     dev: c_int,
 ) -> c_int {
     track::observe(
-        || unsafe { real(ctx, params, n, flags, dev) },
+        || {
+            track::creating_context();
+            unsafe { real(ctx, params, n, flags, dev) }
+        },
         note_created(ctx),
     )
 }
@@ -918,7 +927,10 @@ unsafe fn ctx_create_v4(
     dev: c_int,
 ) -> c_int {
     track::observe(
-        || unsafe { real(ctx, params, flags, dev) },
+        || {
+            track::creating_context();
+            unsafe { real(ctx, params, flags, dev) }
+        },
         note_created(ctx),
     )
 }

@@ -54,6 +54,11 @@ pub(crate) struct Books {
     pub current_pool: Box<[AtomicU64]>,
     /// Contexts made with cuCtxCreate (the rest are primary contexts).
     pub created_ctx: crate::ledger::U64Map<()>,
+    /// Set before the first cuCtxCreate: until then records need no context.
+    pub created_any: AtomicBool,
+    /// Devices visible to the process, asked at the first allocation (0: not yet;
+    /// -1: the driver could not say).
+    pub device_count: std::sync::atomic::AtomicI32,
     /// VMM mappings, so a handle released while mapped is freed at its last unmap.
     pub vmm: crate::vmm::VmmMaps,
     /// Warning and trim thresholds of capped devices.
@@ -85,6 +90,8 @@ impl Books {
                 .map(|_| AtomicU64::new(0))
                 .collect(),
             created_ctx: Default::default(),
+            created_any: AtomicBool::new(false),
+            device_count: std::sync::atomic::AtomicI32::new(0),
             vmm: crate::vmm::VmmMaps::new(),
             thresholds: caps::new_thresholds(),
             denial: Mutex::new(None),
@@ -93,6 +100,19 @@ impl Books {
             last_cap_report_ns: AtomicU64::new(0),
             nvml: Default::default(),
         }
+    }
+
+    /// Whether exactly one device is visible (so every allocation is on device 0).
+    #[inline]
+    pub fn single_device(&self) -> bool {
+        let mut n = self.device_count.load(Relaxed);
+        if n == 0 {
+            n = real::DRIVER.device_count().filter(|c| *c > 0).unwrap_or(-1);
+            if n > 0 {
+                self.device_count.store(n, Relaxed);
+            }
+        }
+        n == 1
     }
 
     pub fn total(&self, device: i32) -> u64 {

@@ -62,11 +62,13 @@ fn thread() -> &'static ThreadState {
 /// context handle the driver may reuse.
 static CTX_EPOCH: AtomicU64 = AtomicU64::new(0);
 
-pub(crate) struct DriverScope;
+/// A driver hook in progress on this thread; holds the thread's state so the hook
+/// looks it up once.
+pub(crate) struct DriverScope(&'static ThreadState);
 
 impl Drop for DriverScope {
     fn drop(&mut self) {
-        let d = &thread().driver_depth;
+        let d = &self.0.driver_depth;
         d.set(d.get().saturating_sub(1));
     }
 }
@@ -74,17 +76,18 @@ impl Drop for DriverScope {
 /// Enters a driver hook; `None` when this thread is already inside one.
 #[inline]
 pub(crate) fn enter_driver() -> Option<DriverScope> {
-    let d = &thread().driver_depth;
+    let t = thread();
+    let d = &t.driver_depth;
     if d.get() > 0 {
         None
     } else {
         d.set(1);
-        Some(DriverScope)
+        Some(DriverScope(t))
     }
 }
 
-fn thread_id() -> u32 {
-    let t = &thread().thread_id;
+fn thread_id(t: &ThreadState) -> u32 {
+    let t = &t.thread_id;
     let mut id = t.get();
     if id == 0 {
         // SAFETY: gettid has no preconditions.
@@ -111,9 +114,13 @@ pub(crate) fn monotonic_ns() -> u64 {
 
 /// The current context and its device (device 0 when there is no context).
 pub(crate) fn ctx_device() -> (u64, i32) {
+    ctx_device_in(thread())
+}
+
+fn ctx_device_in(t: &ThreadState) -> (u64, i32) {
     let ctx = DRIVER.current_ctx();
     let epoch = CTX_EPOCH.load(Relaxed);
-    let c = &thread().ctx_cache;
+    let c = &t.ctx_cache;
     let (cctx, cdev, cepoch) = c.get();
     if cctx == ctx && cepoch == epoch && ctx != 0 {
         return (ctx, cdev);
@@ -131,9 +138,34 @@ pub(crate) fn contexts_changed() {
 
 const MAX_FRAMES: usize = crate::config::MAX_STACK_DEPTH;
 
+/// The context (0: the device's primary one) and device of an allocation. Asking
+/// the driver for the current context costs a call per allocation, so it is skipped
+/// when the answer cannot matter: no context was ever created with `cuCtxCreate` (so
+/// every record belongs to a primary context, told apart by device) and the device is
+/// known, named by the call (a pool's, a VMM location) or the only one visible.
+fn call_device(t: &ThreadState, books: &Books, named: Option<i32>) -> (u64, i32) {
+    if !books.created_any.load(Relaxed) {
+        if let Some(d) = named {
+            return (0, d);
+        }
+        if books.single_device() {
+            return (0, 0);
+        }
+    }
+    let (ctx, d) = ctx_device_in(t);
+    (ctx, named.unwrap_or(d))
+}
+
+/// A context is about to be created: from now on records carry their context.
+pub(crate) fn creating_context() {
+    if let Some(b) = shielded(books).flatten() {
+        b.created_any.store(true, Relaxed);
+    }
+}
+
 /// This thread's stack bounds, asked once per thread.
-fn stack_bounds() -> (usize, usize) {
-    let b = &thread().stack;
+fn stack_bounds(t: &ThreadState) -> (usize, usize) {
+    let b = &t.stack;
     let mut v = b.get();
     if v == (0, 0) {
         v = super::unwind::stack_bounds();
@@ -143,7 +175,7 @@ fn stack_bounds() -> (usize, usize) {
 }
 
 /// The caller's stack as an interned site id; gpuguard's own frames are skipped.
-pub(crate) fn capture_site(books: &Books) -> u32 {
+fn capture_site_in(books: &Books, t: &ThreadState) -> u32 {
     let depth = config().stack_depth;
     if depth == 0 {
         return NO_SITE;
@@ -151,7 +183,7 @@ pub(crate) fn capture_site(books: &Books) -> u32 {
     let mut pcs = [0usize; MAX_FRAMES];
     let n = super::unwind::capture(
         &mut pcs[..depth.min(MAX_FRAMES)],
-        stack_bounds(),
+        stack_bounds(t),
         &is_own_code,
     );
     if n == 0 {
@@ -192,15 +224,15 @@ pub(crate) struct Made {
 
 /// The API to name: the runtime call in progress on this thread, if any (it is what
 /// the program called), else the driver call.
-fn label_for(api: u8) -> u8 {
-    let f = thread().runtime.get();
+fn label_for(t: &ThreadState, api: u8) -> u8 {
+    let f = t.runtime.get();
     if f.active { f.api } else { api }
 }
 
 /// Tells a runtime call in progress that the driver call beneath it did the work (so
 /// the runtime hook records nothing itself); returns the name to label it with.
-fn claim_for_runtime(api: u8) -> u8 {
-    let r = &thread().runtime;
+fn claim_for_runtime(t: &ThreadState, api: u8) -> u8 {
+    let r = &t.runtime;
     let mut f = r.get();
     if !f.active {
         return api;
@@ -210,14 +242,24 @@ fn claim_for_runtime(api: u8) -> u8 {
     f.api
 }
 
-fn record(books: &Books, api: u8, kind: Kind, made: Made, ctx: u64, device: i32, reserved: bool) {
-    let label = claim_for_runtime(api);
+#[allow(clippy::too_many_arguments)]
+fn record(
+    t: &ThreadState,
+    books: &Books,
+    api: u8,
+    kind: Kind,
+    made: Made,
+    ctx: u64,
+    device: i32,
+    reserved: bool,
+) {
+    let label = claim_for_runtime(t, api);
     let rec = Record {
         bytes: made.bytes,
         ctx,
         t_ns: now_ns(),
-        site: capture_site(books),
-        thread: thread_id(),
+        site: capture_site_in(books, t),
+        thread: thread_id(t),
         device: device.clamp(i16::MIN.into(), i16::MAX.into()) as i16,
         kind,
         api: label,
@@ -253,10 +295,9 @@ enum Admission {
 /// Before the real call: the device, and a reservation of the planned bytes against
 /// its cap. At the cap, what pools hold unused is given back and the reservation
 /// tried once more before refusing.
-fn admit(api: u8, kind: Kind, plan: &Plan) -> Option<Admission> {
+fn admit(t: &ThreadState, api: u8, kind: Kind, plan: &Plan) -> Option<Admission> {
     let books = books()?;
-    let (ctx, ctx_dev) = ctx_device();
-    let dev = plan.device.unwrap_or(ctx_dev);
+    let (ctx, dev) = call_device(t, books, plan.device);
     books.note_device(dev);
     let host = kind.is_host();
     let capped = !host && books.ledger.device(dev).cap().is_some();
@@ -278,7 +319,12 @@ fn admit(api: u8, kind: Kind, plan: &Plan) -> Option<Admission> {
     if books.ledger.reserve(dev, host, reserved) {
         return Some(admitted());
     }
-    books.refused(dev, plan.bytes, label_for(api), capture_site(books));
+    books.refused(
+        dev,
+        plan.bytes,
+        label_for(t, api),
+        capture_site_in(books, t),
+    );
     Some(Admission::Refused)
 }
 
@@ -292,10 +338,11 @@ pub(crate) fn driver_alloc(
     call: impl FnOnce() -> c_int,
     made: impl FnOnce() -> Option<Made>,
 ) -> c_int {
-    let Some(_scope) = enter_driver() else {
+    let Some(scope) = enter_driver() else {
         return call();
     };
-    let (books, ctx, dev, reserved) = match shielded(|| admit(api, kind, &plan)).flatten() {
+    let t = scope.0;
+    let (books, ctx, dev, reserved) = match shielded(|| admit(t, api, kind, &plan)).flatten() {
         Some(Admission::Admitted {
             books,
             ctx,
@@ -325,7 +372,7 @@ pub(crate) fn driver_alloc(
             if m.key.space == crate::ledger::Space::DevicePtr {
                 super::real::DRIVER.free(m.key.value);
             }
-            books.refused(dev, m.bytes, label_for(api), capture_site(books));
+            books.refused(dev, m.bytes, label_for(t, api), capture_site_in(books, t));
             result = OUT_OF_MEMORY;
             return;
         }
@@ -333,7 +380,7 @@ pub(crate) fn driver_alloc(
             ledger.unreserve(dev, host, reserved - m.bytes);
         }
         let key = m.key;
-        record(books, api, kind, m, ctx, dev, true);
+        record(t, books, api, kind, m, ctx, dev, true);
         if !host {
             books.after_alloc(dev, kind, plan.pool);
             if kind == Kind::Pool && books.over_cap_after_trim(dev) {
@@ -344,7 +391,12 @@ pub(crate) fn driver_alloc(
                 }
                 super::real::DRIVER.free(key.value);
                 books.trim_pools(dev);
-                books.refused(dev, plan.bytes, label_for(api), capture_site(books));
+                books.refused(
+                    dev,
+                    plan.bytes,
+                    label_for(t, api),
+                    capture_site_in(books, t),
+                );
                 result = OUT_OF_MEMORY;
             }
         }
@@ -357,7 +409,7 @@ pub(crate) fn driver_alloc(
 /// free puts it back.
 #[inline]
 pub(crate) fn driver_free(key: Key, call: impl FnOnce() -> c_int) -> c_int {
-    let Some(_scope) = enter_driver() else {
+    let Some(scope) = enter_driver() else {
         return call();
     };
     if key.value == 0 {
@@ -365,7 +417,7 @@ pub(crate) fn driver_free(key: Key, call: impl FnOnce() -> c_int) -> c_int {
     }
     let taken = shielded(|| {
         let books = books()?;
-        claim_for_runtime(0);
+        claim_for_runtime(scope.0, 0);
         Some((books, books.ledger.take(key)))
     })
     .flatten();
@@ -424,12 +476,14 @@ pub(crate) fn observe(
     rc
 }
 
-/// The device of a memory pool gpuguard saw created or handed out.
+/// The device of a memory pool gpuguard saw created or handed out (with one device
+/// visible, that one, without a lookup).
 pub(crate) fn pool_device(pool: *mut c_void) -> Option<i32> {
-    super::active_books()?
-        .pools
-        .get(&(pool as u64))
-        .map(|p| p.device)
+    let books = super::active_books()?;
+    if books.single_device() {
+        return Some(0);
+    }
+    books.pools.get(&(pool as u64)).map(|p| p.device)
 }
 
 /// A runtime allocation: the driver call beneath labels and counts it. If none was
@@ -447,8 +501,9 @@ pub(crate) fn runtime_alloc(
             let books = books()?;
             let m = made()?;
             if books.ledger.get(&m.key).is_none() {
-                let (ctx, dev) = ctx_device();
-                record(books, api, kind, m, ctx, dev, false);
+                let t = thread();
+                let (ctx, dev) = ctx_device_in(t);
+                record(t, books, api, kind, m, ctx, dev, false);
             }
             Some(())
         });

@@ -1,0 +1,112 @@
+#!/usr/bin/env python3
+"""CuPy leak workload (issue 6): a loop of small computations that leaks one 8 MiB
+array per step (cupy.full, appended to a global list) at the line marked
+GGV_LEAK_LINE below.
+
+Usage (the whole validation, from the repository root):
+  OUT=/path/to/results bash scripts/gpu/validate_trim_leaks.sh
+
+Run by scripts/gpu/validate_trim_leaks.sh (judged by scripts/gpu/leaks/leak_check.py);
+by hand, from the repository root:
+
+  LD_PRELOAD=$PWD/target/release/libgpuguard.so GPUGUARD_DIR=/tmp/r python3 scripts/gpu/leaks/leak_cupy.py
+
+After the steps in GGV_SIGNAL_STEPS (default "10,30") it sends itself SIGUSR1 and
+waits (running Python) for the signal report. Expected: the exit report's
+python_sites[0] (framework cupy, from gpuguard's CuPy memory hook on the main
+thread) names this file and the GGV_LEAK_LINE line.
+
+Knobs: GGV_STEPS (40), GGV_SIGNAL_STEPS ("10,30"), GGV_LEAK_MIB (8), GGV_SIGNAL_WAIT_S (15),
+GGV_STARTUP_S (1.0: Python run before the loop), GGV_PREWARM_MIB (1024: a chunk
+allocated and dropped first, so that the leaks come out of the pool's cache; 0: off).
+"""
+
+import os
+import signal
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "trim"))
+import tl_common as tl  # noqa: E402
+
+MiB = tl.MiB
+LEAK = []  # the leak: one array per step, never dropped
+
+
+def leak_line():
+    marker = "# GGV_" + "LEAK_LINE"
+    with open(os.path.abspath(__file__)) as f:
+        for i, ln in enumerate(f, 1):
+            if ln.rstrip().endswith(marker):
+                return i
+    return None
+
+
+def main():
+    steps = int(os.environ.get("GGV_STEPS", "40"))
+    sig_steps = [int(s) for s in os.environ.get("GGV_SIGNAL_STEPS", "10,30").split(",") if s.strip()]
+    leak_numel = int(float(os.environ.get("GGV_LEAK_MIB", "8")) * MiB) // 4
+    wait_s = float(os.environ.get("GGV_SIGNAL_WAIT_S", "15"))
+    startup_s = float(os.environ.get("GGV_STARTUP_S", "1.0"))
+    prewarm_mib = int(os.environ.get("GGV_PREWARM_MIB", "1024"))
+    rep_dir = os.environ.get("GPUGUARD_DIR")
+
+    import cupy as cp
+
+    pid = os.getpid()
+    g = tl.guard()
+    if not g.present:
+        signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+    pool = cp.get_default_memory_pool()
+    print("GGV_LEAK_SITE file=%s line=%s" % (os.path.abspath(__file__), leak_line()), flush=True)
+    tl.emit("config", pid=pid, mode="default_pool", steps=steps, signal_steps=sig_steps,
+            leak_bytes_per_step=leak_numel * 4, file=os.path.abspath(__file__), line=leak_line(),
+            cupy=cp.__version__, gpuguard=g.present, gpuguard_version=g.version)
+
+    # A warm pool: one dropped 1 GiB chunk the leaked arrays are carved from.
+    if prewarm_mib:
+        cp.empty(prewarm_mib * MiB, dtype=cp.uint8)  # allocated, then dropped at once
+    w = cp.full((512, 512), 0.001, dtype=cp.float32)
+
+    def step(i):
+        x = cp.arange(256 * 512, dtype=cp.float32).reshape(256, 512) / (256 * 512)
+        y = cp.tanh(x @ w).sum()
+        LEAK.append(cp.full((leak_numel,), i, dtype=cp.float32))  # GGV_LEAK_LINE
+        return float(y)
+
+    # A start-up phase (data loading, in a real run): about a second of Python after
+    # CUDA is up, in which gpuguard turns the framework's recorder on (its attempts
+    # come 0, 0.2, 0.5, 1 s... after the first CUDA call, at a bytecode boundary).
+    # Blocks allocated before that carry no Python line.
+    t0 = time.time()
+    while time.time() - t0 < startup_s:
+        time.sleep(0.02)
+    vals = []
+    last_seq = -1
+    for i in range(steps):
+        vals.append(step(i))
+        if i in sig_steps:
+            cp.cuda.Device(0).synchronize()
+            os.kill(pid, signal.SIGUSR1)
+            e, rep, waited = tl.wait_report(rep_dir, pid, "signal", last_seq, wait_s) if g.present else (None, None, 0)
+            if e:
+                last_seq = e["seq"]
+            d0 = tl.dev_entry(rep, 0) or {}
+            ps = (rep or {}).get("python_sites") or []
+            tl.emit("signal", step=i, leaked=len(LEAK), leaked_bytes=len(LEAK) * leak_numel * 4,
+                    report=e["path"] if e else None, seq=e["seq"] if e else None, waited_s=round(waited, 3),
+                    pool_used=int(pool.used_bytes()), pool_total=int(pool.total_bytes()),
+                    report_in_use=d0.get("in_use_bytes"), report_cached=d0.get("cached_bytes"),
+                    python_sites=len(ps), top_frame=(ps[0].get("frames") or [None])[0] if ps else None)
+    cp.cuda.Device(0).synchronize()
+    c = g.counters(0) or {}
+    tl.emit("summary", mode="default_pool", steps_done=len(vals), leaked=len(LEAK),
+            leaked_bytes=len(LEAK) * leak_numel * 4, pool_used=int(pool.used_bytes()),
+            pool_total=int(pool.total_bytes()), gg_current=c.get("current_bytes"))
+    print("RESULT leak_cupy leaked=%d x %d MiB" % (len(LEAK), leak_numel * 4 // MiB), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

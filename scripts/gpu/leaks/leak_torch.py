@@ -1,0 +1,137 @@
+#!/usr/bin/env python3
+"""PyTorch leak workload (issue 6): a small MLP training loop that leaks one 8 MiB
+tensor per step into a global list, at the line marked GGV_LEAK_LINE below.
+
+Usage (the whole validation, from the repository root):
+  OUT=/path/to/results bash scripts/gpu/validate_trim_leaks.sh
+
+Run by scripts/gpu/validate_trim_leaks.sh (judged by scripts/gpu/leaks/leak_check.py);
+by hand, from the repository root:
+
+  LD_PRELOAD=$PWD/target/release/libgpuguard.so GPUGUARD_DIR=/tmp/r python3 scripts/gpu/leaks/leak_torch.py
+
+Allocator mode from the environment only (PYTORCH_CUDA_ALLOC_CONF unset,
+expandable_segments:True, backend:cudaMallocAsync). GPUGUARD_SNAPSHOT_EVERY must be
+unset. After the steps listed in GGV_SIGNAL_STEPS (default "10,30") the script sends
+itself SIGUSR1 (gpuguard's report signal) and waits, running Python (a 50 ms poll,
+so that gpuguard's pending call can take PyTorch's block states on this main
+thread), for the new signal report. The exit report is written at exit. Expected:
+the exit report's python_sites[0] names this file and the GGV_LEAK_LINE line
+(frames[0]); devices[0].in_use_bytes >= the leaked bytes; `gpuguard diff` of the two
+signal reports lists that line in its first site.
+
+Output: GGV_LEAK_SITE file=... line=N (where the leak is), GGV_JSON records
+("config", "signal", "summary"). Knobs: GGV_STEPS (40), GGV_SIGNAL_STEPS ("10,30"),
+GGV_LEAK_MIB (8), GGV_SIGNAL_WAIT_S (15), GGV_STARTUP_S (1.0: Python run before the
+loop, as a real start-up would), GGV_PREWARM_MIB (1024: a block allocated and dropped
+before the loop, so that the leaks come out of the cache; 0: off).
+"""
+
+import os
+import signal
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "trim"))
+import tl_common as tl  # noqa: E402
+
+MiB = tl.MiB
+LEAK = []  # the leak: one tensor per step, never dropped
+
+
+def leak_line():
+    marker = "# GGV_" + "LEAK_LINE"
+    with open(os.path.abspath(__file__)) as f:
+        for i, ln in enumerate(f, 1):
+            if ln.rstrip().endswith(marker):
+                return i
+    return None
+
+
+def main():
+    steps = int(os.environ.get("GGV_STEPS", "40"))
+    sig_steps = [int(s) for s in os.environ.get("GGV_SIGNAL_STEPS", "10,30").split(",") if s.strip()]
+    leak_numel = int(float(os.environ.get("GGV_LEAK_MIB", "8")) * MiB) // 4
+    wait_s = float(os.environ.get("GGV_SIGNAL_WAIT_S", "15"))
+    startup_s = float(os.environ.get("GGV_STARTUP_S", "1.0"))
+    prewarm_mib = int(os.environ.get("GGV_PREWARM_MIB", "1024"))
+    rep_dir = os.environ.get("GPUGUARD_DIR")
+
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+
+    pid = os.getpid()
+    g = tl.guard()
+    if not g.present:
+        signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+    dev = torch.device("cuda", 0)
+    torch.cuda.set_device(dev)
+    torch.manual_seed(1234)
+    conf = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
+    mode = "cudaMallocAsync" if "cudaMallocAsync" in conf else "expandable" if "expandable_segments:True" in conf \
+        else "default"
+    print("GGV_LEAK_SITE file=%s line=%s" % (os.path.abspath(__file__), leak_line()), flush=True)
+    tl.emit("config", pid=pid, mode=mode, backend=torch.cuda.memory.get_allocator_backend(), steps=steps,
+            signal_steps=sig_steps, leak_bytes_per_step=leak_numel * 4, file=os.path.abspath(__file__),
+            line=leak_line(), prewarm_mib=prewarm_mib, torch=torch.__version__, gpuguard=g.present,
+            gpuguard_version=g.version)
+
+    # A warm cache, as in a real training run: one dropped 1 GiB block the leaked
+    # tensors are then carved from, so no native (cudaMalloc/cuMemCreate) site grows
+    # with the leak and only the Python line can show it. (Cold, each pair of 8 MiB
+    # tensors would get a fresh 20 MiB segment, the caching allocator's rounding for
+    # 1-10 MiB requests: a native site growing faster than the leak itself.)
+    warm = torch.empty(prewarm_mib * MiB, dtype=torch.uint8, device=dev) if prewarm_mib else None
+    del warm
+    # Small on purpose: the leak (40 x 8 MiB) must be the largest Python site.
+    model = nn.Sequential(nn.Linear(512, 1024), nn.GELU(), nn.Linear(1024, 512)).to(dev)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+
+    def step(i):
+        x = torch.randn(256, 512, device=dev)
+        loss = F.mse_loss(model(x), torch.tanh(x))
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        LEAK.append(torch.full((leak_numel,), float(i), device=dev))  # GGV_LEAK_LINE
+        return loss.item()
+
+    # A start-up phase (data loading, in a real run): about a second of Python after
+    # CUDA is up, in which gpuguard turns the framework's recorder on (its attempts
+    # come 0, 0.2, 0.5, 1 s... after the first CUDA call, at a bytecode boundary).
+    # Blocks allocated before that carry no Python line.
+    t0 = time.time()
+    while time.time() - t0 < startup_s:
+        time.sleep(0.02)
+    losses = []
+    last_seq = -1
+    for i in range(steps):
+        losses.append(step(i))
+        if i in sig_steps:
+            torch.cuda.synchronize()
+            t0 = time.time()
+            os.kill(pid, signal.SIGUSR1)
+            e, rep, waited = tl.wait_report(rep_dir, pid, "signal", last_seq, wait_s) if g.present else (None, None, 0)
+            if e:
+                last_seq = e["seq"]
+            d0 = tl.dev_entry(rep, 0) or {}
+            ps = (rep or {}).get("python_sites") or []
+            tl.emit("signal", step=i, leaked=len(LEAK), leaked_bytes=len(LEAK) * leak_numel * 4,
+                    report=e["path"] if e else None, seq=e["seq"] if e else None, waited_s=round(waited, 3),
+                    allocated=torch.cuda.memory_allocated(), reserved=torch.cuda.memory_reserved(),
+                    report_in_use=d0.get("in_use_bytes"), report_cached=d0.get("cached_bytes"),
+                    python_sites=len(ps), top_frame=(ps[0].get("frames") or [None])[0] if ps else None,
+                    t=round(t0, 3))
+    torch.cuda.synchronize()
+    c = g.counters(0) or {}
+    tl.emit("summary", mode=mode, steps_done=len(losses), losses=losses, leaked=len(LEAK),
+            leaked_bytes=len(LEAK) * leak_numel * 4, allocated=torch.cuda.memory_allocated(),
+            reserved=torch.cuda.memory_reserved(), gg_current=c.get("current_bytes"))
+    print("RESULT leak_torch mode=%s leaked=%d x %d MiB" % (mode, len(LEAK), leak_numel * 4 // MiB), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

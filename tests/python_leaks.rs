@@ -181,3 +181,17 @@ fn a_process_without_gpuguard_is_untouched() {
     assert!(r.reports().is_empty());
     assert!(!r.stderr.contains("gpuguard"));
 }
+
+#[test]
+fn the_exit_report_is_taken_before_the_interpreter_tears_down() {
+    // The program ends holding 3 MiB in a global list; Python's teardown frees them
+    // (their __del__ calls cudaFree). The exit report shows what the program held at
+    // its end, not the empty state after teardown.
+    let r = run_trainer(&["none", "owned:3"], &[], true);
+    r.assert_ok();
+    let exits = report(&r, "exit");
+    assert_eq!(exits.len(), 1, "one exit report\n{}", r.describe());
+    let exit = &exits[0].1;
+    assert_eq!(exit["devices"][0]["current_bytes"], 3 * MIB);
+    assert_eq!(exit["live"].as_array().unwrap().len(), 3);
+}

@@ -321,7 +321,7 @@ extern "C" fn at_exit() {
         if worker::claim_cap_report(books) {
             shielded(|| worker::write_report("cap"));
         }
-        shielded(|| worker::write_report("exit"));
+        worker::write_exit_report();
         log(
             LogLevel::Debug,
             format_args!(

@@ -506,8 +506,16 @@ extern "C" fn submit(_module: Obj, arg: Obj) -> Obj {
         let text = unsafe { utf8(a, arg) };
         if let Some(text) = text {
             let (tag, body) = text.split_once('\n').unwrap_or(("reply", &text));
-            let slot = if tag == "exit" { &AT_EXIT } else { &ANSWER };
-            *lock(slot) = Some(body.to_string());
+            if tag == "exit" {
+                *lock(&AT_EXIT) = Some(body.to_string());
+                // The program's own code is done and the interpreter is whole: what
+                // is live now is what the program held at its end. Python's teardown
+                // frees its globals next (and a framework without a cache hands their
+                // memory straight back), so the exit report is written here.
+                super::worker::write_exit_report();
+            } else {
+                *lock(&ANSWER) = Some(body.to_string());
+            }
         } else {
             // Not a str: clear the TypeError so `None` can be returned.
             // SAFETY: GIL held.

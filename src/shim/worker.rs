@@ -165,6 +165,7 @@ pub(super) fn after_fork_in_child() {
     }
     REPORT_REQUESTS.store(0, Relaxed);
     TRIM_REQUESTS.store(0, Relaxed);
+    EXIT_WRITTEN.store(false, Relaxed);
     super::python::after_fork_in_child();
 }
 
@@ -520,6 +521,17 @@ fn classification(books: &super::Books, reason: &str) -> Option<crate::classify:
             log(LogLevel::Warn, format_args!("{e}"));
             None
         }
+    }
+}
+
+/// Set once the exit report is written (from Python's `atexit` in a Python process,
+/// else from the C-level exit handler), so it is written once.
+static EXIT_WRITTEN: AtomicBool = AtomicBool::new(false);
+
+/// The exit report, the first time this is asked for in the process.
+pub(crate) fn write_exit_report() {
+    if active_books().is_some() && !EXIT_WRITTEN.swap(true, AcqRel) {
+        shielded(|| write_report("exit"));
     }
 }
 

@@ -7,6 +7,8 @@ Actions, run in order:
   cache:MiB     allocate that much in 1 MiB blocks and drop it (the framework caches it)
   leak:N        one step of the leak: keep N 1 MiB blocks in a global list
   big:MiB       allocate one block of that size and keep it; prints BIG <MiB> ok|refused
+  owned:N       keep N 1 MiB blocks in objects that free them in __del__ (so the
+                interpreter's teardown frees them, as PyTorch's async backend does)
   raise:SIG     send SIG to this process, without waiting
   ignore:SIG    set SIG to be ignored (SIG_IGN)
   signal:SIG    send SIG to this process and wait (running Python) for a new report
@@ -90,6 +92,18 @@ def state():
     print("STATE reserved=%d allocated=%d" % (r, a), flush=True)
 
 
+class Owned:
+    def __init__(self, n):
+        import simrt
+
+        self.ptr = simrt.malloc(n)
+
+    def __del__(self):
+        import simrt
+
+        simrt.free(self.ptr)
+
+
 class TrimAtShutdown:
     def __del__(self):
         # Module teardown, after Python's atexit: the interpreter is finalizing.
@@ -114,6 +128,9 @@ for action in sys.argv[2:]:
             print("BIG", arg, "ok", flush=True)
         except MemoryError:
             print("BIG", arg, "refused", flush=True)
+    elif name == "owned":
+        for _ in range(int(arg)):
+            LEAKS.append(Owned(MiB))
     elif name == "raise":
         os.kill(os.getpid(), getattr(signal, "SIG" + arg))
         time.sleep(0.002)

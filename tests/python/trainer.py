@@ -97,11 +97,11 @@ class Owned:
         import simrt
 
         self.ptr = simrt.malloc(n)
+        # Held here: modules may be gone when teardown runs __del__.
+        self.free = simrt.free
 
     def __del__(self):
-        import simrt
-
-        simrt.free(self.ptr)
+        self.free(self.ptr)
 
 
 class TrimAtShutdown:

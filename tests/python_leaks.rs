@@ -195,3 +195,30 @@ fn the_exit_report_is_taken_before_the_interpreter_tears_down() {
     assert_eq!(exit["devices"][0]["current_bytes"], 3 * MIB);
     assert_eq!(exit["live"].as_array().unwrap().len(), 3);
 }
+
+#[test]
+fn jax_buffers_get_their_lines_from_jax_s_own_profile() {
+    // The arena (64 MiB) is one driver allocation; JAX's memory_stats split it and
+    // its device memory profile names the line of each live buffer.
+    let r = run_trainer(&["jax", "ready:0.5", "leak:3"], &[], true);
+    r.assert_ok();
+    let exit = &report(&r, "exit")[0].1;
+    let top = &exit["python_sites"][0];
+    assert_eq!(top["framework"], "jax");
+    assert!(
+        top["frames"][0].as_str().unwrap().ends_with(&leak_frame()),
+        "{top:#}"
+    );
+    assert_eq!(top["live_bytes"], 3 * MIB);
+    assert_eq!(top["live_count"], 3);
+    let d = &exit["devices"][0];
+    assert_eq!(d["in_use_bytes"], 3 * MIB);
+    assert_eq!(d["cached_bytes"], 61 * MIB);
+    let c = exit["classification"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["framework"] == "jax")
+        .unwrap();
+    assert_eq!(c["status"], "classified");
+}

@@ -225,14 +225,16 @@ def _gg_trim(args):
 
 def _gg_sites(blocks, out_sites):
     by = {}
-    for fw, size, frames in blocks:
+    for b in blocks:
+        fw, size, frames = b[0], b[1], b[2]
+        n = b[3] if len(b) > 3 else 1
         k = (fw, frames)
         e = by.get(k)
         if e is None:
-            by[k] = [size, 1]
+            by[k] = [size, n]
         else:
             e[0] += size
-            e[1] += 1
+            e[1] += n
     for (fw, frames), (size, n) in by.items():
         out_sites.append({"framework": fw, "frames": list(frames), "bytes": size, "count": n})
 
@@ -322,15 +324,175 @@ def _gg_classify_now(args):
             fw = {"framework": "cupy", "status": "unavailable", "detail": _gg_err(e)}
         res["frameworks"].append(fw)
     if "jax" in sys.modules or "jaxlib" in sys.modules:
-        res["frameworks"].append(
-            {
-                "framework": "jax",
-                "status": "unavailable",
-                "detail": "JAX's arena is not visible from outside; its memory is unclassified",
-            }
-        )
+        res["frameworks"].append(_gg_jax(devices, res, blocks))
     _gg_sites(blocks, res["sites"])
     return res
+
+
+def _gg_jax_backend_up():
+    """Whether JAX has started its GPU backend (asking for devices would start it,
+    and starting it preallocates most of the device)."""
+    xb = sys.modules.get("jax._src.xla_bridge")
+    backends = getattr(xb, "_backends", None) if xb is not None else None
+    return bool(backends) and any(k in backends for k in ("cuda", "gpu", "rocm"))
+
+
+def _gg_jax(devices, res, blocks):
+    if not _gg_jax_backend_up():
+        return {"framework": "jax", "status": "unavailable", "detail": "JAX's GPU backend is not started"}
+    try:
+        import jax
+
+        gpus = [d for d in jax.local_devices() if d.platform in ("gpu", "cuda", "rocm")]
+        for d in gpus:
+            ordinal = getattr(d, "local_hardware_id", None)
+            if ordinal is None:
+                ordinal = d.id
+            if ordinal not in devices:
+                continue
+            st = d.memory_stats() or {}
+            in_use = int(st.get("bytes_in_use", 0))
+            reserved = int(st.get("pool_bytes", st.get("bytes_reserved", in_use)))
+            res["devices"].append(
+                {"framework": "jax", "device": ordinal, "in_use": in_use, "reserved": max(reserved, in_use)}
+            )
+        detail = "totals from JAX's memory_stats() (its arena: in use vs held)"
+        try:
+            for size, frames, count in _gg_jax_profile(jax):
+                blocks.append(("jax", size, frames, count))
+            detail += "; Python lines from JAX's device memory profile"
+        except Exception as e:
+            detail += "; no Python lines (%s)" % _gg_err(e)
+        return {"framework": "jax", "status": "classified", "detail": detail}
+    except Exception as e:
+        return {"framework": "jax", "status": "unavailable", "detail": _gg_err(e)}
+
+
+def _gg_pb(buf):
+    """Fields of one protobuf message: (field number, wire type, value)."""
+    i, n = 0, len(buf)
+
+    def varint():
+        nonlocal i
+        shift = v = 0
+        while True:
+            b = buf[i]
+            i += 1
+            v |= (b & 0x7F) << shift
+            if b < 0x80:
+                return v
+            shift += 7
+
+    while i < n:
+        key = varint()
+        f, wt = key >> 3, key & 7
+        if wt == 0:
+            yield f, wt, varint()
+        elif wt == 2:
+            ln = varint()
+            yield f, wt, buf[i : i + ln]
+            i += ln
+        elif wt == 1:
+            yield f, wt, int.from_bytes(buf[i : i + 8], "little")
+            i += 8
+        elif wt == 5:
+            yield f, wt, int.from_bytes(buf[i : i + 4], "little")
+            i += 4
+        else:
+            raise ValueError("protobuf wire type %d" % wt)
+
+
+def _gg_pb_ints(wt, v):
+    """A repeated integer field's values, packed (wire type 2) or not."""
+    return [v] if wt == 0 else _gg_unpack(v)
+
+
+def _gg_unpack(buf):
+    vals, i = [], 0
+    while i < len(buf):
+        shift = v = 0
+        while True:
+            b = buf[i]
+            i += 1
+            v |= (b & 0x7F) << shift
+            if b < 0x80:
+                break
+            shift += 7
+        vals.append(v)
+    return vals
+
+
+def _gg_jax_profile(jax):
+    """(bytes, frames) of each live buffer group in JAX's device memory profile (a
+    gzipped pprof; each sample's locations are the Python frames that made it)."""
+    import gzip
+
+    prof = jax.profiler.device_memory_profile()
+    if prof[:2] == b"\x1f\x8b":
+        prof = gzip.decompress(prof)
+    strings, samples, locations, functions = [], [], {}, {}
+    for f, wt, v in _gg_pb(prof):
+        if f == 6:
+            strings.append(v.decode("utf-8", "replace"))
+        elif f == 2:
+            samples.append(v)
+        elif f == 4:
+            lid, lines = 0, []
+            for g, gwt, gv in _gg_pb(v):
+                if g == 1:
+                    lid = gv
+                elif g == 4:
+                    fn, ln = 0, 0
+                    for h, _, hv in _gg_pb(gv):
+                        if h == 1:
+                            fn = hv
+                        elif h == 2:
+                            ln = hv
+                    lines.append((fn, ln))
+            locations[lid] = lines
+        elif f == 5:
+            fid, name, fname = 0, 0, 0
+            for g, _, gv in _gg_pb(v):
+                if g == 1:
+                    fid = gv
+                elif g == 2:
+                    name = gv
+                elif g == 4:
+                    fname = gv
+            functions[fid] = (name, fname)
+    out = []
+    import os
+
+    jdir = os.path.dirname(jax.__file__) + os.sep
+    for raw in samples:
+        locs, vals, labels = [], [], {}
+        for g, gwt, gv in _gg_pb(raw):
+            if g == 1:
+                locs.extend(_gg_pb_ints(gwt, gv))
+            elif g == 2:
+                vals.extend(_gg_pb_ints(gwt, gv))
+            elif g == 3:
+                key = sv = 0
+                for h, _, hv in _gg_pb(gv):
+                    if h == 1:
+                        key = hv
+                    elif h == 2:
+                        sv = hv
+                if key < len(strings) and sv < len(strings):
+                    labels[strings[key]] = strings[sv]
+        if labels.get("kind", "buffer") != "buffer" or len(vals) < 2:
+            continue
+        frames = []
+        for lid in locs:
+            for fid, line in locations.get(lid, []):
+                name, fname = functions.get(fid, (0, 0))
+                file = strings[fname] if fname < len(strings) else "?"
+                frames.append("%s:%d in %s" % (file, line, strings[name] if name < len(strings) else "?"))
+        while len(frames) > 1 and frames[0].startswith(jdir):
+            frames.pop(0)
+        if frames:
+            out.append((int(vals[1]), tuple(frames), int(vals[0])))
+    return out
 
 
 def _gg_classify(args):

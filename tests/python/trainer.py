@@ -2,7 +2,7 @@
 
   trainer.py FRAMEWORK ACTION...
 
-FRAMEWORK: torch, cupy, torch+jax, none (Python without a framework), or nocuda.
+FRAMEWORK: torch, cupy, jax, torch+jax, none (Python without a framework), or nocuda.
 Actions, run in order:
   cache:MiB     allocate that much in 1 MiB blocks and drop it (the framework caches it)
   leak:N        one step of the leak: keep N 1 MiB blocks in a global list
@@ -39,6 +39,11 @@ if FW.startswith("torch"):
     torch.cuda._lazy_init()
     if FW == "torch+jax":
         import jax  # noqa: F401
+elif FW == "jax":
+    import jax
+
+    jax.init()
+    alloc = jax.empty
 elif FW == "cupy":
     import cupy
 

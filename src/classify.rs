@@ -48,8 +48,9 @@ impl Answer {
     }
 }
 
-/// Adds the classification to a report.
-pub fn apply(report: &mut Report, answer: Answer) {
+/// Adds the classification to a report; returns whether a recorder gave blocks.
+pub fn apply(report: &mut Report, answer: Answer) -> bool {
+    let recorded = !answer.blocks.is_empty();
     report.classification = answer.frameworks;
     for d in &mut report.devices {
         let mine: Vec<&FrameworkDevice> = answer
@@ -89,6 +90,77 @@ pub fn apply(report: &mut Report, answer: Answer) {
         s.id = i as u32;
     }
     report.python_sites = sites;
+    recorded
+}
+
+/// The framework name of Python sites taken from the calling thread's own stack.
+pub const FROM_STACK: &str = "python-stack";
+
+/// Python sites from the call sites themselves: a site whose frames include Python
+/// frames (read from the allocating thread) gives its Python part as a Python site,
+/// unless a framework's recorder owns its memory (then the blocks' own lines, already
+/// in `python_sites`, are the better answer: a framework segment's first allocation
+/// says little about what fills it). This is what names the line for PyTorch's
+/// `cudaMallocAsync` backend, where each tensor is one allocation.
+///
+/// With a recorder's blocks at hand (`recorded`), only stream-ordered allocations
+/// count (each is one object; a framework's cached segments are not).
+pub fn python_sites_from_stacks(report: &mut Report, recorded: bool) {
+    use crate::report::PY_FRAME;
+    use std::collections::{BTreeMap, HashMap};
+    // Per site: whether any of its live allocations is owned, and whether all are
+    // stream-ordered.
+    let mut seen: HashMap<u32, (bool, bool)> = HashMap::new();
+    for a in &report.live {
+        if let Some(id) = a.site {
+            let e = seen.entry(id).or_insert((false, true));
+            e.0 |= a.owner.is_some();
+            e.1 &= a.kind == "pool";
+        }
+    }
+    let mut by: BTreeMap<Vec<String>, (u64, u64)> = BTreeMap::new();
+    for s in &report.sites {
+        let keep = match seen.get(&s.id) {
+            Some(&(owned, all_pool)) => !owned && (!recorded || all_pool),
+            None => !recorded,
+        };
+        if !keep {
+            continue;
+        }
+        let py: Vec<String> = s
+            .frames
+            .iter()
+            .filter_map(|f| f.strip_prefix(PY_FRAME))
+            .filter(|f| !f.starts_with('('))
+            .map(str::to_string)
+            .collect();
+        if py.is_empty() {
+            continue;
+        }
+        let e = by.entry(py).or_default();
+        e.0 += s.live_bytes;
+        e.1 += s.live_count;
+    }
+    if by.is_empty() {
+        return;
+    }
+    report
+        .python_sites
+        .extend(by.into_iter().map(|(frames, (bytes, count))| PythonSite {
+            id: 0,
+            framework: FROM_STACK.into(),
+            frames,
+            live_bytes: bytes,
+            live_count: count,
+        }));
+    report.python_sites.sort_by(|a, b| {
+        b.live_bytes
+            .cmp(&a.live_bytes)
+            .then_with(|| a.frames.cmp(&b.frames))
+    });
+    for (i, s) in report.python_sites.iter_mut().enumerate() {
+        s.id = i as u32;
+    }
 }
 
 /// Marks each live device allocation that framework blocks lie in: its owner and
@@ -193,6 +265,70 @@ mod tests {
         assert_eq!(r.live[0].owner, None);
         // A device no framework spoke of stays unclassified.
         assert!(r.devices.is_empty());
+    }
+
+    #[test]
+    fn stack_python_frames_become_python_sites_unless_a_framework_owns_them() {
+        use crate::report::Site;
+        let site = |id: u32, frames: &[&str], bytes: u64| Site {
+            id,
+            frames: frames.iter().map(|f| f.to_string()).collect(),
+            live_bytes: bytes,
+            live_count: 1,
+        };
+        let mut r = Report {
+            sites: vec![
+                site(
+                    0,
+                    &[
+                        "libtorch+0x1",
+                        "python: a.py:3 in f",
+                        "python: a.py:9 in <module>",
+                    ],
+                    300,
+                ),
+                site(1, &["libtorch+0x1", "python: a.py:4 in g"], 200),
+                site(2, &["libtorch+0x1", "python: (code no longer alive)"], 50),
+                site(3, &["main+0x1"], 10),
+                site(
+                    4,
+                    &[
+                        "libtorch+0x1",
+                        "python: a.py:3 in f",
+                        "python: a.py:9 in <module>",
+                    ],
+                    5,
+                ),
+            ],
+            live: vec![
+                LiveAllocation {
+                    site: Some(1),
+                    owner: Some("pytorch".into()),
+                    kind: "device".into(),
+                    ..Default::default()
+                },
+                LiveAllocation {
+                    site: Some(4),
+                    kind: "pool".into(),
+                    ..Default::default()
+                },
+            ],
+            ..Default::default()
+        };
+        let mut plain = r.clone();
+        python_sites_from_stacks(&mut plain, false);
+        assert_eq!(plain.python_sites.len(), 1, "{:?}", plain.python_sites);
+        let p = &plain.python_sites[0];
+        assert_eq!(p.frames, vec!["a.py:3 in f", "a.py:9 in <module>"]);
+        assert_eq!((p.live_bytes, p.live_count), (305, 2));
+        assert_eq!(p.framework, FROM_STACK);
+        // With a recorder's blocks, only the stream-ordered allocations' sites.
+        python_sites_from_stacks(&mut r, true);
+        assert_eq!(r.python_sites.len(), 1);
+        assert_eq!(
+            (r.python_sites[0].live_bytes, r.python_sites[0].live_count),
+            (5, 1)
+        );
     }
 
     #[test]

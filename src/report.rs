@@ -6,6 +6,9 @@ use std::borrow::Cow;
 
 pub const SCHEMA: &str = "gpuguard-report/1";
 
+/// How a Python frame in a site's `frames` starts (`python: train.py:42 in step`).
+pub const PY_FRAME: &str = "python: ";
+
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
 pub struct Report {
     pub schema: String,

@@ -222,3 +222,49 @@ fn jax_buffers_get_their_lines_from_jax_s_own_profile() {
         .unwrap();
     assert_eq!(c["status"], "classified");
 }
+
+#[test]
+fn python_frames_of_the_allocating_thread_name_the_line_without_a_recorder() {
+    // Raw allocations through ctypes: no framework, no recorder. The hook reads the
+    // calling thread's Python frames itself; they are named while the code is alive.
+    let r = run_trainer(&["none", "ready:0.5", "leak:3", "ready:0.5"], &[], true);
+    r.assert_ok();
+    let exit = &report(&r, "exit")[0].1;
+    let top = &exit["python_sites"][0];
+    assert_eq!(top["framework"], "python-stack");
+    assert_eq!(top["live_bytes"], 3 * MIB);
+    let frames: Vec<&str> = top["frames"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f.as_str().unwrap())
+        .collect();
+    assert!(
+        frames[0].contains("simrt.py:") && frames[0].ends_with("in malloc"),
+        "{frames:?}"
+    );
+    assert!(
+        frames.iter().any(|f| f.ends_with(&leak_frame())),
+        "{frames:?}"
+    );
+    // The native site carries the same Python frames after its native ones.
+    let site = &exit["sites"][0];
+    let last: Vec<&str> = site["frames"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|f| f.as_str())
+        .filter(|f| f.starts_with("python: "))
+        .collect();
+    assert_eq!(last.len(), frames.len(), "{site:#}");
+
+    // Stacks off: no frames read at all.
+    let r = run_trainer(
+        &["none", "ready:0.5", "leak:3", "ready:0.5"],
+        &[("GPUGUARD_STACK_DEPTH", "0")],
+        true,
+    );
+    r.assert_ok();
+    let exit = &report(&r, "exit")[0].1;
+    assert!(exit.get("python_sites").is_none(), "{exit:#}");
+}

@@ -40,6 +40,8 @@ struct Api {
     dec_ref: unsafe extern "C" fn(Obj),
     err_fetch: unsafe extern "C" fn(*mut Obj, *mut Obj, *mut Obj),
     object_str: unsafe extern "C" fn(Obj) -> Obj,
+    /// `PyGILState_GetThisThreadState`: this thread's state, without the GIL.
+    this_thread_state: unsafe extern "C" fn() -> *const c_void,
     none: Obj,
 }
 
@@ -71,6 +73,12 @@ static SUBMIT_DEF: MethodDef = MethodDef {
 static DEVICES_DEF: MethodDef = MethodDef {
     name: c"_gg_devices".as_ptr(),
     meth: devices as *const c_void,
+    flags: METH_NOARGS,
+    doc: std::ptr::null(),
+};
+static PAIRS_DEF: MethodDef = MethodDef {
+    name: c"_gg_pending_pairs".as_ptr(),
+    meth: pending_pairs as *const c_void,
     flags: METH_NOARGS,
     doc: std::ptr::null(),
 };
@@ -134,6 +142,7 @@ fn resolve() -> Option<Api> {
         dec_ref: sym!(c"Py_DecRef"),
         err_fetch: sym!(c"PyErr_Fetch"),
         object_str: sym!(c"PyObject_Str"),
+        this_thread_state: sym!(c"PyGILState_GetThisThreadState"),
         none,
     })
 }
@@ -299,10 +308,15 @@ pub(crate) fn run(call: &str, wait: Option<Duration>) -> Outcome {
 /// The Python statement that calls one of `bridge.py`'s entry points with what it
 /// needs to know: the devices gpuguard has seen memory on, and the stack depth (0:
 /// no recorders).
+/// Python frames of call sites not resolved yet go along, so they are named while
+/// their code objects are alive.
 pub(crate) fn call(function: &str, devices: &[i32]) -> String {
     let devices = serde_json::to_string(devices).unwrap_or_else(|_| "[]".into());
     let depth = super::settings().cfg.stack_depth;
-    format!("{function}({{\"devices\": {devices}, \"depth\": {depth}}})")
+    let pairs = super::active_books()
+        .map(|b| frames::pairs_json(&frames::unresolved(&b.sites)))
+        .unwrap_or_else(|| "[]".into());
+    format!("{function}({{\"devices\": {devices}, \"depth\": {depth}, \"pairs\": {pairs}}})")
 }
 
 /// The classification Python's `atexit` handed over, if it ran.
@@ -387,7 +401,8 @@ unsafe fn namespace(a: &Api) -> Result<Obj, String> {
         }
         let ok = (a.dict_set_item_string)(ns, c"__builtins__".as_ptr(), (a.get_builtins)()) == 0
             && set_function(a, ns, &SUBMIT_DEF)
-            && set_function(a, ns, &DEVICES_DEF);
+            && set_function(a, ns, &DEVICES_DEF)
+            && set_function(a, ns, &PAIRS_DEF);
         if !ok {
             let e = error_text(a);
             (a.dec_ref)(ns);
@@ -506,7 +521,11 @@ extern "C" fn submit(_module: Obj, arg: Obj) -> Obj {
         let text = unsafe { utf8(a, arg) };
         if let Some(text) = text {
             let (tag, body) = text.split_once('\n').unwrap_or(("reply", &text));
-            if tag == "exit" {
+            if tag == "frames" {
+                frames::set_layout(body);
+            } else if tag == "resolved" {
+                frames::resolved(body);
+            } else if tag == "exit" {
                 *lock(&AT_EXIT) = Some(body.to_string());
                 // The program's own code is done and the interpreter is whole: what
                 // is live now is what the program held at its end. Python's teardown
@@ -540,4 +559,193 @@ extern "C" fn devices(_module: Obj, _unused: Obj) -> Obj {
     let text = serde_json::to_string(&list).unwrap_or_else(|_| "[]".into());
     // SAFETY: GIL held; a new str from a valid buffer.
     unsafe { (a.from_utf8)(text.as_ptr() as *const c_char, text.len() as isize) }
+}
+
+/// `_gg_pending_pairs()`: the Python frames in call sites not yet resolved, as JSON
+/// `[[code address, offset], ...]`. GIL held.
+extern "C" fn pending_pairs(_module: Obj, _unused: Obj) -> Obj {
+    let Some(a) = api() else {
+        return std::ptr::null_mut();
+    };
+    let text = shielded(|| {
+        super::active_books()
+            .map(|b| frames::pairs_json(&frames::unresolved(&b.sites)))
+            .unwrap_or_else(|| "[]".into())
+    })
+    .unwrap_or_else(|| "[]".into());
+    // SAFETY: GIL held; a new str from a valid buffer.
+    unsafe { (a.from_utf8)(text.as_ptr() as *const c_char, text.len() as isize) }
+}
+
+/// The calling thread's Python frames, read by a hook without the GIL.
+///
+/// Only the thread itself changes its frame chain, and it is inside the hook, so the
+/// chain and the code objects it references hold still while it is read. Where the
+/// thread state keeps it, and how frames are laid out, is measured by `bridge.py`
+/// (`_gg_calibrate`) for the running interpreter and checked there before it is
+/// handed over; until then (and if it failed) nothing is read.
+pub(crate) mod frames {
+    use super::{api, lock};
+    use crate::sites::SiteTable;
+    use std::collections::HashMap;
+    use std::sync::Mutex;
+    use std::sync::atomic::{AtomicBool, AtomicI64, Ordering::*};
+
+    /// Marks a site entry as a Python frame: bit 63, the bytecode offset in bits 47
+    /// to 62, the code object's address below (user addresses fit in 47 bits).
+    pub const PY_TAG: usize = 1 << 63;
+    const ADDR_MASK: usize = (1 << 47) - 1;
+    const OFFSET_MAX: usize = 0xFFFF;
+
+    static ON: AtomicBool = AtomicBool::new(false);
+    /// mode (1: interpreter frames, 2: frame objects), ts_off, ts_deref (-1: none),
+    /// code_off, prev_off, instr_off, base.
+    static LAYOUT: [AtomicI64; 7] = [const { AtomicI64::new(0) }; 7];
+    /// Resolved entries: file:line in function, or None when the code was gone.
+    static NAMES: Mutex<Option<HashMap<usize, Option<String>>>> = Mutex::new(None);
+
+    #[derive(serde::Deserialize)]
+    struct Layout {
+        mode: i64,
+        ts_off: i64,
+        ts_deref: i64,
+        code_off: i64,
+        prev_off: i64,
+        instr_off: i64,
+        base: i64,
+    }
+
+    /// The layout from `_gg_calibrate`, or its reason for having none.
+    pub(super) fn set_layout(json: &str) {
+        match serde_json::from_str::<Layout>(json) {
+            Ok(l) if (1..=2).contains(&l.mode) => {
+                for (slot, v) in LAYOUT.iter().zip([
+                    l.mode,
+                    l.ts_off,
+                    l.ts_deref,
+                    l.code_off,
+                    l.prev_off,
+                    l.instr_off,
+                    l.base,
+                ]) {
+                    slot.store(v, Relaxed);
+                }
+                ON.store(true, Release);
+            }
+            _ => super::super::log(
+                super::super::LogLevel::Info,
+                format_args!("no Python frames in call sites: {json}"),
+            ),
+        }
+    }
+
+    /// Appends this thread's Python frames (innermost first) to `out`; returns how
+    /// many. No lock, no allocation, no call into Python.
+    #[inline]
+    pub(crate) fn walk(out: &mut [usize]) -> usize {
+        if out.is_empty() || !ON.load(Acquire) {
+            return 0;
+        }
+        let Some(a) = api() else {
+            return 0;
+        };
+        let l: [i64; 7] = std::array::from_fn(|i| LAYOUT[i].load(Relaxed));
+        let [mode, ts_off, ts_deref, code_off, prev_off, instr_off, base] = l;
+        // SAFETY: reads of this thread's own thread state and frames at offsets
+        // measured and checked for this interpreter; every pointer is checked for
+        // null and alignment before it is followed.
+        unsafe {
+            let ts = (a.this_thread_state)() as usize;
+            if ts == 0 {
+                return 0;
+            }
+            let mut frame = word(ts, ts_off);
+            if ts_deref >= 0 {
+                frame = word(frame, ts_deref);
+            }
+            let mut n = 0;
+            while frame != 0 && n < out.len() {
+                let code = word(frame, code_off);
+                if code == 0 || code & 7 != 0 || code > ADDR_MASK {
+                    break;
+                }
+                let offset = if mode == 1 {
+                    let instr = word(frame, instr_off);
+                    instr.wrapping_sub(code).wrapping_sub(base as usize)
+                } else {
+                    let lasti = *((frame as isize + instr_off as isize) as *const i32);
+                    (lasti.max(0) as usize) * 2
+                };
+                out[n] = PY_TAG | (offset.min(OFFSET_MAX) << 47) | code;
+                n += 1;
+                frame = word(frame, prev_off);
+            }
+            n
+        }
+    }
+
+    /// The word at `base + off`, 0 if `base` is null or misaligned.
+    unsafe fn word(base: usize, off: i64) -> usize {
+        if base == 0 || base & 7 != 0 {
+            return 0;
+        }
+        // SAFETY: per the caller.
+        unsafe { std::ptr::read_volatile((base as isize + off as isize) as *const usize) }
+    }
+
+    pub(crate) fn enabled() -> bool {
+        ON.load(Relaxed)
+    }
+
+    pub(crate) fn is_python(entry: usize) -> bool {
+        entry & PY_TAG != 0
+    }
+
+    fn split(entry: usize) -> (usize, usize) {
+        (entry & ADDR_MASK, (entry >> 47) & OFFSET_MAX)
+    }
+
+    /// `file:line in function` for a resolved entry; None if not (yet) resolved.
+    pub(crate) fn text(entry: usize) -> Option<String> {
+        lock(&NAMES).as_ref()?.get(&entry).cloned().flatten()
+    }
+
+    /// Python entries of the sites that have not been resolved yet.
+    pub(crate) fn unresolved(sites: &SiteTable) -> Vec<usize> {
+        if !ON.load(Acquire) {
+            return Vec::new();
+        }
+        let names = lock(&NAMES);
+        let mut out: Vec<usize> = sites
+            .all()
+            .iter()
+            .flat_map(|s| s.iter().copied())
+            .filter(|e| is_python(*e) && names.as_ref().is_none_or(|m| !m.contains_key(e)))
+            .collect();
+        out.sort_unstable();
+        out.dedup();
+        out
+    }
+
+    pub(crate) fn pairs_json(entries: &[usize]) -> String {
+        let pairs: Vec<(usize, usize)> = entries.iter().map(|e| split(*e)).collect();
+        serde_json::to_string(&pairs).unwrap_or_else(|_| "[]".into())
+    }
+
+    /// `_gg_resolve`'s answer: `[[address, offset, text or null], ...]`.
+    pub(super) fn resolved(json: &str) {
+        let Ok(list) = serde_json::from_str::<Vec<(usize, usize, Option<String>)>>(json) else {
+            return;
+        };
+        let mut names = lock(&NAMES);
+        let m = names.get_or_insert_with(HashMap::new);
+        for (addr, off, text) in list {
+            let entry = PY_TAG | (off.min(OFFSET_MAX) << 47) | (addr & ADDR_MASK);
+            // A miss is kept too: its code object is gone and will not come back,
+            // and asking again would search every live function each time.
+            if text.is_some() || !m.contains_key(&entry) {
+                m.insert(entry, text);
+            }
+        }
+    }
 }

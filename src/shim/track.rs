@@ -137,6 +137,8 @@ pub(crate) fn contexts_changed() {
 // ---- stacks ----------------------------------------------------------------------
 
 const MAX_FRAMES: usize = crate::config::MAX_STACK_DEPTH;
+/// Python frames kept after the native ones, in a thread running Python.
+const PY_FRAMES: usize = 16;
 
 /// The context (0: the device's primary one) and device of an allocation. Asking
 /// the driver for the current context costs a call per allocation, so it is skipped
@@ -180,12 +182,13 @@ fn capture_site_in(books: &Books, t: &ThreadState) -> u32 {
     if depth == 0 {
         return NO_SITE;
     }
-    let mut pcs = [0usize; MAX_FRAMES];
-    let n = super::unwind::capture(
+    let mut pcs = [0usize; MAX_FRAMES + PY_FRAMES];
+    let mut n = super::unwind::capture(
         &mut pcs[..depth.min(MAX_FRAMES)],
         stack_bounds(t),
         &is_own_code,
     );
+    n += super::python::frames::walk(&mut pcs[n..n + PY_FRAMES]);
     if n == 0 {
         return NO_SITE;
     }

@@ -182,6 +182,7 @@ fn run(fd: c_int) {
     let mut last_auto_trim: Option<u64> = None;
     let started = super::track::monotonic_ns();
     let mut installs = 0usize;
+    let mut sites_seen = 0usize;
     // The count was reset at activation: a signal that came between then and now is
     // a request this thread must still answer.
     let mut handled = 0;
@@ -194,6 +195,9 @@ fn run(fd: c_int) {
     loop {
         let cap_waiting = active_books().is_some_and(|b| b.cap_pending.load(Acquire));
         let mut timeout_ms: u64 = if cap_waiting { 100 } else { 1000 };
+        if super::python::frames::enabled() {
+            timeout_ms = timeout_ms.min(200); // new Python call sites are named soon
+        }
         if let Some(due) = next_snapshot {
             let left = due.saturating_sub(super::track::monotonic_ns());
             timeout_ms = timeout_ms.min(left.div_ceil(1_000_000));
@@ -234,6 +238,18 @@ fn run(fd: c_int) {
         if t.saturating_sub(started) >= due.saturating_mul(1_000_000) {
             installs += 1;
             shielded(install_python);
+        } else if let Some(books) = active_books() {
+            // New call sites with Python frames: have them named soon, while their
+            // code objects are alive.
+            let n = books.sites.len();
+            if n != sites_seen {
+                sites_seen = n;
+                if shielded(|| !super::python::frames::unresolved(&books.sites).is_empty())
+                    .unwrap_or(false)
+                {
+                    shielded(install_python);
+                }
+            }
         }
         if let (Some(due), Some(every)) = (next_snapshot, every_ns) {
             let t = super::track::monotonic_ns();
@@ -384,6 +400,16 @@ type Tables = RefCell<HashMap<String, Option<SymbolTable>>>;
 /// loader's), else `module+0x..`. Frames of gpuguard and the CUDA libraries are marked
 /// internal, so a site starts at the caller.
 fn symbolize(pc: usize, tables: &Tables) -> FrameInfo {
+    use super::python::frames;
+    if frames::is_python(pc) {
+        return FrameInfo {
+            text: match frames::text(pc) {
+                Some(t) => format!("{}{t}", crate::report::PY_FRAME),
+                None => format!("{}(code no longer alive)", crate::report::PY_FRAME),
+            },
+            internal: false,
+        };
+    }
     // A return address points after the call; look up the call itself.
     let at = pc.saturating_sub(1);
     // SAFETY: dladdr only reads the loader's tables.
@@ -586,9 +612,8 @@ pub(crate) fn write_report_with(reason: &str, extra: Extra) -> Option<PathBuf> {
     };
     let mut report = reporter::build(&input);
     report.trim = extra.trim;
-    if let Some(c) = classes {
-        crate::classify::apply(&mut report, c);
-    }
+    let recorded = classes.is_some_and(|c| crate::classify::apply(&mut report, c));
+    crate::classify::python_sites_from_stacks(&mut report, recorded);
     let name = reporter::file_name(&program, s.launch.rank, pid, seq, reason);
     let headline = headline(&report);
     // Compact JSON, streamed to the file: `gpuguard show` is for reading it.

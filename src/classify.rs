@@ -48,9 +48,10 @@ impl Answer {
     }
 }
 
-/// Adds the classification to a report; returns whether a recorder gave blocks.
+/// Adds the classification to a report; returns whether a framework's recorder
+/// gave blocks or lines (then its memory is better named by them than by stacks).
 pub fn apply(report: &mut Report, answer: Answer) -> bool {
-    let recorded = !answer.blocks.is_empty();
+    let recorded = !answer.blocks.is_empty() || !answer.sites.is_empty();
     report.classification = answer.frameworks;
     for d in &mut report.devices {
         let mine: Vec<&FrameworkDevice> = answer

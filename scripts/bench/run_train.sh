@@ -13,10 +13,13 @@
 #
 # Budget: TRAIN_BUDGET_S (default 280 s). A pair starts only if its estimated time (the
 # last run of that workload, doubled) fits; JAX and CuPy pairs also leave room for the
-# PyTorch pairs still to come, so with a short budget they get fewer pairs.
+# PyTorch pairs still to come, so with a short budget they get fewer pairs; with
+# TORCH_RESERVE=0 they do not, and the rounds simply run in turn until the budget ends
+# (every workload gets the same number of pairs, give or take the last round).
 # Knobs: OUT (/tmp/gg-bench-out), PAIRS (5), WORKLOADS ("torch-default torch-async jax
 # cupy"), TORCH_STEPS (60), JAX_STEPS (300), CUPY_STEPS (300), WARMUP (20), RUN_TIMEOUT_S
-# (150), MICRO_RESULTS (a micro_results.txt for the bound; default $OUT/micro_results.txt).
+# (150), MICRO_RESULTS (a micro_results.txt for the bound; default $OUT/micro_results.txt),
+# TORCH_RESERVE (1), GG_BENCH_AB and GG_BENCH_WAIT_S (train_bench.py's diagnostics).
 # Writes $OUT/train_results.txt and $OUT/train_summary.md; logs under $BENCH_WORK/train.
 set -u
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -75,8 +78,9 @@ for r in $(seq 1 "$PAIRS"); do
   for w in $WORKLOADS; do
     need=$((2 * ${EST[$w]}))
     reserve=0
-    case $w in
-    jax | cupy)
+    case ${TORCH_RESERVE:-1}:$w in
+    0:*) ;;
+    *:jax | *:cupy)
       # keep time for the PyTorch pairs of the rounds after this one
       for tw in torch-default torch-async; do
         case " $WORKLOADS " in *" $tw "*) reserve=$((reserve + (PAIRS - r) * 2 * ${EST[$tw]})) ;; esac

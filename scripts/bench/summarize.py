@@ -352,12 +352,15 @@ def train(path, micro_path=None):
     """Lines: TR round=R variant=bare|gg RESULT workload=W steps_s=X ..."""
     runs = defaultdict(lambda: defaultdict(dict))  # (workload) -> variant -> round -> f
     counts = {}
+    diags = []  # FW, FWCALLS, ABSUM records of train_bench.py, in order
     for kind, tags, f, proc in read(path):
         if kind == "RESULT":
             wl = f.get("workload", "?")
             runs[wl][tags.get("variant")][tags.get("round")] = f
         elif kind == "CALLS":
             counts[f.get("workload", "?")] = f
+        elif kind in ("FW", "FWCALLS", "ABSUM", "DIAG_ERROR"):
+            diags.append((kind, tags, f))
     if not runs:
         print("no RESULT records found in", path)
         return
@@ -408,6 +411,24 @@ def train(path, micro_path=None):
         print()
         print("bound = (intercepted pairs per step × added ns per pair) / step time: the "
               "slow-down gpuguard can cause through its hooks, independent of run-to-run noise.")
+    if diags:
+        print()
+        print("### framework recorders (train_bench.py diagnostics)")
+        print()
+        print("FW: the recorder gpuguard turns on (before/after the timed steps); FWCALLS: "
+              "framework allocations per timed step; ABSUM: the same steps in one process "
+              "with gpuguard's recorder off and on.")
+        print()
+        print("| round | variant | record | fields |")
+        print("|---:|---|---|---|")
+        for kind, tags, f in diags:
+            if kind == "FWCALLS":
+                steps = fnum(f.get("steps")) or 0
+                a = fnum(f.get("allocs"))
+                if steps and a is not None:
+                    f = dict(f, allocs_per_step=f"{a / steps:.1f}")
+            print(f"| {tags.get('round', '?')} | {tags.get('variant', '?')} | {kind} | "
+                  + " ".join(f"{k}={v}" for k, v in f.items()) + " |")
 
 
 def main():

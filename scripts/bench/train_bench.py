@@ -18,13 +18,55 @@ Prints (stdout):
   CALLS workload=W steps=N allocs=A frees=F step_ms=Y     (only under gpuguard)
 CALLS counts what gpuguard intercepted on device 0 during the timed steps, read through
 its C API (ctypes.CDLL(None).gpuguard_device_counters) before and after them.
+
+Diagnostics, printed after RESULT (so a failure in them never loses the result):
+  FW workload=W before=S after=S [wait_s=X extra_steps=N]
+      the framework recorder gpuguard turns on in Python processes, as seen by the
+      program: torch-default: PyTorch's memory recorder (on/off, probed through a fresh
+      block's frames in torch.cuda.memory._snapshot()); cupy: the memory hooks on the
+      main thread. Under gpuguard the warm-up is extended (at most GG_BENCH_WAIT_S, 15 s)
+      until the recorder is on, so the timed steps measure the steady state.
+  FWCALLS workload=W steps=N allocs=A frees=F
+      framework-level allocations per timed step: torch: memory_stats()
+      allocation.all.allocated/freed; cupy: pool mallocs/frees counted by a hook over
+      100 extra steps after the timing.
+  AB workload=W seg=K mode=off|on step_ms=Y   and   ABSUM ...
+      only under gpuguard with GG_BENCH_AB=K > 0: K pairs of segments of the same steps
+      in the same process with gpuguard's recorder off and on (torch-default: the
+      PyTorch recorder, 10 steps a segment; cupy: gpuguard's CuPy hook, 500 steps):
+      the recorder's own cost, without run-to-run noise.
 """
 import argparse
 import ctypes
 import os
 import random
+import statistics
 import sys
 import time
+
+WAIT_S = float(os.environ.get("GG_BENCH_WAIT_S", "15"))
+AB = int(os.environ.get("GG_BENCH_AB", "0") or 0)
+
+
+def diag(fn, *a):
+    """Runs a diagnostic; an error in it is printed, never raised."""
+    try:
+        return fn(*a)
+    except Exception as e:  # noqa: BLE001
+        print(f"DIAG_ERROR {fn.__name__}: {type(e).__name__}: {e}", flush=True)
+        return None
+
+
+def ab_summary(name, res, seg_steps):
+    off, on = res["off"], res["on"]
+    ratios = [b / a for a, b in zip(off, on) if a]
+    if not off or not on:
+        return
+    mo, mn = statistics.median(off), statistics.median(on)
+    print(f"ABSUM workload={name} pairs={len(ratios)} seg_steps={seg_steps} off_ms={mo:.4f} "
+          f"on_ms={mn:.4f} cost_pct={100 * (mn / mo - 1):.2f} "
+          f"pair_cost_pct={','.join(f'{100 * (r - 1):.2f}' for r in ratios)} "
+          f"median_pair_cost_pct={100 * (statistics.median(ratios) - 1):.2f}", flush=True)
 
 
 class GGCounters(ctypes.Structure):
@@ -113,8 +155,39 @@ def run_torch(args, gg):
         opt.step()
         return loss
 
+    def recorder():
+        """'on'/'off' for PyTorch's memory recorder, from a fresh block's frames."""
+        try:
+            if torch.cuda.get_allocator_backend() != "native":
+                return "unsupported"
+        except Exception:  # noqa: BLE001
+            pass
+        x = torch.empty(1 << 16, dtype=torch.uint8, device=dev)
+        p = x.data_ptr()
+        for seg in torch.cuda.memory._snapshot().get("segments", []):
+            addr = seg.get("address", 0)
+            for b in seg.get("blocks", []):
+                if b.get("address", addr) == p:
+                    return "on" if b.get("frames") else "off"
+                addr += b.get("size", 0)
+        return "unknown"
+
     for t in lens[:args.warmup]:
         step(t)
+    torch.cuda.synchronize()
+    state0 = diag(recorder)
+    wait, extra = 0.0, 0
+    if gg and state0 == "off":
+        # gpuguard turns the recorder on from its own thread a little after CUDA starts:
+        # keep warming up until it is on, so the timed steps measure the steady state.
+        w0 = time.perf_counter()
+        while state0 == "off" and time.perf_counter() - w0 < WAIT_S:
+            step(lens[extra % args.warmup])
+            extra += 1
+            torch.cuda.synchronize()
+            state0 = diag(recorder)
+        wait = time.perf_counter() - w0
+    stats0 = diag(torch.cuda.memory_stats)
     torch.cuda.synchronize()
     before = gg() if gg else None
     t0 = time.perf_counter()
@@ -123,11 +196,43 @@ def run_torch(args, gg):
     torch.cuda.synchronize()
     dt = time.perf_counter() - t0
     after = gg() if gg else None
+    stats1 = diag(torch.cuda.memory_stats)
     lv = float(loss.item())
     if lv != lv:
         print("ERROR loss is NaN", file=sys.stderr)
         sys.exit(1)
     report(name, args.steps, dt, lv, before, after)
+    print(f"FW workload={name} before={state0} after={diag(recorder)} wait_s={wait:.2f} "
+          f"extra_steps={extra}", flush=True)
+    if stats0 and stats1:
+        k_a, k_f = "allocation.all.allocated", "allocation.all.freed"
+        print(f"FWCALLS workload={name} steps={args.steps} "
+              f"allocs={stats1.get(k_a, -1) - stats0.get(k_a, 0)} "
+              f"frees={stats1.get(k_f, -1) - stats0.get(k_f, 0)}", flush=True)
+
+    def ab():
+        seg = lens[args.warmup:args.warmup + 10]
+        on_args = dict(enabled="state", context="state", stacks="python")
+        res = {"off": [], "on": []}
+        for k in range(AB):
+            for mode in (("off", "on") if k % 2 == 0 else ("on", "off")):
+                if mode == "off":
+                    torch.cuda.memory._record_memory_history(enabled=None)
+                else:
+                    torch.cuda.memory._record_memory_history(**on_args)
+                torch.cuda.synchronize()
+                t1 = time.perf_counter()
+                for t in seg:
+                    step(t)
+                torch.cuda.synchronize()
+                ms = (time.perf_counter() - t1) * 1e3 / len(seg)
+                res[mode].append(ms)
+                print(f"AB workload={name} seg={k} mode={mode} step_ms={ms:.4f}", flush=True)
+        torch.cuda.memory._record_memory_history(**on_args)
+        ab_summary(name, res, len(seg))
+
+    if gg and AB > 0 and state0 == "on":
+        diag(ab)
 
 
 # ---------------------------------------------------------------------------------------
@@ -199,10 +304,34 @@ def run_cupy(args, gg):
         p = m @ m.T
         return c[-1] + p.sum() + b.max()
 
+    from cupy.cuda import memory_hook
+
+    def hooks():
+        # get_memory_hooks() switches CuPy to its hooked path for the thread: ask
+        # _has_memory_hooks() first, so a bare run stays on the plain path.
+        has = getattr(memory_hook, "_has_memory_hooks", None)
+        if has is not None and not has():
+            return "none"
+        tl = getattr(memory_hook, "thread_local", None)
+        if has is None and tl is not None and getattr(tl, "memory_hooks", None) is None:
+            return "none"
+        return ",".join(memory_hook.get_memory_hooks()) or "none"
+
     s = None
     for i in range(args.warmup):
         s = step(i)
     cp.cuda.Device().synchronize()
+    state0 = diag(hooks)
+    wait, extra = 0.0, 0
+    if gg and state0 is not None and "gpuguard" not in state0:
+        w0 = time.perf_counter()
+        while "gpuguard" not in (state0 or "") and time.perf_counter() - w0 < WAIT_S:
+            for _ in range(10):
+                step(extra % args.warmup)
+                extra += 1
+            cp.cuda.Device().synchronize()
+            state0 = diag(hooks)
+        wait = time.perf_counter() - w0
     before = gg() if gg else None
     t0 = time.perf_counter()
     for i in range(args.warmup, args.warmup + args.steps):
@@ -211,6 +340,59 @@ def run_cupy(args, gg):
     dt = time.perf_counter() - t0
     after = gg() if gg else None
     report("cupy", args.steps, dt, float(s), before, after)
+    print(f"FW workload=cupy before={state0} after={diag(hooks)} wait_s={wait:.2f} "
+          f"extra_steps={extra}", flush=True)
+
+    def count():
+        class Count(memory_hook.MemoryHook):
+            name = "gg_bench_count"
+
+            def __init__(self):
+                self.m = 0
+                self.f = 0
+
+            def malloc_preprocess(self, **kw):
+                self.m += 1
+
+            def free_preprocess(self, **kw):
+                self.f += 1
+
+        n = min(100, args.steps)
+        with Count() as h:
+            for i in range(args.warmup, args.warmup + n):
+                step(i)
+            cp.cuda.Device().synchronize()
+        print(f"FWCALLS workload=cupy steps={n} allocs={h.m} frees={h.f}", flush=True)
+
+    diag(count)
+
+    def ab():
+        h = memory_hook.get_memory_hooks().get("gpuguard")
+        if h is None:
+            return
+        n = min(500, args.steps)
+        res = {"off": [], "on": []}
+        for k in range(AB):
+            for mode in (("off", "on") if k % 2 == 0 else ("on", "off")):
+                hs = memory_hook.get_memory_hooks()
+                if mode == "off" and "gpuguard" in hs:
+                    h.__exit__(None, None, None)
+                elif mode == "on" and "gpuguard" not in hs:
+                    h.__enter__()
+                cp.cuda.Device().synchronize()
+                t1 = time.perf_counter()
+                for i in range(args.warmup, args.warmup + n):
+                    step(i)
+                cp.cuda.Device().synchronize()
+                ms = (time.perf_counter() - t1) * 1e3 / n
+                res[mode].append(ms)
+                print(f"AB workload=cupy seg={k} mode={mode} step_ms={ms:.4f}", flush=True)
+        if "gpuguard" not in memory_hook.get_memory_hooks():
+            h.__enter__()
+        ab_summary("cupy", res, n)
+
+    if gg and AB > 0 and "gpuguard" in (state0 or ""):
+        diag(ab)
 
 
 def main():

@@ -49,9 +49,9 @@ impl Answer {
 }
 
 /// Adds the classification to a report; returns whether a framework's recorder
-/// gave blocks or lines (then its memory is better named by them than by stacks).
+/// gave Python lines (then its memory is better named by them than by stacks).
 pub fn apply(report: &mut Report, answer: Answer) -> bool {
-    let recorded = !answer.blocks.is_empty() || !answer.sites.is_empty();
+    let recorded = !answer.sites.is_empty();
     report.classification = answer.frameworks;
     for d in &mut report.devices {
         let mine: Vec<&FrameworkDevice> = answer
@@ -98,14 +98,15 @@ pub fn apply(report: &mut Report, answer: Answer) -> bool {
 pub const FROM_STACK: &str = "python-stack";
 
 /// Python sites from the call sites themselves: a site whose frames include Python
-/// frames (read from the allocating thread) gives its Python part as a Python site,
-/// unless a framework's recorder owns its memory (then the blocks' own lines, already
-/// in `python_sites`, are the better answer: a framework segment's first allocation
-/// says little about what fills it). This is what names the line for PyTorch's
-/// `cudaMallocAsync` backend, where each tensor is one allocation.
+/// frames (read from the allocating thread) gives its Python part as a Python site:
+/// the line whose allocation took that memory from the driver. For PyTorch's
+/// `cudaMallocAsync` backend each tensor is one such allocation; for a caching
+/// allocator it is the line that made the framework grow (a leak that keeps the cache
+/// growing shows there).
 ///
-/// With a recorder's blocks at hand (`recorded`), only stream-ordered allocations
-/// count (each is one object; a framework's cached segments are not).
+/// When a framework's recorder gave block-exact lines (`recorded`), those are the
+/// better answer for its memory; stacks then add only what no framework owns and
+/// that is stream-ordered (one allocation per object).
 pub fn python_sites_from_stacks(report: &mut Report, recorded: bool) {
     use crate::report::PY_FRAME;
     use std::collections::{BTreeMap, HashMap};
@@ -122,7 +123,7 @@ pub fn python_sites_from_stacks(report: &mut Report, recorded: bool) {
     let mut by: BTreeMap<Vec<String>, (u64, u64)> = BTreeMap::new();
     for s in &report.sites {
         let keep = match seen.get(&s.id) {
-            Some(&(owned, all_pool)) => !owned && (!recorded || all_pool),
+            Some(&(owned, all_pool)) => !recorded || (!owned && all_pool),
             None => !recorded,
         };
         if !keep {
@@ -318,11 +319,13 @@ mod tests {
         };
         let mut plain = r.clone();
         python_sites_from_stacks(&mut plain, false);
-        assert_eq!(plain.python_sites.len(), 1, "{:?}", plain.python_sites);
+        assert_eq!(plain.python_sites.len(), 2, "{:?}", plain.python_sites);
         let p = &plain.python_sites[0];
         assert_eq!(p.frames, vec!["a.py:3 in f", "a.py:9 in <module>"]);
         assert_eq!((p.live_bytes, p.live_count), (305, 2));
         assert_eq!(p.framework, FROM_STACK);
+        assert_eq!(plain.python_sites[1].frames, vec!["a.py:4 in g"]);
+        assert_eq!(plain.python_sites[1].id, 1);
         // With a recorder's blocks, only the stream-ordered allocations' sites.
         python_sites_from_stacks(&mut r, true);
         assert_eq!(r.python_sites.len(), 1);

@@ -45,8 +45,12 @@ pub struct Config {
     /// Least time between two automatic trims (threshold, cap), in milliseconds.
     pub trim_interval_ms: u64,
     /// Whether gpuguard may run its Python side in a Python process (trims of
-    /// PyTorch/CuPy caches, their recorders, cache-or-leak classification).
+    /// PyTorch/CuPy caches, cache-or-leak classification, Python frames in sites).
     pub python: bool,
+    /// Also turn on the frameworks' own recorders (PyTorch's memory history, a CuPy
+    /// memory hook) for block-exact Python lines; they cost the framework time on
+    /// every allocation, so they are off unless asked for (`GPUGUARD_PYTHON=lines`).
+    pub python_recorders: bool,
 }
 
 impl Default for Config {
@@ -64,6 +68,7 @@ impl Default for Config {
             trim_signal: Some(libc::SIGUSR2),
             trim_interval_ms: 5_000,
             python: true,
+            python_recorders: false,
         }
     }
 }
@@ -187,10 +192,11 @@ impl Config {
             })?;
         }
         if let Some(v) = get("GPUGUARD_PYTHON") {
-            cfg.python = match v.trim().to_ascii_lowercase().as_str() {
-                "on" | "1" | "yes" | "true" => true,
-                "off" | "0" | "no" | "false" => false,
-                _ => return Err(err("GPUGUARD_PYTHON", &v, "on or off")),
+            (cfg.python, cfg.python_recorders) = match v.trim().to_ascii_lowercase().as_str() {
+                "on" | "1" | "yes" | "true" => (true, false),
+                "lines" => (true, true),
+                "off" | "0" | "no" | "false" => (false, false),
+                _ => return Err(err("GPUGUARD_PYTHON", &v, "on, lines or off")),
             };
         }
         if let Some(v) = get("GPUGUARD_CAP") {
@@ -497,7 +503,12 @@ mod tests {
         let c = parse(&[]).unwrap();
         assert_eq!(c.trim_signal, Some(libc::SIGUSR2));
         assert_eq!(c.trim_interval_ms, 5_000);
-        assert!(c.python);
+        assert!(c.python && !c.python_recorders);
+        assert!(
+            parse(&[("GPUGUARD_PYTHON", "lines")])
+                .unwrap()
+                .python_recorders
+        );
         let c = parse(&[
             ("GPUGUARD_TRIM_SIGNAL", "hup"),
             ("GPUGUARD_TRIM_INTERVAL", "250ms"),

@@ -25,12 +25,16 @@ fn leak_frame() -> String {
     format!("trainer.py:{} in <module>", trainer_leak_line())
 }
 
+/// `GPUGUARD_PYTHON=lines`: the frameworks' own recorders, block-exact lines.
+const LINES: &[(&str, &str)] = &[("GPUGUARD_PYTHON", "lines")];
+
 #[test]
 fn pytorch_exit_report_names_the_leaking_line_and_splits_cache() {
-    // 16 MiB cached, 5 MiB leaked by the marked line.
+    // 16 MiB cached, 5 MiB leaked by the marked line, in blocks the cache already
+    // held: only PyTorch's recorder can tell which line holds them.
     let r = run_trainer(
         &["torch", "ready:0.5", "cache:16", "leak:2", "leak:3"],
-        &[],
+        LINES,
         true,
     );
     r.assert_ok();
@@ -60,6 +64,38 @@ fn pytorch_exit_report_names_the_leaking_line_and_splits_cache() {
 }
 
 #[test]
+fn by_default_the_line_that_grew_pytorch_s_cache_is_named_from_the_stack() {
+    // No recorder (the default): the hooks' own reading of the Python stack names
+    // the line whose allocations made PyTorch take new memory from the driver; the
+    // in-use/cached split and each segment's owner come from PyTorch's snapshot.
+    let r = run_trainer(&["torch", "ready:0.5", "leak:3", "ready:0.5"], &[], true);
+    r.assert_ok();
+    let exit = &report(&r, "exit")[0].1;
+    let top = &exit["python_sites"][0];
+    assert_eq!(top["framework"], "python-stack");
+    assert_eq!(top["live_bytes"], 3 * MIB);
+    assert!(
+        top["frames"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|f| f.as_str().unwrap().ends_with(&leak_frame())),
+        "{top:#}"
+    );
+    assert_eq!(exit["devices"][0]["in_use_bytes"], 3 * MIB);
+    assert_eq!(exit["devices"][0]["cached_bytes"], 0);
+    assert!(
+        exit["live"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|a| a["owner"] == "pytorch")
+    );
+    let detail = exit["classification"][0]["detail"].as_str().unwrap();
+    assert!(detail.contains("recorder off"), "{detail}");
+}
+
+#[test]
 fn diff_of_two_mid_run_reports_puts_the_leaking_line_first() {
     let r = run_trainer(
         &[
@@ -72,7 +108,7 @@ fn diff_of_two_mid_run_reports_puts_the_leaking_line_first() {
             "cache:8",
             "signal:USR1",
         ],
-        &[],
+        LINES,
         true,
     );
     r.assert_ok();
@@ -126,7 +162,7 @@ fn diff_of_two_mid_run_reports_puts_the_leaking_line_first() {
 
 #[test]
 fn cupy_blocks_are_attributed_to_their_line() {
-    let r = run_trainer(&["cupy", "ready:0.5", "cache:6", "leak:3"], &[], true);
+    let r = run_trainer(&["cupy", "ready:0.5", "cache:6", "leak:3"], LINES, true);
     r.assert_ok();
     let exit = &report(&r, "exit")[0].1;
     let top = &exit["python_sites"][0];
@@ -144,7 +180,7 @@ fn cupy_blocks_are_attributed_to_their_line() {
 fn stacks_off_means_no_recorders_but_still_a_split() {
     let r = run_trainer(
         &["torch", "ready:0.5", "cache:4", "leak:1"],
-        &[("GPUGUARD_STACK_DEPTH", "0")],
+        &[("GPUGUARD_STACK_DEPTH", "0"), ("GPUGUARD_PYTHON", "lines")],
         true,
     );
     r.assert_ok();
@@ -152,8 +188,7 @@ fn stacks_off_means_no_recorders_but_still_a_split() {
     assert!(exit.get("python_sites").is_none(), "{exit:#}");
     assert_eq!(exit["devices"][0]["in_use_bytes"], MIB);
     assert_eq!(exit["devices"][0]["cached_bytes"], 3 * MIB);
-    let detail = exit["classification"][0]["detail"].as_str().unwrap();
-    assert!(detail.contains("stacks off"), "{detail}");
+    assert_eq!(exit["classification"][0]["status"], "classified");
 }
 
 #[test]

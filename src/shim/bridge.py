@@ -306,7 +306,9 @@ def _gg_setup(args):
 
         atexit.register(_gg_at_exit)
         st["atexit"] = True
-    depth = int(args.get("depth", 0))
+    # The frameworks' own recorders cost them time on every allocation: only when
+    # asked for (GPUGUARD_PYTHON=lines), with stacks on.
+    depth = int(args.get("depth", 0)) if args.get("recorders") else 0
     t = _gg_torch()
     if t is not None and depth > 0 and st["torch_recorder"] is None:
         if _gg_torch_backend(t) != "native":
@@ -462,7 +464,7 @@ def _gg_classify_now(args):
                         "reserved": int(t.cuda.memory_reserved(d)),
                     }
                 )
-            if _gg_state["torch_recorder"] == "on":
+            if backend == "native":
                 import os
 
                 # A site starts at the program's code: PyTorch's own frames (a
@@ -488,15 +490,16 @@ def _gg_classify_now(args):
                             if frames:
                                 blocks.append(("pytorch", size, frames))
                         addr += size
-                fw["detail"] = "%s allocator; blocks from PyTorch's memory snapshot" % backend
-            elif backend != "native":
-                fw["detail"] = (
-                    "%s allocator: totals from PyTorch; no Python lines (PyTorch's "
-                    "recorder does not support this backend)" % backend
+                fw["detail"] = "%s allocator; blocks from PyTorch's memory snapshot; %s" % (
+                    backend,
+                    "Python lines from its recorder"
+                    if _gg_state["torch_recorder"] == "on"
+                    else "recorder off (GPUGUARD_PYTHON=lines turns it on)",
                 )
             else:
-                fw["detail"] = "totals from PyTorch; recorder %s" % (
-                    _gg_state["torch_recorder"] or "off (stacks off)"
+                fw["detail"] = (
+                    "%s allocator: totals from PyTorch; each tensor is one stream-ordered "
+                    "allocation, named by the allocating thread's Python stack" % backend
                 )
         except Exception as e:
             fw = {"framework": "pytorch", "status": "unavailable", "detail": _gg_err(e)}
@@ -524,7 +527,9 @@ def _gg_classify_now(args):
                         blocks.append(("cupy", size, frames))
                 fw["detail"] = "default memory pool; blocks from gpuguard's CuPy hook (main thread)"
             else:
-                fw["detail"] = "default memory pool totals; hook %s" % (h or "off (stacks off)")
+                fw["detail"] = "default memory pool totals; hook %s" % (
+                    h or "off (GPUGUARD_PYTHON=lines turns it on)"
+                )
         except Exception as e:
             fw = {"framework": "cupy", "status": "unavailable", "detail": _gg_err(e)}
         res["frameworks"].append(fw)

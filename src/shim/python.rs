@@ -313,10 +313,17 @@ pub(crate) fn run(call: &str, wait: Option<Duration>) -> Outcome {
 pub(crate) fn call(function: &str, devices: &[i32]) -> String {
     let devices = serde_json::to_string(devices).unwrap_or_else(|_| "[]".into());
     let depth = super::settings().cfg.stack_depth;
+    let recorders = if super::settings().cfg.python_recorders {
+        "True"
+    } else {
+        "False"
+    };
     let pairs = super::active_books()
         .map(|b| frames::pairs_json(&frames::unresolved(&b.sites)))
         .unwrap_or_else(|| "[]".into());
-    format!("{function}({{\"devices\": {devices}, \"depth\": {depth}, \"pairs\": {pairs}}})")
+    format!(
+        "{function}({{\"devices\": {devices}, \"depth\": {depth}, \"recorders\": {recorders}, \"pairs\": {pairs}}})"
+    )
 }
 
 /// The classification Python's `atexit` handed over, if it ran.

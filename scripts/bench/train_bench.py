@@ -3,7 +3,8 @@
 
   train_bench.py torch  [--warmup 20] [--steps 100]
       6-layer transformer encoder (d_model 512, 8 heads, ff 2048), batch 32, sequence
-      length drawn per step from 64..255 (same seed every run), bf16 autocast, AdamW.
+      length drawn per step from 16 lengths in 64..255 (same seed every run; the
+      warm-up runs each length at least twice), bf16 autocast, AdamW.
       The allocator is PyTorch's default unless PYTORCH_CUDA_ALLOC_CONF says otherwise
       (the workload is then named torch-async for backend:cudaMallocAsync).
   train_bench.py jax    [--warmup 20] [--steps 300]
@@ -21,11 +22,12 @@ its C API (ctypes.CDLL(None).gpuguard_device_counters) before and after them.
 
 Diagnostics, printed after RESULT (so a failure in them never loses the result):
   FW workload=W before=S after=S [wait_s=X extra_steps=N]
-      the framework recorder gpuguard turns on in Python processes, as seen by the
-      program: torch-default: PyTorch's memory recorder (on/off, probed through a fresh
-      block's frames in torch.cuda.memory._snapshot()); cupy: the memory hooks on the
-      main thread. Under gpuguard the warm-up is extended (at most GG_BENCH_WAIT_S, 15 s)
-      until the recorder is on, so the timed steps measure the steady state.
+      the framework recorder gpuguard turns on with GPUGUARD_PYTHON=lines, as seen by
+      the program: torch-default: PyTorch's memory recorder (on/off, probed through a
+      fresh block's frames in torch.cuda.memory._snapshot()); cupy: the memory hooks on
+      the main thread. With GPUGUARD_PYTHON=lines the warm-up is extended (at most
+      GG_BENCH_WAIT_S, 15 s) until the recorder is on, so the timed steps measure the
+      steady state; at default settings the recorders stay off.
   FWCALLS workload=W steps=N allocs=A frees=F
       framework-level allocations per timed step: torch: memory_stats()
       allocation.all.allocated/freed; cupy: pool mallocs/frees counted by a hook over
@@ -141,8 +143,16 @@ def run_torch(args, gg):
 
     model = Model().to(dev)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-4)
+    # Sixteen sequence lengths (many allocation sizes), each seen in the warm-up, so
+    # the timed steps measure steady-state training, not first-shape work (cuBLAS
+    # and cuDNN heuristics, new cache segments), which made earlier runs' steps 6-8x
+    # longer than steady state.
+    shapes = list(range(64, 256, 12))
     rng = random.Random(1234)
-    lens = [rng.randint(64, 255) for _ in range(args.warmup + args.steps)]
+    warm = shapes * max(2, -(-args.warmup // len(shapes)))
+    rng.shuffle(warm)
+    lens = warm + [rng.choice(shapes) for _ in range(args.steps)]
+    args.warmup = len(warm)
 
     def step(t):
         x = torch.randint(0, vocab, (batch, t), device=dev)
@@ -177,7 +187,7 @@ def run_torch(args, gg):
     torch.cuda.synchronize()
     state0 = diag(recorder)
     wait, extra = 0.0, 0
-    if gg and state0 == "off":
+    if gg and state0 == "off" and os.environ.get("GPUGUARD_PYTHON") == "lines":
         # gpuguard turns the recorder on from its own thread a little after CUDA starts:
         # keep warming up until it is on, so the timed steps measure the steady state.
         w0 = time.perf_counter()

@@ -333,7 +333,8 @@ def run_cupy(args, gg):
     cp.cuda.Device().synchronize()
     state0 = diag(hooks)
     wait, extra = 0.0, 0
-    if gg and state0 is not None and "gpuguard" not in state0:
+    lines = os.environ.get("GPUGUARD_PYTHON") == "lines"
+    if gg and lines and state0 is not None and "gpuguard" not in state0:
         w0 = time.perf_counter()
         while "gpuguard" not in (state0 or "") and time.perf_counter() - w0 < WAIT_S:
             for _ in range(10):

@@ -25,12 +25,26 @@
 #        summary, a report), then 5 x SIGUSR2 back to back: 1-2 reports whose
 #        merged counts sum to ~5, and the process trains on.
 #    cli_foreign: `gpuguard trim` on a plain `sleep 30`: non-zero exit, a message.
-# B. Leak reports (scripts/gpu/leaks/, judged by leak_check.py). leak_torch.py in
-#    the three modes (cudaMallocAsync recorded, not judged), leak_cupy.py,
-#    leak_jax.py (recorded): 40 steps leaking 8 MiB each at a known line, SIGUSR1
-#    sent by the script itself after steps 10 and 30, the exit report at exit.
-#    Checks: python_sites[0] names the line, in_use/cached bytes present and
-#    in_use >= leaked, `gpuguard diff` of the two signal reports lists the line first.
+# B. Leak reports (scripts/gpu/leaks/, judged by leak_check.py): 40 steps leaking
+#    8 MiB each at a known line, SIGUSR1 sent by the workload itself after steps 10
+#    and 30, the exit report at exit (from Python's atexit).
+#    Default settings (GPUGUARD_PYTHON unset: no framework recorder, Python lines
+#    from the allocating thread's stack, framework "python-stack"), prewarm 64 MiB:
+#      leak_torch.py in the three modes (leak_torch_default, leak_torch_expandable,
+#      leak_torch_cudaMallocAsync): the first site of `gpuguard diff <signal 1>
+#      <signal 2>` and the first suspected leak of `gpuguard show <signal 1> <signal 2>
+#      <exit>` are a Python site naming the leak line; native sites end with
+#      "python: " frames; no pytorch python_sites (recorder off); current_bytes >=
+#      leaked; native modes: in_use >= leaked; cudaMallocAsync: a python-stack site
+#      naming the line holds >= the leaked bytes.
+#      leak_cupy.py (leak_cupy): the same diff/show/frames checks, in_use >= leaked.
+#      leak_jax.py (leak_jax): a python_sites entry of framework jax names the line
+#      with >= the leaked bytes; in_use >= leaked; classification jax classified.
+#    GPUGUARD_PYTHON=lines (the recorders on), prewarm 1024 MiB (the leak never grows
+#      the cache): leak_torch.py default and expandable (leak_torch_default_lines,
+#      leak_torch_expandable_lines): python_sites[0] framework pytorch names the line
+#      with the leaked bytes, diff/show first site [pytorch blocks, Python];
+#      leak_cupy.py (leak_cupy_lines): python_sites[0] framework cupy names the line.
 #
 # Results in $OUT (4 files): summary.txt (every check with its numbers, and the
 # environment), summary.json (the rows with their data), trim_leaks.log (this
@@ -38,8 +52,10 @@
 # outputs, diff/show texts; env.txt). The compact PASS/FAIL table ends the console.
 #
 # Knobs: GGV_BUDGET_S (seconds for the workloads, counted from the start; default
-# 400, so the whole script stays under 8 minutes), GGV_ONLY (space-separated run
-# names, e.g. "torch_default cupy leak_torch_default"), GPUGUARD_LOG (default info),
+# 320: no workload starts or runs past it, and the checks, packing and table after
+# it are cut short, so the whole script ends within 7 minutes; a normal run takes
+# about 4), GGV_ONLY (space-separated run names, e.g. "torch_default cupy
+# leak_torch_default leak_cupy_lines"), GPUGUARD_LOG (default info),
 # GGV_LIB / GGV_CLI (other builds), GGV_WORK (scratch directory, default /tmp/ggv-tl).
 set -u
 
@@ -59,7 +75,7 @@ PY=${PYTHON:-python3}
 TRIM=$ROOT/scripts/gpu/trim
 LEAKS=$ROOT/scripts/gpu/leaks
 START=$(date +%s)
-BUDGET=${GGV_BUDGET_S:-400}
+BUDGET=${GGV_BUDGET_S:-320}
 # Start from gpuguard's defaults: no inherited GPUGUARD_* setting (a report signal set
 # to USR2, a snapshot interval, a cap...) may change what is validated.
 for v in $(compgen -e | grep '^GPUGUARD_'); do
@@ -207,7 +223,15 @@ run_job() {
   fi
 }
 
-check() { timeout 90 "$PY" "$@"; }
+# tmo_after GRACE MAX: seconds for a step after the workloads, at most MAX, cut to
+# what is left of the budget plus GRACE (at least 10 s).
+tmo_after() {
+  local t=$((START + BUDGET + $1 - $(date +%s)))
+  [ "$t" -gt "$2" ] && t=$2
+  [ "$t" -lt 10 ] && t=10
+  echo "$t"
+}
+check() { timeout "$(tmo_after 40 90)" "$PY" "$@"; }
 
 part_trim() {
   section "A. trim: PyTorch, three allocator modes, without and with SIGUSR2"
@@ -265,7 +289,7 @@ part_trim() {
 }
 
 part_leaks() {
-  section "B. leak reports: PyTorch, three allocator modes"
+  section "B. leak reports: PyTorch, three allocator modes, default settings (Python lines from stacks)"
   local mode conf
   for mode in default expandable cudaMallocAsync; do
     case $mode in
@@ -274,17 +298,36 @@ part_leaks() {
       cudaMallocAsync) conf=backend:cudaMallocAsync ;;
     esac
     wanted "leak_torch_$mode" || continue
-    run_job leaks "torch_$mode" 90 none -- PYTORCH_CUDA_ALLOC_CONF="$conf" -- "$PY" "$LEAKS/leak_torch.py"
-    check "$LEAKS/leak_check.py" torch --mode "$mode" --dir "$WORK/runs/leaks/torch_$mode" --cli "$CLI" \
-      --summary "$SUMMARY"
+    run_job leaks "torch_$mode" 90 none -- PYTORCH_CUDA_ALLOC_CONF="$conf" GGV_PREWARM_MIB=64 -- \
+      "$PY" "$LEAKS/leak_torch.py"
+    check "$LEAKS/leak_check.py" torch --mode "$mode" --python on --dir "$WORK/runs/leaks/torch_$mode" \
+      --cli "$CLI" --summary "$SUMMARY"
+  done
+  section "B. leak reports: PyTorch with GPUGUARD_PYTHON=lines (its recorder: block-exact lines)"
+  for mode in default expandable; do
+    case $mode in
+      default) conf= ;;
+      expandable) conf=expandable_segments:True ;;
+    esac
+    wanted "leak_torch_${mode}_lines" || continue
+    run_job leaks "torch_${mode}_lines" 90 none -- PYTORCH_CUDA_ALLOC_CONF="$conf" GPUGUARD_PYTHON=lines \
+      GGV_PREWARM_MIB=1024 -- "$PY" "$LEAKS/leak_torch.py"
+    check "$LEAKS/leak_check.py" torch --mode "$mode" --python lines --dir "$WORK/runs/leaks/torch_${mode}_lines" \
+      --cli "$CLI" --summary "$SUMMARY"
   done
   if wanted leak_cupy; then
-    section "B. leak reports: CuPy"
-    run_job leaks cupy 60 none -- -- "$PY" "$LEAKS/leak_cupy.py"
-    check "$LEAKS/leak_check.py" cupy --dir "$WORK/runs/leaks/cupy" --cli "$CLI" --summary "$SUMMARY"
+    section "B. leak reports: CuPy, default settings"
+    run_job leaks cupy 60 none -- GGV_PREWARM_MIB=64 -- "$PY" "$LEAKS/leak_cupy.py"
+    check "$LEAKS/leak_check.py" cupy --python on --dir "$WORK/runs/leaks/cupy" --cli "$CLI" --summary "$SUMMARY"
+  fi
+  if wanted leak_cupy_lines; then
+    section "B. leak reports: CuPy with GPUGUARD_PYTHON=lines (gpuguard's CuPy hook)"
+    run_job leaks cupy_lines 60 none -- GPUGUARD_PYTHON=lines GGV_PREWARM_MIB=1024 -- "$PY" "$LEAKS/leak_cupy.py"
+    check "$LEAKS/leak_check.py" cupy --python lines --dir "$WORK/runs/leaks/cupy_lines" --cli "$CLI" \
+      --summary "$SUMMARY"
   fi
   if wanted leak_jax; then
-    section "B. leak reports: JAX (recorded)"
+    section "B. leak reports: JAX, default settings (its device memory profile)"
     run_job leaks jax 90 none -- -- "$PY" "$LEAKS/leak_jax.py"
     check "$LEAKS/leak_check.py" jax --dir "$WORK/runs/leaks/jax" --cli "$CLI" --summary "$SUMMARY"
   fi
@@ -300,17 +343,18 @@ main() {
 
   section "pack"
   cp "$WORK/env.txt" "$WORK/runs/" 2>/dev/null
-  timeout 60 tar -C "$WORK" -czf "$OUT/trim_leaks_runs.tar.gz" runs summary.jsonl 2>/dev/null
+  timeout "$(tmo_after 75 60)" tar -C "$WORK" -czf "$OUT/trim_leaks_runs.tar.gz" runs summary.jsonl 2>/dev/null
   local sz
   sz=$(stat -c %s "$OUT/trim_leaks_runs.tar.gz" 2>/dev/null || echo 0)
   if [ "$sz" -gt 15000000 ]; then
     echo "trim_leaks_runs.tar.gz is $sz bytes: repacking without the signal reports"
-    timeout 60 tar -C "$WORK" -czf "$OUT/trim_leaks_runs.tar.gz" --exclude='*.signal.json' runs summary.jsonl
+    timeout "$(tmo_after 90 60)" tar -C "$WORK" -czf "$OUT/trim_leaks_runs.tar.gz" --exclude='*.signal.json' \
+      runs summary.jsonl
   fi
   ls -l "$OUT"
 
   section "summary (every check with its numbers: $OUT/summary.txt)"
-  timeout 60 "$PY" "$TRIM/tl_common.py" table --summary "$SUMMARY" --txt "$OUT/summary.txt" \
+  timeout "$(tmo_after 95 60)" "$PY" "$TRIM/tl_common.py" table --summary "$SUMMARY" --txt "$OUT/summary.txt" \
     --json "$OUT/summary.json" --env "$WORK/env.txt"
   echo "total time $(($(date +%s) - START))s"
 }

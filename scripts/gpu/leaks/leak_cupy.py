@@ -11,14 +11,21 @@ by hand, from the repository root:
 
   LD_PRELOAD=$PWD/target/release/libgpuguard.so GPUGUARD_DIR=/tmp/r python3 scripts/gpu/leaks/leak_cupy.py
 
-After the steps in GGV_SIGNAL_STEPS (default "10,30") it sends itself SIGUSR1 and
-waits (running Python) for the signal report. Expected: the exit report's
-python_sites[0] (framework cupy, from gpuguard's CuPy memory hook on the main
-thread) names this file and the GGV_LEAK_LINE line.
+CUDA is started, then about a second of Python (gpuguard's bridge measures the frame
+layout and, with GPUGUARD_PYTHON=lines, installs its CuPy memory hook on this main
+thread), then a prewarm chunk is allocated and dropped. After the steps in
+GGV_SIGNAL_STEPS (default "10,30") it sends itself SIGUSR1 and waits (running
+Python) for the signal report. Expected, default settings (no hook): CuPy's pool
+cudaMallocs each request's rounded size when no cached chunk fits, so once the 64 MiB
+prewarm is used up every leaked array is one cudaMalloc at the leak line, and
+`gpuguard diff` of the two signal reports lists that line first as a python-stack
+Python site (under cupy.full's own Python frame). With GPUGUARD_PYTHON=lines (run
+with GGV_PREWARM_MIB=1024): the exit report's python_sites[0] (framework cupy, from
+gpuguard's CuPy memory hook) names this file and the GGV_LEAK_LINE line.
 
 Knobs: GGV_STEPS (40), GGV_SIGNAL_STEPS ("10,30"), GGV_LEAK_MIB (8), GGV_SIGNAL_WAIT_S (15),
-GGV_STARTUP_S (1.0: Python run before the loop), GGV_PREWARM_MIB (1024: a chunk
-allocated and dropped first, so that the leaks come out of the pool's cache; 0: off).
+GGV_STARTUP_S (1.0), GGV_PREWARM_MIB (64: a chunk allocated and dropped first, which
+the first leaks are carved from; 0: off).
 """
 
 import os
@@ -49,7 +56,7 @@ def main():
     leak_numel = int(float(os.environ.get("GGV_LEAK_MIB", "8")) * MiB) // 4
     wait_s = float(os.environ.get("GGV_SIGNAL_WAIT_S", "15"))
     startup_s = float(os.environ.get("GGV_STARTUP_S", "1.0"))
-    prewarm_mib = int(os.environ.get("GGV_PREWARM_MIB", "1024"))
+    prewarm_mib = int(os.environ.get("GGV_PREWARM_MIB", "64"))
     rep_dir = os.environ.get("GPUGUARD_DIR")
 
     import cupy as cp
@@ -62,9 +69,22 @@ def main():
     print("GGV_LEAK_SITE file=%s line=%s" % (os.path.abspath(__file__), leak_line()), flush=True)
     tl.emit("config", pid=pid, mode="default_pool", steps=steps, signal_steps=sig_steps,
             leak_bytes_per_step=leak_numel * 4, file=os.path.abspath(__file__), line=leak_line(),
-            cupy=cp.__version__, gpuguard=g.present, gpuguard_version=g.version)
+            prewarm_mib=prewarm_mib, python=os.environ.get("GPUGUARD_PYTHON", "on"), cupy=cp.__version__,
+            gpuguard=g.present, gpuguard_version=g.version)
 
-    # A warm pool: one dropped 1 GiB chunk the leaked arrays are carved from.
+    # CUDA up, then a start-up phase (data loading, in a real run): about a second of
+    # Python, in which gpuguard's bridge runs at a bytecode boundary (its attempts come
+    # 0, 0.2, 0.5, 1 s... after the first CUDA call): it measures the frame layout the
+    # hooks need, and with GPUGUARD_PYTHON=lines installs its CuPy memory hook.
+    # Allocations before that carry no Python line.
+    cp.cuda.Device(0).use()
+    cp.zeros(1, dtype=cp.float32)
+    t0 = time.time()
+    while time.time() - t0 < startup_s:
+        time.sleep(0.02)
+
+    # A warm pool: one dropped chunk the first leaked arrays are carved from (64 MiB:
+    # used up by step 8; then each leaked array is a cudaMalloc at the leak line).
     if prewarm_mib:
         cp.empty(prewarm_mib * MiB, dtype=cp.uint8)  # allocated, then dropped at once
     w = cp.full((512, 512), 0.001, dtype=cp.float32)
@@ -75,13 +95,6 @@ def main():
         LEAK.append(cp.full((leak_numel,), i, dtype=cp.float32))  # GGV_LEAK_LINE
         return float(y)
 
-    # A start-up phase (data loading, in a real run): about a second of Python after
-    # CUDA is up, in which gpuguard turns the framework's recorder on (its attempts
-    # come 0, 0.2, 0.5, 1 s... after the first CUDA call, at a bytecode boundary).
-    # Blocks allocated before that carry no Python line.
-    t0 = time.time()
-    while time.time() - t0 < startup_s:
-        time.sleep(0.02)
     vals = []
     last_seq = -1
     for i in range(steps):
@@ -98,7 +111,8 @@ def main():
                     report=e["path"] if e else None, seq=e["seq"] if e else None, waited_s=round(waited, 3),
                     pool_used=int(pool.used_bytes()), pool_total=int(pool.total_bytes()),
                     report_in_use=d0.get("in_use_bytes"), report_cached=d0.get("cached_bytes"),
-                    python_sites=len(ps), top_frame=(ps[0].get("frames") or [None])[0] if ps else None)
+                    python_sites=len(ps), top_frame=(ps[0].get("frames") or [None])[0] if ps else None,
+                    top_framework=ps[0].get("framework") if ps else None)
     cp.cuda.Device(0).synchronize()
     c = g.counters(0) or {}
     tl.emit("summary", mode="default_pool", steps_done=len(vals), leaked=len(LEAK),

@@ -1,21 +1,28 @@
 #!/usr/bin/env python3
-"""JAX leak workload (issue 6), informational: jitted steps that keep one 8 MiB
-array per step in a global list (line marked GGV_LEAK_LINE). gpuguard cannot see
-inside XLA's arena, so this records what the exit report says (classification
-entries, in_use/cached, python_sites) without judging it.
+"""JAX leak workload (issue 6): jitted steps that keep one 8 MiB array per step in
+a global list (line marked GGV_LEAK_LINE), under JAX's defaults (preallocated arena).
 
 Usage (the whole validation, from the repository root):
   OUT=/path/to/results bash scripts/gpu/validate_trim_leaks.sh
 
-Run by scripts/gpu/validate_trim_leaks.sh; by hand, from the repository root:
+Run by scripts/gpu/validate_trim_leaks.sh (judged by scripts/gpu/leaks/leak_check.py);
+by hand, from the repository root:
 
   LD_PRELOAD=$PWD/target/release/libgpuguard.so GPUGUARD_DIR=/tmp/r python3 scripts/gpu/leaks/leak_jax.py
 
-Knobs: GGV_STEPS (40), GGV_LEAK_MIB (8), GGV_ALLOW_CPU=1 (try it without a GPU).
+Expected in the exit report (taken at Python's atexit, while the arrays are alive):
+classification jax "classified" (totals from JAX's memory_stats()); a python_sites
+entry of framework "jax" (from jax.profiler.device_memory_profile()) naming this
+file's GGV_LEAK_LINE line with at least the leaked bytes; devices[0].in_use_bytes
+(JAX's bytes_in_use) at least the leaked bytes, cached_bytes the rest of its arena.
+
+Knobs: GGV_STEPS (40), GGV_LEAK_MIB (8), GGV_STARTUP_S (1.0: Python run between JAX's start
+and the loop), GGV_ALLOW_CPU=1 (try it without a GPU).
 """
 
 import os
 import sys
+import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "trim"))
@@ -37,6 +44,7 @@ def leak_line():
 def main():
     steps = int(os.environ.get("GGV_STEPS", "40"))
     leak_numel = int(float(os.environ.get("GGV_LEAK_MIB", "8")) * MiB) // 4
+    startup_s = float(os.environ.get("GGV_STARTUP_S", "1.0"))
 
     import jax
     import jax.numpy as jnp
@@ -49,8 +57,15 @@ def main():
         return 2
     print("GGV_LEAK_SITE file=%s line=%s" % (os.path.abspath(__file__), leak_line()), flush=True)
     tl.emit("config", pid=pid, mode="default", steps=steps, leak_bytes_per_step=leak_numel * 4,
-            file=os.path.abspath(__file__), line=leak_line(), jax=jax.__version__, gpuguard=g.present,
-            gpuguard_version=g.version)
+            file=os.path.abspath(__file__), line=leak_line(), python=os.environ.get("GPUGUARD_PYTHON", "on"),
+            jax=jax.__version__, gpuguard=g.present, gpuguard_version=g.version)
+    # JAX's GPU backend is up (jax.devices() started it: the first CUDA calls). A
+    # start-up phase (data loading, in a real run): about a second of Python, in which
+    # gpuguard's bridge runs at a bytecode boundary and registers its atexit hook, which
+    # writes the exit report while the leaked arrays are still alive.
+    t0 = time.time()
+    while time.time() - t0 < startup_s:
+        time.sleep(0.02)
     w = jnp.full((512, 512), 0.001, jnp.float32)
     f = jax.jit(lambda x: jnp.tanh(x @ w).sum())
     vals = []

@@ -12,19 +12,29 @@ by hand, from the repository root:
 
 Allocator mode from the environment only (PYTORCH_CUDA_ALLOC_CONF unset,
 expandable_segments:True, backend:cudaMallocAsync). GPUGUARD_SNAPSHOT_EVERY must be
-unset. After the steps listed in GGV_SIGNAL_STEPS (default "10,30") the script sends
-itself SIGUSR1 (gpuguard's report signal) and waits, running Python (a 50 ms poll,
-so that gpuguard's pending call can take PyTorch's block states on this main
-thread), for the new signal report. The exit report is written at exit. Expected:
-the exit report's python_sites[0] names this file and the GGV_LEAK_LINE line
-(frames[0]); devices[0].in_use_bytes >= the leaked bytes; `gpuguard diff` of the two
-signal reports lists that line in its first site.
+unset. CUDA is started first, then about a second of Python (a start-up phase, in
+which gpuguard's bridge measures the frame layout and, with GPUGUARD_PYTHON=lines,
+turns PyTorch's recorder on), then a small prewarm block is allocated and dropped,
+then the loop. After the steps listed in GGV_SIGNAL_STEPS (default "10,30") the
+script sends itself SIGUSR1 (gpuguard's report signal) and waits, running Python (a
+50 ms poll, so that gpuguard's pending call runs on this main thread), for the new
+signal report. The exit report is written at exit (from Python's atexit).
+
+Expected, default settings (GPUGUARD_PYTHON unset: no recorder; Python lines from
+the allocating thread's stack, framework "python-stack"): the leak keeps PyTorch's
+cache growing once the 64 MiB prewarm is used up, so `gpuguard diff` of the two
+signal reports lists this file's GGV_LEAK_LINE first, as a Python site; with
+backend:cudaMallocAsync each leaked tensor is one allocation and the exit report's
+python-stack site for that line holds all the leaked bytes. With
+GPUGUARD_PYTHON=lines (run with GGV_PREWARM_MIB=1024, so that the leak never grows
+the cache): python_sites[0] is that line, framework "pytorch", with exactly the
+leaked bytes. Every mode: devices[0].in_use_bytes >= the leaked bytes.
 
 Output: GGV_LEAK_SITE file=... line=N (where the leak is), GGV_JSON records
 ("config", "signal", "summary"). Knobs: GGV_STEPS (40), GGV_SIGNAL_STEPS ("10,30"),
-GGV_LEAK_MIB (8), GGV_SIGNAL_WAIT_S (15), GGV_STARTUP_S (1.0: Python run before the
-loop, as a real start-up would), GGV_PREWARM_MIB (1024: a block allocated and dropped
-before the loop, so that the leaks come out of the cache; 0: off).
+GGV_LEAK_MIB (8), GGV_SIGNAL_WAIT_S (15), GGV_STARTUP_S (1.0), GGV_PREWARM_MIB (64: a
+block allocated and dropped before the loop, which the first leaks are carved from;
+0: off).
 """
 
 import os
@@ -55,7 +65,7 @@ def main():
     leak_numel = int(float(os.environ.get("GGV_LEAK_MIB", "8")) * MiB) // 4
     wait_s = float(os.environ.get("GGV_SIGNAL_WAIT_S", "15"))
     startup_s = float(os.environ.get("GGV_STARTUP_S", "1.0"))
-    prewarm_mib = int(os.environ.get("GGV_PREWARM_MIB", "1024"))
+    prewarm_mib = int(os.environ.get("GGV_PREWARM_MIB", "64"))
     rep_dir = os.environ.get("GPUGUARD_DIR")
 
     import torch
@@ -75,14 +85,25 @@ def main():
     print("GGV_LEAK_SITE file=%s line=%s" % (os.path.abspath(__file__), leak_line()), flush=True)
     tl.emit("config", pid=pid, mode=mode, backend=torch.cuda.memory.get_allocator_backend(), steps=steps,
             signal_steps=sig_steps, leak_bytes_per_step=leak_numel * 4, file=os.path.abspath(__file__),
-            line=leak_line(), prewarm_mib=prewarm_mib, torch=torch.__version__, gpuguard=g.present,
-            gpuguard_version=g.version)
+            line=leak_line(), prewarm_mib=prewarm_mib, python=os.environ.get("GPUGUARD_PYTHON", "on"),
+            torch=torch.__version__, gpuguard=g.present, gpuguard_version=g.version)
 
-    # A warm cache, as in a real training run: one dropped 1 GiB block the leaked
-    # tensors are then carved from, so no native (cudaMalloc/cuMemCreate) site grows
-    # with the leak and only the Python line can show it. (Cold, each pair of 8 MiB
-    # tensors would get a fresh 20 MiB segment, the caching allocator's rounding for
-    # 1-10 MiB requests: a native site growing faster than the leak itself.)
+    # CUDA up, then a start-up phase (data loading, in a real run): about a second of
+    # Python, in which gpuguard's bridge runs at a bytecode boundary (its attempts come
+    # 0, 0.2, 0.5, 1 s... after the first CUDA call): it measures the frame layout the
+    # hooks need to read this thread's Python stack, and with GPUGUARD_PYTHON=lines
+    # turns PyTorch's recorder on. Allocations before that carry no Python line.
+    torch.zeros(1, device=dev)
+    t0 = time.time()
+    while time.time() - t0 < startup_s:
+        time.sleep(0.02)
+
+    # A warm cache, as in a real training run: a dropped block the first leaked tensors
+    # are then carved from. Default 64 MiB: used up by step 8, after which the leak
+    # makes PyTorch grow its cache (new segments, or mapped pages with expandable
+    # segments) at the leak line, which is what names the line without a recorder.
+    # With GPUGUARD_PYTHON=lines the runner sets 1024 MiB: the leak then never grows
+    # the cache, and only the recorder's block-exact lines can name it.
     warm = torch.empty(prewarm_mib * MiB, dtype=torch.uint8, device=dev) if prewarm_mib else None
     del warm
     # Small on purpose: the leak (40 x 8 MiB) must be the largest Python site.
@@ -98,13 +119,6 @@ def main():
         LEAK.append(torch.full((leak_numel,), float(i), device=dev))  # GGV_LEAK_LINE
         return loss.item()
 
-    # A start-up phase (data loading, in a real run): about a second of Python after
-    # CUDA is up, in which gpuguard turns the framework's recorder on (its attempts
-    # come 0, 0.2, 0.5, 1 s... after the first CUDA call, at a bytecode boundary).
-    # Blocks allocated before that carry no Python line.
-    t0 = time.time()
-    while time.time() - t0 < startup_s:
-        time.sleep(0.02)
     losses = []
     last_seq = -1
     for i in range(steps):
@@ -123,7 +137,7 @@ def main():
                     allocated=torch.cuda.memory_allocated(), reserved=torch.cuda.memory_reserved(),
                     report_in_use=d0.get("in_use_bytes"), report_cached=d0.get("cached_bytes"),
                     python_sites=len(ps), top_frame=(ps[0].get("frames") or [None])[0] if ps else None,
-                    t=round(t0, 3))
+                    top_framework=ps[0].get("framework") if ps else None, t=round(t0, 3))
     torch.cuda.synchronize()
     c = g.counters(0) or {}
     tl.emit("summary", mode=mode, steps_done=len(losses), losses=losses, leaked=len(LEAK),

@@ -8,11 +8,14 @@ and compares every row's status with the expected one.
 
 (The GPU run itself: OUT=/path/to/results bash scripts/gpu/validate_trim_leaks.sh.)
 
-Without --cli it uses a stand-in for `gpuguard diff/show` that prints the diff
-layout of src/main.rs ("    +<bytes>" then indented lines, a Python site headed
-"[<framework> blocks, Python]", Python sites first); with --cli the real command reads the sample
-reports (which also checks that they parse). Exit status 0 when every expectation
-holds.
+Without --cli it uses a stand-in for `gpuguard diff/show` that prints the layout of
+src/main.rs (diff, and show's "suspected leaks in ..." section: "    +<bytes>" then
+indented lines, a Python site headed "[<framework> blocks, Python]", Python sites
+first); with --cli the real command reads the sample reports (which also checks that
+they parse). The leak samples cover gpuguard's default (python_sites of framework
+"python-stack", native sites ending with "python: " frames, PyTorch's recorder off),
+GPUGUARD_PYTHON=lines (framework pytorch / cupy) and JAX (framework jax). Exit status
+0 when every expectation holds.
 """
 
 import argparse
@@ -38,26 +41,44 @@ def sites(r):
     for s in r.get("python_sites", []):
         k = "[%s blocks, Python]\n" % s["framework"] + "\n".join(s["frames"]); m[k] = m.get(k, 0) + s["live_bytes"]
     return m
+def block(grew, labels, values, k):
+    print("    +%.1f MiB" % (grew / 1048576.0))
+    for lab, v in zip(labels, values):
+        print("      %-10s %d" % (lab, v))
+    for f in k.splitlines()[:6]:
+        print("        " + f)
+order = lambda x: (not x[1].startswith("["), -x[0], x[1])  # Python lines first, most growth first
 cmd = sys.argv[1]
 if cmd == "diff":
     a, b = sites(load(sys.argv[2])), sites(load(sys.argv[3]))
-    g = sorted(((b[k] - a.get(k, 0), k) for k in b if b[k] > a.get(k, 0)),
-               key=lambda x: (not x[1].startswith("["), -x[0], x[1]))  # Python lines first
+    g = sorted(((b[k] - a.get(k, 0), k) for k in b if b[k] > a.get(k, 0)), key=order)
     print("gpuguard diff\n  A: %s\n  B: %s\n" % (sys.argv[2], sys.argv[3]))
-    print("  %d call sites whose live bytes grew from A to B, most first:" % len(g))
+    print("  %d call sites whose live bytes grew from A to B, Python lines first, most first:" % len(g))
     for d, k in g:
-        print("    +%.1f MiB" % (d / 1048576.0))
-        print("      A   %d\n      B   %d" % (a.get(k, 0), b[k]))
-        for f in k.splitlines()[:6]:
-            print("        " + f)
+        block(d, ["A", "B"], [a.get(k, 0), b[k]], k)
 elif cmd == "show":
-    for p in sys.argv[2:]:
-        r = load(p)
+    reps = [load(p) for p in sys.argv[2:]]
+    for p, r in zip(sys.argv[2:], reps):
         print("gpuguard report %s" % p)
         for s in r.get("python_sites", []):
             print("    py site %d %d" % (s["id"], s["live_bytes"]))
             for f in s["frames"][:6]:
                 print("        " + f)
+    if len(reps) >= 2:
+        reps.sort(key=lambda r: r["seq"])
+        maps = [sites(r) for r in reps]
+        keys = sorted(set(k for m in maps for k in m))
+        vals = dict((k, [m.get(k, 0) for m in maps]) for k in keys)
+        g = sorted(((v[-1] - v[0], k) for k, v in vals.items()
+                    if v[-1] > v[0] and all(y >= x for x, y in zip(v, v[1:]))), key=order)
+        print("\nsuspected leaks in python3 (pid %d), across reports %s:" % (
+            reps[0]["pid"], ", ".join("#%d" % r["seq"] for r in reps)))
+        if not g:
+            print("  none: no call site's live bytes only grew")
+        else:
+            print("  call sites whose live bytes only grew, Python lines first, most first:")
+            for d, k in g[:10]:
+                block(d, ["#%d" % r["seq"] for r in reps], vals[k], k)
 else:
     sys.exit(2)
 '''
@@ -247,68 +268,173 @@ def main():
             f.write(t)
     run([tc, "foreign", "--dir", os.path.join(T, "cli_foreign"), "--summary", summary])
 
-    # ---- leaks: torch default (good), cudaMallocAsync (unavailable), expandable (diff puts native first) ----
+    # ---- leaks ----
     L = os.path.join(tmp, "leaks")
-    line = None
-    for i, ln in enumerate(open(os.path.join(LEAKS, "leak_torch.py")), 1):
-        if ln.rstrip().endswith("# GGV_" + "LEAK_LINE"):
-            line = i
-    path = os.path.abspath(os.path.join(LEAKS, "leak_torch.py"))
 
-    def leak_reports(pid, framework, n1, n2, n3, native_growth=0, classified=True, fname=path, fline=None):
-        fline = line if fline is None else fline
-        fr = ["%s:%d in step" % (fname, fline), "%s:%d in main" % (fname, 120)]
+    def marked(script):
+        path = os.path.abspath(os.path.join(LEAKS, script))
+        return path, [i for i, ln in enumerate(open(path), 1) if ln.rstrip().endswith("# GGV_" + "LEAK_LINE")][0]
+
+    path, line = marked("leak_torch.py")
+    cpath, cline = marked("leak_cupy.py")
+    jpath, jline = marked("leak_jax.py")
+    N = (11, 31, 40)  # leaked tensors at the two signal reports and at exit
+
+    def pyframes(p, ln, fn="main.<locals>.step"):
+        return ["%s:%d in %s" % (p, ln, fn), "%s:150 in main" % p, "%s:170 in <module>" % p]
+
+    def native(fr, py, bytes_, count, after=()):
+        """A native site: native frames, then the thread's Python frames ("python: ")."""
+        return {"frames": list(fr) + ["python: " + f for f in py] + list(after), "live_bytes": bytes_,
+                "live_count": count}
+
+    def series(pid, py_sites, nat_sites, cls, in_use=None, cached=None, current=None, signals=2):
+        """Reports seq 1..3 (signal, signal, exit) with N[k] tensors leaked. py_sites and
+        nat_sites: functions n -> list of sites; in_use/cached/current: n -> bytes."""
         out = []
-        for seq, (reason, n) in enumerate((("signal", n1), ("signal", n2), ("exit", n3)), 1):
-            ps = ([{"id": 0, "framework": framework, "frames": fr, "live_bytes": n * 8 * MiB, "live_count": n},
-                   {"id": 1, "framework": framework, "frames": ["/x/torch/optim/adamw.py:10 in _init_group"],
-                    "live_bytes": 8 * MiB, "live_count": 4}] if classified else [])
-            cls = [{"framework": framework, "status": "classified" if classified else "unavailable",
-                    "detail": "native allocator" if classified else "cudaMallocAsync allocator: no Python lines"}]
-            nat = [{"id": 0, "frames": ["cudaMalloc", "c10::alloc"], "live_bytes": GiB + seq * native_growth,
-                    "live_count": 1}]
-            extra = dict(classification=cls, sites=nat, live=[
+        reasons = ["signal"] * signals + ["exit"]
+        for seq, (reason, n) in enumerate(zip(reasons, N[-len(reasons):]), 1):
+            ps = sorted([s for s in py_sites(n) if s["live_bytes"] > 0], key=lambda s: -s["live_bytes"])
+            for i, x in enumerate(ps):
+                x["id"] = i
+            ns = nat_sites(n)
+            for i, x in enumerate(ns):
+                x["id"] = i
+            extra = dict(classification=cls, sites=ns, python_sites=ps, live=[
                 {"address": "0x7f0000000000", "bytes": GiB, "device": 0, "kind": "device", "api": "cudaMalloc",
-                 "thread": pid, "age_s": 1.0, "site": 0, "owner": framework, "in_use_bytes": n * 8 * MiB}])
-            if classified:
-                extra.update(python_sites=ps, dev0_in_use_bytes=n * 8 * MiB + 24 * MiB,
-                             dev0_cached_bytes=GiB - n * 8 * MiB)
-            out.append(report(pid, seq, reason, GiB + 128 * MiB, **extra))
+                 "thread": pid, "age_s": 1.0, "site": 0, "owner": cls[0]["framework"] if cls else None,
+                 "in_use_bytes": n * 8 * MiB}])
+            if in_use is not None:
+                extra.update(dev0_in_use_bytes=in_use(n), dev0_cached_bytes=cached(n))
+            out.append(report(pid, seq, reason, current(n) if current else GiB + 128 * MiB, **extra))
         return out
 
-    def leak_run(name, pid, reps, framework="pytorch", file_=path):
-        write_run(os.path.join(L, name), pid, [
-            {"record": "config", "pid": pid, "signal_steps": [10, 30]},
-            {"record": "signal", "step": 10, "report": "x", "python_sites": 2, "top_frame": "a"},
-            {"record": "summary", "steps_done": 40, "leaked": 40, "leaked_bytes": 320 * MiB,
-             "allocated": 340 * MiB, "reserved": GiB}], reps,
-            raw_lines=["GGV_LEAK_SITE file=%s line=%d" % (file_, line)])
+    def leak_run(name, pid, reps, file_, fline, summ, signals=True):
+        recs = [{"record": "config", "pid": pid, "signal_steps": [10, 30] if signals else [], "python": "on",
+                 "prewarm_mib": 64}]
+        if signals:
+            recs.append({"record": "signal", "step": 10, "report": "x", "python_sites": 2, "top_frame": "a",
+                         "top_framework": "python-stack"})
+        recs.append(dict({"record": "summary", "steps_done": 40, "leaked": 40, "leaked_bytes": 320 * MiB}, **summ))
+        write_run(os.path.join(L, name), pid, recs, reps, raw_lines=["GGV_LEAK_SITE file=%s line=%d" % (file_, fline)])
 
-    leak_run("torch_default", 6000, leak_reports(6000, "pytorch", 11, 31, 40))
-    leak_run("torch_cudaMallocAsync", 6100, leak_reports(6100, "pytorch", 11, 31, 40, classified=False))
-    # The leak attributed to another line (and a native site growing more): both checks fail.
-    leak_run("torch_expandable", 6200, leak_reports(6200, "pytorch", 11, 31, 40, native_growth=400 * MiB,
-                                                    fline=line + 1))
+    def run_leak(args, summ_file=summary):
+        run([lc] + args + ["--cli", cli, "--summary", summ_file])
+
+    seg = lambda n: max(0, n - 8) * 10 * MiB  # noqa: E731  (20 MiB segments, 2 leaks each, after the prewarm)
+    segn = lambda n: (max(0, n - 8) + 1) // 2  # noqa: E731
+    torch_cls = lambda rec: [{"framework": "pytorch", "status": "classified",  # noqa: E731
+                              "detail": "native allocator; blocks from PyTorch's memory snapshot; %s" % rec}]
+    tsumm = {"allocated": 345 * MiB, "reserved": 700 * MiB}
+    CUDA = ["cudaMalloc+0x10 (libcudart.so.13+0x1)", "c10::cuda::CUDACachingAllocator::malloc+0x2 (libc10_cuda.so+0x2)"]
+    ASYNC = ["cudaMallocAsync+0x10 (libcudart.so.13+0x1)", "mallocAsync+0x3 (libc10_cuda.so+0x3)"]
+
+    # Default settings, native: python-stack sites are segment-level (the leak line's
+    # growing segments, the prewarm line's cached 64 MiB). Good.
+    leak_run("torch_default", 6000, series(
+        6000, lambda n: [{"framework": "python-stack", "frames": pyframes(path, line), "live_bytes": seg(n),
+                          "live_count": segn(n)},
+                         {"framework": "python-stack", "frames": pyframes(path, 99, "main")[1:],
+                          "live_bytes": 64 * MiB, "live_count": 1}],
+        lambda n: [native(CUDA, pyframes(path, line), seg(n), segn(n)),
+                   native(CUDA, pyframes(path, 99, "main")[1:], 64 * MiB, 1), native(["cublasCreate_v2"], [], 32 * MiB, 1)],
+        torch_cls("recorder off (GPUGUARD_PYTHON=lines turns it on)"),
+        in_use=lambda n: n * 8 * MiB + 25 * MiB, cached=lambda n: seg(n) + 64 * MiB - n * 8 * MiB,
+        current=lambda n: seg(n) + 96 * MiB), path, line, tsumm)
+    # Default settings, cudaMallocAsync: each tensor one allocation, exact. Good.
+    async_cls = [{"framework": "pytorch", "status": "classified", "detail": "cudaMallocAsync allocator: totals"}]
+    leak_run("torch_cudaMallocAsync", 6100, series(
+        6100, lambda n: [{"framework": "python-stack", "frames": pyframes(path, line), "live_bytes": n * 8 * MiB,
+                          "live_count": n}],
+        lambda n: [native(ASYNC, pyframes(path, line), n * 8 * MiB, n)], async_cls,
+        in_use=lambda n: n * 8 * MiB + 25 * MiB, cached=lambda n: 600 * MiB, current=lambda n: n * 8 * MiB + 64 * MiB),
+        path, line, tsumm)
+    # Default settings, bad: the growth named at another line, a pytorch (recorder) site
+    # although the recorder should be off, native frames after the Python ones.
+    leak_run("torch_expandable", 6200, series(
+        6200, lambda n: [{"framework": "python-stack", "frames": pyframes(path, line + 1), "live_bytes": seg(n),
+                          "live_count": segn(n)},
+                         {"framework": "pytorch", "frames": pyframes(path, line + 1), "live_bytes": n * 8 * MiB,
+                          "live_count": n}],
+        lambda n: [native(["cuMemCreate"], pyframes(path, line + 1), seg(n), segn(n), after=["c10::late+0x1"])],
+        torch_cls("Python lines from its recorder"),
+        in_use=lambda n: n * 8 * MiB + 25 * MiB, cached=lambda n: 300 * MiB, current=lambda n: seg(n) + 96 * MiB),
+        path, line, tsumm)
     for mode in ("default", "cudaMallocAsync", "expandable"):
-        run([lc, "torch", "--mode", mode, "--dir", os.path.join(L, "torch_" + mode), "--cli", cli,
-             "--summary", summary])
-    cpath = os.path.abspath(os.path.join(LEAKS, "leak_cupy.py"))
-    cline = [i for i, ln in enumerate(open(cpath), 1) if ln.rstrip().endswith("# GGV_" + "LEAK_LINE")][0]
-    reps = leak_reports(7000, "cupy", 11, 31, 40, fname=cpath, fline=cline)
-    write_run(os.path.join(L, "cupy"), 7000, [
-        {"record": "config", "pid": 7000, "signal_steps": [10, 30]},
-        {"record": "summary", "steps_done": 40, "leaked": 40, "leaked_bytes": 320 * MiB, "pool_used": 330 * MiB,
-         "pool_total": GiB}], reps, raw_lines=["GGV_LEAK_SITE file=%s line=%d" % (cpath, cline)])
-    run([lc, "cupy", "--dir", os.path.join(L, "cupy"), "--cli", cli, "--summary", summary])
-    write_run(os.path.join(L, "jax"), 8000, [{"record": "config", "pid": 8000},
-                                             {"record": "summary", "leaked_bytes": 320 * MiB}],
-              [report(8000, 1, "exit", 100 * GiB, classification=[
-                  {"framework": "jax", "status": "unavailable", "detail": "JAX's arena is not visible"}])])
-    run([lc, "jax", "--dir", os.path.join(L, "jax"), "--cli", cli, "--summary", summary])
+        run_leak(["torch", "--mode", mode, "--python", "on", "--dir", os.path.join(L, "torch_" + mode)])
+    # cudaMallocAsync where the exit report comes after the teardown freed the tensors
+    # (the old C-level exit report): the site falls, current_bytes is short.
+    teardown = os.path.join(tmp, "teardown.jsonl")
+    open(teardown, "w").close()
+    leak_run("async_teardown", 6150, series(
+        6150, lambda n: [{"framework": "python-stack", "frames": pyframes(path, line), "live_bytes":
+                          (0 if n == 40 else n * 8 * MiB), "live_count": 0 if n == 40 else n}],
+        lambda n: [native(ASYNC, pyframes(path, line), 0 if n == 40 else n * 8 * MiB, 0 if n == 40 else n)],
+        async_cls, in_use=lambda n: 345 * MiB, cached=lambda n: 600 * MiB,
+        current=lambda n: 129 * MiB if n == 40 else n * 8 * MiB + 64 * MiB), path, line, tsumm)
+    run_leak(["torch", "--mode", "cudaMallocAsync", "--dir", os.path.join(L, "async_teardown")], teardown)
+
+    # GPUGUARD_PYTHON=lines: block-exact pytorch sites. Good, and the leak named at
+    # another line (bad).
+    def lines_sites(fline):
+        return lambda n: [{"framework": "pytorch", "frames": pyframes(path, fline), "live_bytes": n * 8 * MiB,
+                           "live_count": n},
+                          {"framework": "pytorch", "frames": ["%s:140 in main" % path], "live_bytes": 8 * MiB,
+                           "live_count": 4}]
+    for name, pid, fline in (("torch_default_lines", 6300, line), ("torch_expandable_lines", 6400, line + 1)):
+        leak_run(name, pid, series(
+            pid, lines_sites(fline), lambda n: [native(CUDA, [], GiB, 1)], torch_cls("Python lines from its recorder"),
+            in_use=lambda n: n * 8 * MiB + 25 * MiB, cached=lambda n: GiB - n * 8 * MiB,
+            current=lambda n: GiB + 96 * MiB), path, line, tsumm)
+        run_leak(["torch", "--mode", name.split("_")[1], "--python", "lines", "--dir", os.path.join(L, name)])
+
+    # CuPy, default settings: each leaked array one cudaMalloc once the prewarm is used
+    # up, under cupy.full's own Python frame. Good.
+    csumm = {"pool_used": 330 * MiB, "pool_total": 400 * MiB}
+    cfull = "/x/cupy/_creation/basic.py:300 in full"
+    cupy_cls = [{"framework": "cupy", "status": "classified", "detail": "default memory pool totals; hook off"}]
+    leak_run("cupy", 7000, series(
+        7000, lambda n: [{"framework": "python-stack", "frames": [cfull] + pyframes(cpath, cline),
+                          "live_bytes": max(0, n - 8) * 8 * MiB, "live_count": max(0, n - 8)},
+                         {"framework": "python-stack", "frames": pyframes(cpath, 80, "main")[1:],
+                          "live_bytes": 64 * MiB, "live_count": 1}],
+        lambda n: [native(CUDA, [cfull] + pyframes(cpath, cline), max(0, n - 8) * 8 * MiB, max(0, n - 8))],
+        cupy_cls, in_use=lambda n: n * 8 * MiB, cached=lambda n: 64 * MiB,
+        current=lambda n: (max(0, n - 8) * 8 + 64) * MiB), cpath, cline, csumm)
+    run_leak(["cupy", "--dir", os.path.join(L, "cupy")])
+    # CuPy, GPUGUARD_PYTHON=lines: the hook's block-exact sites. Good.
+    leak_run("cupy_lines", 7100, series(
+        7100, lambda n: [{"framework": "cupy", "frames": pyframes(cpath, cline), "live_bytes": n * 8 * MiB,
+                          "live_count": n}],
+        lambda n: [native(CUDA, [], GiB, 1)],
+        [{"framework": "cupy", "status": "classified", "detail": "default memory pool; blocks from gpuguard's hook"}],
+        in_use=lambda n: n * 8 * MiB, cached=lambda n: GiB - n * 8 * MiB, current=lambda n: GiB), cpath, cline, csumm)
+    run_leak(["cupy", "--python", "lines", "--dir", os.path.join(L, "cupy_lines")])
+
+    # JAX: python_sites of framework jax from its device memory profile; in use from
+    # memory_stats(). Good; and the old unclassified report (bad, separate summary).
+    jsumm = {"bytes_in_use": 321 * MiB, "pool_bytes": 100 * GiB}
+    jax_cls = [{"framework": "jax", "status": "classified", "detail": "totals from JAX's memory_stats()"}]
+    leak_run("jax", 8000, series(
+        8000, lambda n: [{"framework": "jax", "frames": ["%s:%d in main" % (jpath, jline), "%s:90 in <module>" % jpath],
+                          "live_bytes": n * 8 * MiB, "live_count": n},
+                         {"framework": "jax", "frames": ["%s:60 in main" % jpath], "live_bytes": MiB, "live_count": 1}],
+        lambda n: [native(CUDA, [], 100 * GiB, 1)], jax_cls, in_use=lambda n: n * 8 * MiB + MiB,
+        cached=lambda n: 100 * GiB - n * 8 * MiB - MiB, current=lambda n: 100 * GiB + 32 * MiB, signals=0),
+        jpath, jline, jsumm, signals=False)
+    run_leak(["jax", "--dir", os.path.join(L, "jax")])
+    jax_bad = os.path.join(tmp, "jax_bad.jsonl")
+    open(jax_bad, "w").close()
+    leak_run("jax_unclassified", 8100, series(
+        8100, lambda n: [], lambda n: [native(CUDA, [], 32 * MiB, 1)],
+        [{"framework": "jax", "status": "unavailable", "detail": "JAX's arena is not visible"}],
+        current=lambda n: 32 * MiB, signals=0), jpath, jline, jsumm, signals=False)
+    run_leak(["jax", "--dir", os.path.join(L, "jax_unclassified")], jax_bad)
+
     os.makedirs(os.path.join(L, "skipped", "reports"), exist_ok=True)
     with open(os.path.join(L, "skipped", "rc.txt"), "w") as f:
         f.write("-1\n")
-    run([lc, "cupy", "--dir", os.path.join(L, "skipped"), "--cli", cli, "--summary", summary])
+    run_leak(["cupy", "--dir", os.path.join(L, "skipped")])
 
     rows = rows_of(summary)
     P, F, W, I, S = "PASS", "FAIL", "WARN", "INFO", "SKIP"
@@ -339,17 +465,45 @@ def main():
     if sum(1 for r in trim_rows if r["workload"] == "cupy") != len(
             [r for r in trim_rows if r["workload"] == "cupy" and r["check"] != "workload_started"]) + 1:
         problems.append("a crashed workload gave more than one row")
-    exp = {("torch_default", c): P for c in ("exit_status", "reports", "classification", "python_site_top",
-                                              "python_site_bytes", "in_use_cached", "diff_first_site",
-                                              "show_renders")}
-    exp.update({("torch_cudaMallocAsync", "classification"): I, ("torch_cudaMallocAsync", "python_site_top"): I,
-                ("torch_cudaMallocAsync", "in_use_cached"): I, ("torch_cudaMallocAsync", "diff_first_site"): I,
-                ("torch_cudaMallocAsync", "exit_status"): P,
-                ("torch_expandable", "python_site_top"): F, ("torch_expandable", "diff_first_site"): F,
-                ("cupy", "python_site_top"): P, ("cupy", "in_use_cached"): P, ("cupy", "diff_first_site"): I,
-                ("cupy", "run"): S,
-                ("jax", "exit_status"): P, ("jax", "exit_report"): P, ("jax", "classification"): I})
-    problems += expect_rows([r for r in rows if r["group"] == "leaks"], exp, "leaks")
+    judged_default = ("exit_status", "reports", "classification", "recorder_off", "stack_frames", "current_bytes",
+                      "diff_first_site", "show_suspected", "show_renders")
+    exp = {("torch_default", c): P for c in judged_default + ("in_use_cached",)}
+    exp.update({("torch_default", "python_stack_site"): I, ("torch_default", "live_owners"): I})
+    exp.update({("torch_cudaMallocAsync", c): P for c in judged_default + ("python_stack_site",)})
+    exp.update({("torch_cudaMallocAsync", "in_use_cached"): I})
+    exp.update({("torch_expandable", c): F for c in ("recorder_off", "stack_frames", "diff_first_site",
+                                                     "show_suspected")})
+    exp.update({("torch_expandable", c): P for c in ("exit_status", "reports", "classification", "in_use_cached",
+                                                     "current_bytes", "show_renders")})
+    exp.update({("torch_default_lines", c): P for c in ("exit_status", "reports", "classification", "python_site_top",
+                                                        "python_site_bytes", "in_use_cached", "current_bytes",
+                                                        "diff_first_site", "show_suspected", "show_renders")})
+    exp.update({("torch_expandable_lines", c): F for c in ("python_site_top", "diff_first_site", "show_suspected")})
+    exp.update({("torch_expandable_lines", c): P for c in ("classification", "in_use_cached", "show_renders")})
+    exp.update({("cupy", c): P for c in judged_default + ("in_use_cached",)})
+    exp.update({("cupy", "python_stack_site"): I, ("cupy", "run"): S})
+    exp.update({("cupy_lines", c): P for c in ("classification", "python_site_top", "python_site_bytes",
+                                               "in_use_cached", "current_bytes", "show_renders")})
+    exp.update({("cupy_lines", "diff_first_site"): I, ("cupy_lines", "show_suspected"): I})
+    exp.update({("jax", c): P for c in ("exit_status", "reports", "classification", "python_site_jax", "in_use_cached",
+                                        "current_bytes", "show_renders")})
+    exp.update({("jax", "jax_stats"): I})
+    leak_rows = [r for r in rows if r["group"] == "leaks"]
+    problems += expect_rows(leak_rows, exp, "leaks")
+    # Where INFO rows say "ok"/"not met" (not judged): the numbers behind them.
+    info = {(r["workload"], r["check"]): r["detail"] for r in leak_rows if r["status"] == I}
+    for key, want in ((("torch_default", "python_stack_site"), "not met"), (("cupy", "python_stack_site"), "not met"),
+                      (("cupy_lines", "diff_first_site"), "ok"), (("torch_cudaMallocAsync", "in_use_cached"), "ok")):
+        if not info.get(key, "").startswith(want):
+            problems.append("leaks: %s/%s INFO should say %r: %s" % (key[0], key[1], want, info.get(key)))
+    if any(r["workload"] == "cupy" and r["check"] == "run" for r in leak_rows[:-1]):
+        problems.append("the skipped run's row is not the last")
+    exp = {("torch_cudaMallocAsync", c): F for c in ("python_stack_site", "current_bytes", "show_suspected")}
+    exp.update({("torch_cudaMallocAsync", c): P for c in ("diff_first_site", "stack_frames", "recorder_off")})
+    problems += expect_rows(rows_of(teardown), exp, "async_teardown")
+    exp = {("jax", c): F for c in ("classification", "python_site_jax", "in_use_cached")}
+    exp.update({("jax", "exit_status"): P, ("jax", "current_bytes"): F})
+    problems += expect_rows(rows_of(jax_bad), exp, "jax_unclassified")
 
     out = subprocess.run([sys.executable, os.path.join(HERE, "tl_common.py"), "table", "--summary", summary,
                           "--txt", os.path.join(tmp, "summary.txt"), "--json", os.path.join(tmp, "summary.json")],

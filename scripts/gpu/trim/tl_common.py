@@ -377,12 +377,13 @@ def counts_line(rows):
 def cmd_table(a):
     rows = load_rows(a.summary)
     width = 104
-    print("%-5s %-4s %-16s %-20s %s" % ("group", "stat", "workload", "check", "numbers (all: summary.txt)"))
+    # Workload names up to 22 characters (torch_expandable_lines) stay whole.
+    print("%-5s %-4s %-22s %-20s %s" % ("group", "stat", "workload", "check", "numbers (all: summary.txt)"))
     for r in rows:
         if r.get("status") == "INFO" and not a.with_info:
             continue
-        print("%-5s %-4s %-16s %-20s %s" % (r.get("group", "")[:5], r.get("status"), r.get("workload", "")[:16],
-                                            r.get("check", "")[:20], (r.get("detail") or "")[:width - 49]))
+        print("%-5s %-4s %-22s %-20s %s" % (r.get("group", "")[:5], r.get("status"), r.get("workload", "")[:22],
+                                            r.get("check", "")[:20], (r.get("detail") or "")[:width - 55]))
     print("checks: " + (counts_line(rows) or "none") + " (INFO rows: in summary.txt)")
     wl = {}
     for r in rows:
@@ -406,9 +407,9 @@ def cmd_table(a):
                        if r.get("status") == g]
                 if bad:
                     f.write("%s: %s\n" % (g, "; ".join(bad)))
-            f.write("\n%-6s %-5s %-18s %-24s %s\n" % ("group", "stat", "workload", "check", "detail"))
+            f.write("\n%-6s %-5s %-22s %-24s %s\n" % ("group", "stat", "workload", "check", "detail"))
             for r in rows:
-                f.write("%-6s %-5s %-18s %-24s %s\n" % (r.get("group", ""), r.get("status"), r.get("workload", ""),
+                f.write("%-6s %-5s %-22s %-24s %s\n" % (r.get("group", ""), r.get("status"), r.get("workload", ""),
                                                         r.get("check", ""), r.get("detail") or ""))
             f.write("\nworkloads: " + "; ".join(verdict) + "\n")
     if a.json:

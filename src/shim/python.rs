@@ -646,26 +646,32 @@ pub(crate) mod frames {
         }
     }
 
-    /// Appends this thread's Python frames (innermost first) to `out`; returns how
-    /// many. No lock, no allocation, no call into Python.
+    /// This thread's Python thread state, 0 when it has none or frames are not read.
     #[inline]
-    pub(crate) fn walk(out: &mut [usize]) -> usize {
-        if out.is_empty() || !ON.load(Acquire) {
+    pub(crate) fn thread_state() -> usize {
+        if !ON.load(Acquire) {
             return 0;
         }
-        let Some(a) = api() else {
+        match api() {
+            // SAFETY: documented as callable without the GIL; reads a thread-local.
+            Some(a) => unsafe { (a.this_thread_state)() as usize },
+            None => 0,
+        }
+    }
+
+    /// Appends the Python frames of this thread's state `ts` (innermost first) to
+    /// `out`; returns how many. No lock, no allocation, no call into Python.
+    #[inline]
+    pub(crate) fn walk(ts: usize, out: &mut [usize]) -> usize {
+        if out.is_empty() || ts == 0 {
             return 0;
-        };
+        }
         let l: [i64; 7] = std::array::from_fn(|i| LAYOUT[i].load(Relaxed));
         let [mode, ts_off, ts_deref, code_off, prev_off, instr_off, base] = l;
         // SAFETY: reads of this thread's own thread state and frames at offsets
         // measured and checked for this interpreter; every pointer is checked for
         // null and alignment before it is followed.
         unsafe {
-            let ts = (a.this_thread_state)() as usize;
-            if ts == 0 {
-                return 0;
-            }
             let mut frame = word(ts, ts_off);
             if ts_deref >= 0 {
                 frame = word(frame, ts_deref);

@@ -5,7 +5,7 @@
 use super::real::{DRIVER, is_own_code};
 use super::{Books, books, config, shielded};
 use crate::ledger::{Key, Kind, NO_SITE, Record};
-use std::cell::Cell;
+use std::cell::{Cell, UnsafeCell};
 use std::ffi::{c_int, c_void};
 use std::sync::atomic::{AtomicU64, Ordering::*};
 
@@ -36,7 +36,15 @@ struct ThreadState {
     ctx_cache: Cell<(u64, i32, u64)>,
     /// This thread's stack, [lo, hi), for the stack walk's bounds checks.
     stack: Cell<(usize, usize)>,
+    /// Scratch for a capture (no zeroing per allocation), and the last stack this
+    /// thread interned with its id and the books it belongs to: a loop allocating
+    /// from one place skips the site table's hashing and lookup.
+    scratch: UnsafeCell<[usize; STACK_SLOTS]>,
+    last: UnsafeCell<[usize; STACK_SLOTS]>,
+    last_site: Cell<(usize, usize, u32)>,
 }
+
+const STACK_SLOTS: usize = MAX_FRAMES + PY_FRAMES;
 
 thread_local! {
     static THREAD: ThreadState = const {
@@ -46,6 +54,9 @@ thread_local! {
             thread_id: Cell::new(0),
             ctx_cache: Cell::new((0, 0, u64::MAX)),
             stack: Cell::new((0, 0)),
+            scratch: UnsafeCell::new([0; STACK_SLOTS]),
+            last: UnsafeCell::new([0; STACK_SLOTS]),
+            last_site: Cell::new((0, 0, NO_SITE)),
         }
     };
 }
@@ -139,6 +150,8 @@ pub(crate) fn contexts_changed() {
 const MAX_FRAMES: usize = crate::config::MAX_STACK_DEPTH;
 /// Python frames kept after the native ones, in a thread running Python.
 const PY_FRAMES: usize = 16;
+/// Native frames kept (at most) in a thread running Python.
+const PY_THREAD_NATIVE: usize = 8;
 
 /// The context (0: the device's primary one) and device of an allocation. Asking
 /// the driver for the current context costs a call per allocation, so it is skipped
@@ -182,17 +195,37 @@ fn capture_site_in(books: &Books, t: &ThreadState) -> u32 {
     if depth == 0 {
         return NO_SITE;
     }
-    let mut pcs = [0usize; MAX_FRAMES + PY_FRAMES];
+    // In a thread running Python, its Python frames say where; native frames past
+    // the framework's first few are the interpreter's, so fewer are walked.
+    let py = super::python::frames::thread_state();
+    let native = if py != 0 {
+        depth.min(PY_THREAD_NATIVE)
+    } else {
+        depth
+    };
+    // SAFETY: this thread's own buffers; a hook never runs inside another on the
+    // same thread (the driver guard), so nothing else holds them now.
+    let (pcs, last) = unsafe { (&mut *t.scratch.get(), &mut *t.last.get()) };
     let mut n = super::unwind::capture(
-        &mut pcs[..depth.min(MAX_FRAMES)],
+        &mut pcs[..native.min(MAX_FRAMES)],
         stack_bounds(t),
         &is_own_code,
     );
-    n += super::python::frames::walk(&mut pcs[n..n + PY_FRAMES]);
+    if py != 0 {
+        n += super::python::frames::walk(py, &mut pcs[n..n + PY_FRAMES]);
+    }
     if n == 0 {
         return NO_SITE;
     }
-    books.sites.intern(&pcs[..n])
+    let here = books as *const Books as usize;
+    let (len, owner, id) = t.last_site.get();
+    if len == n && owner == here && pcs[..n] == last[..n] {
+        return id;
+    }
+    let id = books.sites.intern(&pcs[..n]);
+    last[..n].copy_from_slice(&pcs[..n]);
+    t.last_site.set((n, here, id));
+    id
 }
 
 // ---- the hook bodies ---------------------------------------------------------------

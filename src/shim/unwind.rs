@@ -224,12 +224,17 @@ fn walk(
         return None;
     }
     let mut n = 0;
+    // gpuguard's own frames are only at the top: once past them, no more checks.
+    let mut at_top = true;
     while n < out.len() {
         if pc == 0 {
             return Some(n);
         }
         let distance = learned(pc)?;
-        if !skip(pc) {
+        if at_top && skip(pc) {
+            // one of ours: left out
+        } else {
+            at_top = false;
             out[n] = pc;
             n += 1;
         }

@@ -222,7 +222,9 @@ fn the_exit_report_is_taken_before_the_interpreter_tears_down() {
     // The program ends holding 3 MiB in a global list; Python's teardown frees them
     // (their __del__ calls cudaFree). The exit report shows what the program held at
     // its end, not the empty state after teardown.
-    let r = run_trainer(&["none", "owned:3"], &[], true);
+    // (ready: time for gpuguard's Python side to be set up, as in any program that
+    // runs longer than a moment after its first CUDA call.)
+    let r = run_trainer(&["none", "ready:0.5", "owned:3"], &[], true);
     r.assert_ok();
     let exits = report(&r, "exit");
     assert_eq!(exits.len(), 1, "one exit report\n{}", r.describe());

@@ -533,6 +533,9 @@ extern "C" fn submit(_module: Obj, arg: Obj) -> Obj {
             } else if tag == "resolved" {
                 frames::resolved(body);
             } else if tag == "exit" {
+                // The interpreter tears its thread states down next: from here on no
+                // hook may read them.
+                frames::stop();
                 *lock(&AT_EXIT) = Some(body.to_string());
                 // The program's own code is done and the interpreter is whole: what
                 // is live now is what the program held at its end. Python's teardown
@@ -704,6 +707,11 @@ pub(crate) mod frames {
         }
         // SAFETY: per the caller.
         unsafe { std::ptr::read_volatile((base as isize + off as isize) as *const usize) }
+    }
+
+    /// No more reading of Python frames (the interpreter is finalizing).
+    pub(super) fn stop() {
+        ON.store(false, Release);
     }
 
     pub(crate) fn enabled() -> bool {

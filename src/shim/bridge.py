@@ -3,7 +3,8 @@
 # bytecode boundary, never inside an allocation hook), and then calls its functions
 # the same way. Each call hands its answer back through _gg_submit(tag + "\n" + json).
 # Frameworks are only looked at when the program has imported them: this file never
-# imports torch, cupy, jax or tensorflow itself.
+# imports torch, cupy, jax or tensorflow itself. _gg_submit, _gg_devices and
+# _gg_pending_pairs are gpuguard's own functions, put in this namespace by the shim.
 
 import json
 import sys
@@ -233,11 +234,6 @@ def _gg_check_tstate(tstate, lay):
     return p == here
 
 
-def _gg_calibrated():
-    # Called from _gg_setup, so there are frames above this one to check against.
-    return _gg_calibrate()
-
-
 def _gg_line(code, off):
     for start, end, line in code.co_lines():
         if start <= off < end:
@@ -294,7 +290,8 @@ def _gg_setup(args):
     out = {}
     if "frames" not in st and int(args.get("depth", 0)) > 0:
         try:
-            st["frames"] = _gg_calibrated()
+            # Called here, there are Python frames above to check the layout on.
+            st["frames"] = _gg_calibrate()
         except Exception as e:
             st["frames"] = {"error": _gg_err(e)}
         _gg_submit("frames\n" + json.dumps(st["frames"]))

@@ -176,6 +176,15 @@ const INSTALL_AFTER_MS: [u64; 10] = [
     0, 200, 500, 1_000, 2_000, 4_000, 8_000, 16_000, 32_000, 64_000,
 ];
 
+/// When (ms after activation) the `n`th setup of the Python side is due: the list,
+/// then every 64 s.
+fn install_after_ms(n: usize) -> u64 {
+    INSTALL_AFTER_MS
+        .get(n)
+        .copied()
+        .unwrap_or_else(|| 64_000 * (n as u64).saturating_sub(8))
+}
+
 fn run(fd: c_int) {
     ON_HELPER.with(|h| h.set(true));
     let mut trims_handled = 0;
@@ -202,11 +211,9 @@ fn run(fd: c_int) {
             let left = due.saturating_sub(super::track::monotonic_ns());
             timeout_ms = timeout_ms.min(left.div_ceil(1_000_000));
         }
-        if let Some(&at) = INSTALL_AFTER_MS.get(installs) {
-            let due = started.saturating_add(at * 1_000_000);
-            let left = due.saturating_sub(super::track::monotonic_ns());
-            timeout_ms = timeout_ms.min(left.div_ceil(1_000_000));
-        }
+        let install_due = started.saturating_add(install_after_ms(installs) * 1_000_000);
+        let left = install_due.saturating_sub(super::track::monotonic_ns());
+        timeout_ms = timeout_ms.min(left.div_ceil(1_000_000));
         let mut pfd = libc::pollfd {
             fd,
             events: libc::POLLIN,
@@ -230,12 +237,7 @@ fn run(fd: c_int) {
                 .flatten()
                 .unwrap_or_else(|| TRIM_REQUESTS.load(Relaxed));
         }
-        let t = super::track::monotonic_ns();
-        let due = INSTALL_AFTER_MS
-            .get(installs)
-            .copied()
-            .unwrap_or_else(|| 64_000 * (installs as u64).saturating_sub(8));
-        if t.saturating_sub(started) >= due.saturating_mul(1_000_000) {
+        if super::track::monotonic_ns() >= install_due {
             installs += 1;
             shielded(install_python);
         } else if let Some(books) = active_books() {

@@ -266,22 +266,25 @@ fn a_cap_refusal_trims_the_framework_cache() {
 
 #[test]
 fn trim_signal_none_leaves_the_signal_alone() {
-    // Off: gpuguard installs no handler; the program's SIG_IGN stays in charge.
+    // Off: gpuguard installs no handler, so SIGUSR2 keeps its default action and
+    // ends the program, as it would without gpuguard.
     let r = run_trainer(
-        &[
-            "torch",
-            "ignore:USR2",
-            "cache:4",
-            "raise:USR2",
-            "ready:1",
-            "state",
-        ],
+        &["torch", "cache:4", "raise:USR2", "ready:1", "state"],
         &[("GPUGUARD_TRIM_SIGNAL", "none")],
         true,
     );
-    r.assert_ok();
+    assert_eq!(r.signal(), Some(libc::SIGUSR2), "{}", r.describe());
     assert!(reports_with(&r, "trim").is_empty());
-    assert_eq!(states(&r), vec![(4 * MIB, 0)]);
+
+    // Another signal can be the trim signal; USR2 is then left alone the same way.
+    let r = run_trainer(
+        &["torch", "cache:4", "signal:HUP", "state"],
+        &[("GPUGUARD_TRIM_SIGNAL", "HUP")],
+        true,
+    );
+    r.assert_ok();
+    assert_eq!(one_trim(&r)["trigger"], "signal");
+    assert_eq!(states(&r), vec![(0, 0)]);
 }
 
 /// Starts trainer.py under the shim and returns it once it printed READY.

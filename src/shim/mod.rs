@@ -107,10 +107,10 @@ impl Books {
     pub fn single_device(&self) -> bool {
         let mut n = self.device_count.load(Relaxed);
         if n == 0 {
+            // Asked once: a driver that cannot say (-1) is remembered too, so the
+            // hot path never asks again.
             n = real::DRIVER.device_count().filter(|c| *c > 0).unwrap_or(-1);
-            if n > 0 {
-                self.device_count.store(n, Relaxed);
-            }
+            self.device_count.store(n, Relaxed);
         }
         n == 1
     }

@@ -5,20 +5,10 @@
 //!   gpuguard run [--] COMMAND...      run COMMAND with libgpuguard.so preloaded
 //!   gpuguard trim PID                 trim a running process's caches, print what came back
 //!
-//! It shares the report model with the library (`src/report.rs`), included here by
-//! path because the library is built only as the preloadable `cdylib`.
+//! It shares the report model and the parsing of `GPUGUARD_*` variables with the
+//! library through the `gpuguard-core` crate.
 
-#[path = "report.rs"]
-#[allow(dead_code)]
-mod report;
-// The library's own parsing of GPUGUARD_* variables, to read a running process's.
-#[path = "cap.rs"]
-#[allow(dead_code)]
-mod cap;
-#[path = "config.rs"]
-#[allow(dead_code)]
-mod config;
-
+use gpuguard_core::{config, report};
 use report::{Report, SCHEMA, human_bytes};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;

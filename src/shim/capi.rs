@@ -2,7 +2,7 @@
 //! directly (C, C++, Python's ctypes).
 
 use super::{active_books, books, shielded};
-use crate::ledger::MAX_DEVICES;
+use gpuguard_core::ledger::MAX_DEVICES;
 use std::ffi::{CStr, c_char, c_int};
 
 /// Mirrors `struct gpuguard_device_counters` in the header.

@@ -4,8 +4,8 @@
 //! here that logs or writes is handed to the helper thread.
 
 use super::{Books, LogLevel, log, settings, worker};
-use crate::ledger::{Kind, MAX_DEVICES};
-use crate::report::human_bytes;
+use gpuguard_core::ledger::{Kind, MAX_DEVICES};
+use gpuguard_core::report::human_bytes;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::*};
 
 /// Per-device threshold state.

@@ -6,7 +6,7 @@
 
 use super::real::{Path, Slots};
 use super::track::{self, Made, Plan, SUCCESS};
-use crate::ledger::{Key, Kind};
+use gpuguard_core::ledger::{Key, Kind};
 use std::ffi::{CStr, c_char, c_int, c_uint, c_void};
 
 pub type CUdeviceptr = cudarc::driver::sys::CUdeviceptr;
@@ -946,7 +946,7 @@ unsafe fn ctx_destroy(_api: u8, real: row::cuCtxDestroy_v2::Real, ctx: Ctx) -> c
 }
 
 /// Records of the primary context of `dev`: on that device, not in a created one.
-fn in_primary(dev: c_int) -> impl Fn(&Key, &crate::ledger::Record, &super::Books) -> bool {
+fn in_primary(dev: c_int) -> impl Fn(&Key, &gpuguard_core::ledger::Record, &super::Books) -> bool {
     move |_, r, books| i32::from(r.device) == dev && !books.created_ctx.contains_key(&r.ctx)
 }
 

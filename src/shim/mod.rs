@@ -20,9 +20,9 @@ mod trim;
 mod unwind;
 mod worker;
 
-use crate::config::{Config, LogLevel};
-use crate::ledger::Ledger;
-use crate::sites::SiteTable;
+use gpuguard_core::config::{Config, LogLevel};
+use gpuguard_core::ledger::Ledger;
+use gpuguard_core::sites::SiteTable;
 use std::ffi::c_void;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::PathBuf;
@@ -49,18 +49,18 @@ pub(crate) struct Books {
     /// Device sizes, asked once per device when it is first used.
     pub totals: Box<[AtomicU64]>,
     /// Memory pools: their device and what each held at its last measurement.
-    pub pools: crate::ledger::U64Map<caps::PoolInfo>,
+    pub pools: gpuguard_core::ledger::U64Map<caps::PoolInfo>,
     /// Each device's current pool (what `cuMemAllocAsync` draws from), 0 if unknown.
     pub current_pool: Box<[AtomicU64]>,
     /// Contexts made with cuCtxCreate (the rest are primary contexts).
-    pub created_ctx: crate::ledger::U64Map<()>,
+    pub created_ctx: gpuguard_core::ledger::U64Map<()>,
     /// Set before the first cuCtxCreate: until then records need no context.
     pub created_any: AtomicBool,
     /// Devices visible to the process, asked at the first allocation (0: not yet;
     /// -1: the driver could not say).
     pub device_count: std::sync::atomic::AtomicI32,
     /// VMM mappings, so a handle released while mapped is freed at its last unmap.
-    pub vmm: crate::vmm::VmmMaps,
+    pub vmm: gpuguard_core::vmm::VmmMaps,
     /// Warning and trim thresholds of capped devices.
     pub thresholds: Box<[caps::Thresholds]>,
     /// The last refusal by a cap, waiting for its report.
@@ -71,7 +71,7 @@ pub(crate) struct Books {
     /// When the last cap report was claimed (monotonic ns, 0: never).
     pub last_cap_report_ns: AtomicU64,
     /// NVML device handles and their CUDA ordinals (-1: not visible here).
-    pub nvml: crate::ledger::U64Map<i32>,
+    pub nvml: gpuguard_core::ledger::U64Map<i32>,
 }
 
 impl Books {
@@ -82,17 +82,17 @@ impl Books {
             started_ns: track::monotonic_ns(),
             report_lock: Mutex::new(()),
             seq: AtomicU64::new(0),
-            totals: (0..crate::ledger::MAX_DEVICES)
+            totals: (0..gpuguard_core::ledger::MAX_DEVICES)
                 .map(|_| AtomicU64::new(0))
                 .collect(),
             pools: Default::default(),
-            current_pool: (0..crate::ledger::MAX_DEVICES)
+            current_pool: (0..gpuguard_core::ledger::MAX_DEVICES)
                 .map(|_| AtomicU64::new(0))
                 .collect(),
             created_ctx: Default::default(),
             created_any: AtomicBool::new(false),
             device_count: std::sync::atomic::AtomicI32::new(0),
-            vmm: crate::vmm::VmmMaps::new(),
+            vmm: gpuguard_core::vmm::VmmMaps::new(),
             thresholds: caps::new_thresholds(),
             denial: Mutex::new(None),
             cap_pending: AtomicBool::new(false),
@@ -132,7 +132,7 @@ pub(crate) struct Settings {
     /// then mean the `_ptsz` variants.
     pub ptds_default: bool,
     /// Rank, world size and host of a distributed run, read at load.
-    pub launch: crate::config::Launch,
+    pub launch: gpuguard_core::config::Launch,
 }
 
 pub(crate) fn settings() -> &'static Settings {
@@ -273,7 +273,7 @@ fn load() {
     };
     let ptds_default = std::env::var_os("CUDA_API_PER_THREAD_DEFAULT_STREAM")
         .is_some_and(|v| v != "0" && !v.is_empty());
-    let launch = crate::config::Launch::detect(
+    let launch = gpuguard_core::config::Launch::detect(
         |k| std::env::var_os(k).map(|v| v.to_string_lossy().into_owned()),
         hostname,
     );

@@ -596,7 +596,7 @@ extern "C" fn pending_pairs(_module: Obj, _unused: Obj) -> Obj {
 /// handed over; until then (and if it failed) nothing is read.
 pub(crate) mod frames {
     use super::{api, lock};
-    use crate::sites::SiteTable;
+    use gpuguard_core::sites::SiteTable;
     use std::collections::HashMap;
     use std::sync::Mutex;
     use std::sync::atomic::{AtomicBool, AtomicI64, Ordering::*};

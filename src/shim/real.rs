@@ -289,7 +289,7 @@ impl Driver {
         let mut u = [0u8; 16];
         // SAFETY: p is the driver's cuDeviceGetUuid(_v2), which writes 16 bytes.
         let rc = unsafe { std::mem::transmute::<usize, F>(p)(&mut u, device) };
-        (rc == 0).then(|| crate::cap::uuid_string(&u))
+        (rc == 0).then(|| gpuguard_core::cap::uuid_string(&u))
     }
 
     /// How many devices the process sees; `None` before cuInit or without a driver.

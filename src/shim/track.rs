@@ -4,7 +4,7 @@
 
 use super::real::{DRIVER, is_own_code};
 use super::{Books, books, config, shielded};
-use crate::ledger::{Key, Kind, NO_SITE, Record};
+use gpuguard_core::ledger::{Key, Kind, NO_SITE, Record};
 use std::cell::{Cell, UnsafeCell};
 use std::ffi::{c_int, c_void};
 use std::sync::atomic::{AtomicU64, Ordering::*};
@@ -147,7 +147,7 @@ pub(crate) fn contexts_changed() {
 
 // ---- stacks ----------------------------------------------------------------------
 
-const MAX_FRAMES: usize = crate::config::MAX_STACK_DEPTH;
+const MAX_FRAMES: usize = gpuguard_core::config::MAX_STACK_DEPTH;
 /// Python frames kept after the native ones, in a thread running Python.
 const PY_FRAMES: usize = 16;
 /// Native frames kept (at most) in a thread running Python.
@@ -405,7 +405,7 @@ pub(crate) fn driver_alloc(
             // The driver rounded past the estimate and the cap has no room for the
             // difference: undo the allocation rather than pass the cap.
             ledger.unreserve(dev, host, reserved);
-            if m.key.space == crate::ledger::Space::DevicePtr {
+            if m.key.space == gpuguard_core::ledger::Space::DevicePtr {
                 super::real::DRIVER.free(m.key.value);
             }
             books.refused(dev, m.bytes, label_for(t, api), capture_site_in(books, t));

@@ -8,7 +8,7 @@
 
 use super::python::{self, Outcome};
 use super::{Books, LogLevel, log};
-use crate::report::{TrimDevice, TrimMechanism, TrimReport, human_bytes};
+use gpuguard_core::report::{TrimDevice, TrimMechanism, TrimReport, human_bytes};
 use serde::Deserialize;
 use std::time::Duration;
 

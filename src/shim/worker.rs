@@ -3,9 +3,9 @@
 //! does the I/O: building, symbolizing and writing reports.
 
 use super::{LogLevel, active_books, log, settings, shielded, write_stderr};
-use crate::report::{ReportConfig, human_bytes};
-use crate::reporter::{self, FrameInfo, ReportInput};
-use crate::symbols::SymbolTable;
+use gpuguard_core::report::{ReportConfig, human_bytes};
+use gpuguard_core::reporter::{self, FrameInfo, ReportInput};
+use gpuguard_core::symbols::SymbolTable;
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::ffi::{CStr, c_char, c_int, c_void};
@@ -406,8 +406,8 @@ fn symbolize(pc: usize, tables: &Tables) -> FrameInfo {
     if frames::is_python(pc) {
         return FrameInfo {
             text: match frames::text(pc) {
-                Some(t) => format!("{}{t}", crate::report::PY_FRAME),
-                None => format!("{}(code no longer alive)", crate::report::PY_FRAME),
+                Some(t) => format!("{}{t}", gpuguard_core::report::PY_FRAME),
+                None => format!("{}(code no longer alive)", gpuguard_core::report::PY_FRAME),
             },
             internal: false,
         };
@@ -512,7 +512,7 @@ fn demangle(name: &str) -> String {
 /// What some reports carry beyond the books.
 #[derive(Default)]
 pub(crate) struct Extra {
-    pub trim: Option<crate::report::TrimReport>,
+    pub trim: Option<gpuguard_core::report::TrimReport>,
 }
 
 /// How long a report waits for the Python side's classification.
@@ -521,7 +521,7 @@ const CLASSIFY_WAIT: std::time::Duration = std::time::Duration::from_secs(3);
 /// The frameworks' account of their memory, for a report: asked now on the helper
 /// thread (the only one that may wait for the main thread); at exit, what Python's
 /// `atexit` handed over; otherwise none.
-fn classification(books: &super::Books, reason: &str) -> Option<crate::classify::Answer> {
+fn classification(books: &super::Books, reason: &str) -> Option<gpuguard_core::classify::Answer> {
     use super::python::{self, Outcome};
     let text = if reason == "exit" {
         python::at_exit_answer()?
@@ -543,7 +543,7 @@ fn classification(books: &super::Books, reason: &str) -> Option<crate::classify:
     } else {
         return None;
     };
-    match crate::classify::Answer::parse(&text) {
+    match gpuguard_core::classify::Answer::parse(&text) {
         Ok(a) => Some(a),
         Err(e) => {
             log(LogLevel::Warn, format_args!("{e}"));
@@ -614,8 +614,8 @@ pub(crate) fn write_report_with(reason: &str, extra: Extra) -> Option<PathBuf> {
     };
     let mut report = reporter::build(&input);
     report.trim = extra.trim;
-    let recorded = classes.is_some_and(|c| crate::classify::apply(&mut report, c));
-    crate::classify::python_sites_from_stacks(&mut report, recorded);
+    let recorded = classes.is_some_and(|c| gpuguard_core::classify::apply(&mut report, c));
+    gpuguard_core::classify::python_sites_from_stacks(&mut report, recorded);
     let name = reporter::file_name(&program, s.launch.rank, pid, seq, reason);
     let headline = headline(&report);
     // Compact JSON, streamed to the file: `gpuguard show` is for reading it.
@@ -660,7 +660,7 @@ pub(crate) fn write_report_with(reason: &str, extra: Extra) -> Option<PathBuf> {
 }
 
 /// The last refusal, with its stack symbolized, for a `cap` report.
-fn denial(books: &super::Books, tables: &Tables) -> Option<crate::report::DenialReport> {
+fn denial(books: &super::Books, tables: &Tables) -> Option<gpuguard_core::report::DenialReport> {
     let d = books
         .denial
         .lock()
@@ -674,7 +674,7 @@ fn denial(books: &super::Books, tables: &Tables) -> Option<crate::report::Denial
         .unwrap_or_default();
     let infos: Vec<FrameInfo> = stack.iter().map(|&pc| symbolize(pc, tables)).collect();
     let first_user = infos.iter().position(|f| !f.internal).unwrap_or(0);
-    Some(crate::report::DenialReport {
+    Some(gpuguard_core::report::DenialReport {
         device: d.device,
         bytes: d.bytes,
         api: super::hooks::api_name(d.api).to_string(),
@@ -684,7 +684,7 @@ fn denial(books: &super::Books, tables: &Tables) -> Option<crate::report::Denial
     })
 }
 
-fn headline(r: &crate::report::Report) -> String {
+fn headline(r: &gpuguard_core::report::Report) -> String {
     let mut parts: Vec<String> = r
         .devices
         .iter()

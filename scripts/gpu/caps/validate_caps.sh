@@ -205,7 +205,7 @@ main() {
   real_total=$(env -u LD_PRELOAD "$PY" "$CAPS/caps_common.py" real-total 2>/dev/null | tail -n 1)
   if [[ "$real_total" =~ ^[0-9]+$ ]]; then
     # The same arithmetic as gpuguard: (total as f64 * f) as u64, rounded down to the
-    # driver's 2 MiB page (src/cap.rs, Limit::resolve).
+    # driver's 2 MiB page (crates/core/src/cap.rs, Limit::resolve).
     frac_bytes=$("$PY" -c "import sys; b = int(float(sys.argv[1]) * float(sys.argv[2])); p = 2 << 20; print(b // p * p if b >= p else b)" "$real_total" "$frac")
   fi
 

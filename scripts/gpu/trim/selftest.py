@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Self-test of the trim/leak checkers without a GPU: builds run directories with
 hand-made workload output and gpuguard reports (the shapes of the spec and of
-src/report.rs), runs trim_check.py, leak_check.py and tl_common.py table on them,
+crates/core/src/report.rs), runs trim_check.py, leak_check.py and tl_common.py table on them,
 and compares every row's status with the expected one.
 
   python3 scripts/gpu/trim/selftest.py [--cli PATH/TO/gpuguard] [--keep DIR]

@@ -1,0 +1,22 @@
+//! gpuguard's safe core, shared by the preload library (`libgpuguard.so`) and the
+//! `gpuguard` command. No FFI and no `unsafe` here: every module is plain Rust with
+//! unit tests.
+//!
+//! - `config` (the `GPUGUARD_*` variables), `cap` (`GPUGUARD_CAP`);
+//! - `ledger` (live allocations and per-device counters), `sites` (interned call
+//!   stacks), `vmm` (mappings of VMM handles);
+//! - `report` (the JSON model the library writes and the command reads), `reporter`
+//!   (ledger -> report -> file), `classify` (frameworks' blocks joined to a report),
+//!   `symbols` (ELF function names).
+
+#![forbid(unsafe_code)]
+
+pub mod cap;
+pub mod classify;
+pub mod config;
+pub mod ledger;
+pub mod report;
+pub mod reporter;
+pub mod sites;
+pub mod symbols;
+pub mod vmm;

@@ -1,8 +1,9 @@
-//! The one table of hooked CUDA functions. Each row declares a function once; from it
-//! come the exported symbol, the wrapper the `dlsym` override hands out, the wrapper
-//! `cuGetProcAddress` hands out (by base name and version), the real-pointer slots,
-//! and the API names used in reports. Every wrapper is thin: find the real pointer,
-//! call the row's handler with it.
+//! The FFI surface towards CUDA callers, the shim's top layer: the list of hooked
+//! functions (`table`) expanded row by row into the exported symbol, the wrapper the
+//! `dlsym` override hands out, the wrapper `cuGetProcAddress` hands out (by base name
+//! and version) and the real-pointer slots; the `dlsym` override itself; and the
+//! handlers. Every wrapper is thin: find the real pointer, call the row's handler
+//! with it.
 
 use super::real::{Path, Slots};
 use super::track::{self, Made, Plan, SUCCESS};
@@ -134,83 +135,7 @@ macro_rules! hooks {
     };
 }
 
-hooks! {
-    // Device memory.
-    Driver fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, bytes: usize) ["cuMemAlloc", 3020, false] => mem_alloc;
-    Driver fn cuMemAllocPitch_v2(dptr: *mut CUdeviceptr, pitch: *mut usize, width: usize, height: usize, elem: c_uint) ["cuMemAllocPitch", 3020, false] => mem_alloc_pitch;
-    Driver fn cuMemAllocManaged(dptr: *mut CUdeviceptr, bytes: usize, flags: c_uint) ["cuMemAllocManaged", 6000, false] => mem_alloc_managed;
-    Driver fn cuMemFree_v2(dptr: CUdeviceptr) ["cuMemFree", 3020, false] => mem_free;
-    // The legacy 32-bit forms, still exported for old binaries.
-    Driver fn cuMemAlloc(dptr: *mut u32, bytes: c_uint) ["cuMemAlloc", 2000, false] => mem_alloc_v1;
-    Driver fn cuMemFree(dptr: u32) ["cuMemFree", 2000, false] => mem_free_v1;
-    // Stream-ordered allocations.
-    Driver fn cuMemAllocAsync(dptr: *mut CUdeviceptr, bytes: usize, stream: Stream) ["cuMemAllocAsync", 11020, false] => mem_alloc_async;
-    Driver fn cuMemAllocAsync_ptsz(dptr: *mut CUdeviceptr, bytes: usize, stream: Stream) ["cuMemAllocAsync", 11020, true] => mem_alloc_async;
-    Driver fn cuMemAllocFromPoolAsync(dptr: *mut CUdeviceptr, bytes: usize, pool: *mut c_void, stream: Stream) ["cuMemAllocFromPoolAsync", 11020, false] => mem_alloc_from_pool;
-    Driver fn cuMemAllocFromPoolAsync_ptsz(dptr: *mut CUdeviceptr, bytes: usize, pool: *mut c_void, stream: Stream) ["cuMemAllocFromPoolAsync", 11020, true] => mem_alloc_from_pool;
-    Driver fn cuMemFreeAsync(dptr: CUdeviceptr, stream: Stream) ["cuMemFreeAsync", 11020, false] => mem_free_async;
-    Driver fn cuMemFreeAsync_ptsz(dptr: CUdeviceptr, stream: Stream) ["cuMemFreeAsync", 11020, true] => mem_free_async;
-    // Pools: noted so allocations from them are charged to the pool's device.
-    Driver fn cuMemPoolCreate(pool: *mut *mut c_void, props: *const MemPoolProps) ["cuMemPoolCreate", 11020, false] => pool_create;
-    Driver fn cuMemPoolDestroy(pool: *mut c_void) ["cuMemPoolDestroy", 11020, false] => pool_destroy;
-    Driver fn cuDeviceGetDefaultMemPool(pool: *mut *mut c_void, dev: c_int) ["cuDeviceGetDefaultMemPool", 11020, false] => device_pool;
-    Driver fn cuDeviceGetMemPool(pool: *mut *mut c_void, dev: c_int) ["cuDeviceGetMemPool", 11020, false] => device_pool;
-    Driver fn cuMemPoolTrimTo(pool: *mut c_void, keep: usize) ["cuMemPoolTrimTo", 11020, false] => pool_trim_to;
-    Driver fn cuDeviceSetMemPool(dev: c_int, pool: *mut c_void) ["cuDeviceSetMemPool", 11020, false] => device_set_pool;
-    // Virtual memory management: the handle is the physical memory.
-    Driver fn cuMemCreate(handle: *mut MemHandle, bytes: usize, prop: *const MemAllocationProp, flags: u64) ["cuMemCreate", 10020, false] => mem_create;
-    Driver fn cuMemRelease(handle: MemHandle) ["cuMemRelease", 10020, false] => mem_release;
-    // Mappings: a released handle's memory lives until its last mapping is unmapped.
-    Driver fn cuMemMap(va: CUdeviceptr, size: usize, offset: usize, handle: MemHandle, flags: u64) ["cuMemMap", 10020, false] => mem_map;
-    Driver fn cuMemUnmap(va: CUdeviceptr, size: usize) ["cuMemUnmap", 10020, false] => mem_unmap;
-    // Pinned host memory.
-    Driver fn cuMemHostAlloc(pp: *mut *mut c_void, bytes: usize, flags: c_uint) ["cuMemHostAlloc", 2020, false] => mem_host_alloc;
-    Driver fn cuMemAllocHost_v2(pp: *mut *mut c_void, bytes: usize) ["cuMemAllocHost", 3020, false] => mem_alloc_host;
-    Driver fn cuMemFreeHost(p: *mut c_void) ["cuMemFreeHost", 2000, false] => mem_free_host;
-    // Arrays.
-    Driver fn cuArrayCreate_v2(arr: *mut *mut c_void, desc: *const ArrayDescriptor) ["cuArrayCreate", 3020, false] => array_create;
-    Driver fn cuArray3DCreate_v2(arr: *mut *mut c_void, desc: *const Array3dDescriptor) ["cuArray3DCreate", 3020, false] => array3d_create;
-    Driver fn cuMipmappedArrayCreate(arr: *mut *mut c_void, desc: *const Array3dDescriptor, levels: c_uint) ["cuMipmappedArrayCreate", 5000, false] => mipmapped_create;
-    Driver fn cuArrayDestroy(arr: *mut c_void) ["cuArrayDestroy", 2000, false] => array_destroy;
-    Driver fn cuMipmappedArrayDestroy(arr: *mut c_void) ["cuMipmappedArrayDestroy", 5000, false] => array_destroy;
-    // Contexts: created ones are told apart from primary ones; teardowns free
-    // everything in a context at once.
-    Driver fn cuCtxCreate_v2(ctx: *mut Ctx, flags: c_uint, dev: c_int) ["cuCtxCreate", 3020, false] => ctx_create_v2;
-    Driver fn cuCtxCreate_v3(ctx: *mut Ctx, params: *mut c_void, n: c_int, flags: c_uint, dev: c_int) ["cuCtxCreate", 11040, false] => ctx_create_v3;
-    Driver fn cuCtxCreate_v4(ctx: *mut Ctx, params: *mut c_void, flags: c_uint, dev: c_int) ["cuCtxCreate", 12050, false] => ctx_create_v4;
-    Driver fn cuCtxDestroy_v2(ctx: Ctx) ["cuCtxDestroy", 4000, false] => ctx_destroy;
-    Driver fn cuDevicePrimaryCtxReset_v2(dev: c_int) ["cuDevicePrimaryCtxReset", 11000, false] => primary_ctx_reset;
-    Driver fn cuDevicePrimaryCtxRelease_v2(dev: c_int) ["cuDevicePrimaryCtxRelease", 11000, false] => primary_ctx_release;
-    // What the process is told about memory: the cap, where there is one.
-    Driver fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) ["cuMemGetInfo", 3020, false] => mem_get_info;
-    Driver fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: c_int) ["cuDeviceTotalMem", 3020, false] => device_total_mem;
-    Nvml fn nvmlDeviceGetMemoryInfo(dev: *mut c_void, mem: *mut NvmlMemory) ["", 0, false] => nvml_memory;
-    Nvml fn nvmlDeviceGetMemoryInfo_v2(dev: *mut c_void, mem: *mut NvmlMemoryV2) ["", 0, false] => nvml_memory_v2;
-    // The lookup that hands out every other driver function.
-    Driver fn cuGetProcAddress(symbol: *const c_char, pfn: *mut *mut c_void, version: c_int, flags: u64) ["cuGetProcAddress", 11030, false] => get_proc_address;
-    Driver fn cuGetProcAddress_v2(symbol: *const c_char, pfn: *mut *mut c_void, version: c_int, flags: u64, status: *mut c_int) ["cuGetProcAddress", 12000, false] => get_proc_address_v2;
-    // Runtime calls: they label the driver record beneath them.
-    Runtime fn cudaMalloc(p: *mut *mut c_void, bytes: usize) ["", 0, false] => rt_malloc;
-    Runtime fn cudaMallocManaged(p: *mut *mut c_void, bytes: usize, flags: c_uint) ["", 0, false] => rt_malloc_managed;
-    Runtime fn cudaMallocPitch(p: *mut *mut c_void, pitch: *mut usize, width: usize, height: usize) ["", 0, false] => rt_malloc_pitch;
-    Runtime fn cudaMalloc3D(pitched: *mut PitchedPtr, extent: Extent) ["", 0, false] => rt_malloc_3d;
-    Runtime fn cudaMallocAsync(p: *mut *mut c_void, bytes: usize, stream: Stream) ["", 0, false] => rt_malloc_async;
-    Runtime fn cudaMallocAsync_ptsz(p: *mut *mut c_void, bytes: usize, stream: Stream) ["", 0, false] => rt_malloc_async;
-    Runtime fn cudaMallocFromPoolAsync(p: *mut *mut c_void, bytes: usize, pool: *mut c_void, stream: Stream) ["", 0, false] => rt_malloc_from_pool;
-    Runtime fn cudaMallocFromPoolAsync_ptsz(p: *mut *mut c_void, bytes: usize, pool: *mut c_void, stream: Stream) ["", 0, false] => rt_malloc_from_pool;
-    Runtime fn cudaFree(p: *mut c_void) ["", 0, false] => rt_free;
-    Runtime fn cudaFreeAsync(p: *mut c_void, stream: Stream) ["", 0, false] => rt_free_async;
-    Runtime fn cudaFreeAsync_ptsz(p: *mut c_void, stream: Stream) ["", 0, false] => rt_free_async;
-    Runtime fn cudaMallocHost(p: *mut *mut c_void, bytes: usize) ["", 0, false] => rt_malloc_host;
-    Runtime fn cudaHostAlloc(p: *mut *mut c_void, bytes: usize, flags: c_uint) ["", 0, false] => rt_host_alloc;
-    Runtime fn cudaFreeHost(p: *mut c_void) ["", 0, false] => rt_free_host;
-    Runtime fn cudaDeviceReset() ["", 0, false] => rt_device_reset;
-}
-
-/// The name of a table row, for reports.
-pub fn api_name(api: u8) -> &'static str {
-    TABLE.get(api as usize).map_or("unknown", |e| e.name)
-}
+super::table::hooked_functions!(hooks);
 
 /// True when `p` is one of gpuguard's own wrappers (a lookup found our export).
 pub fn is_wrapper(p: *mut c_void) -> bool {
@@ -225,9 +150,54 @@ fn by_name(name: &[u8]) -> Option<&'static Entry> {
 
 // ---- the dlsym and cuGetProcAddress answers --------------------------------------------
 
-/// The `dlsym` override's answer for a `cu*` name (see `real::dlsym`): 0 to forward,
+/// The `dlsym` every library in the process calls. It asks `dlsym_answer` whether the
+/// name is one of ours; if not, it jumps (not calls) to glibc's `dlsym` with the
+/// original arguments and return address, so `dlsym(RTLD_NEXT, ...)` keeps resolving
+/// relative to the real caller instead of to gpuguard.
+#[cfg(target_arch = "x86_64")]
+#[unsafe(naked)]
+#[cfg_attr(not(test), unsafe(no_mangle))]
+pub unsafe extern "C" fn dlsym(_handle: *mut c_void, _name: *const c_char) -> *mut c_void {
+    core::arch::naked_asm!(
+        "push rdi",
+        "push rsi",
+        "sub rsp, 8",
+        "call {answer}",
+        "add rsp, 8",
+        "pop rsi",
+        "pop rdi",
+        "cmp rax, 1",
+        "ja 2f",
+        "je 3f",
+        "jmp qword ptr [rip + {real}]",
+        "3:",
+        "xor eax, eax",
+        "2:",
+        "ret",
+        answer = sym dlsym_answer,
+        real = sym super::real::GPUGUARD_REAL_DLSYM,
+    )
+}
+
+/// 0: not ours, forward to glibc (every name not starting `cu` or `nv` at once). 1: answer NULL. Otherwise the pointer to return.
+unsafe extern "C" fn dlsym_answer(handle: *mut c_void, name: *const c_char) -> usize {
+    if super::real::real_dlsym().is_none() || name.is_null() {
+        return 0;
+    }
+    // SAFETY: name is a C string from the caller; only two bytes read before the
+    // cheap prefix test, which lets every non-CUDA lookup through at once.
+    unsafe {
+        let (a, b) = (*name as u8, *name.add(1) as u8);
+        if !((a == b'c' && b == b'u') || (a == b'n' && b == b'v')) {
+            return 0;
+        }
+        dlsym_swap(handle, CStr::from_ptr(name))
+    }
+}
+
+/// The `dlsym` override's answer for a `cu*` name (see `dlsym` above): 0 to forward,
 /// 1 for NULL, else the pointer to hand out.
-pub(super) unsafe fn dlsym_swap(handle: *mut c_void, name: &CStr) -> usize {
+unsafe fn dlsym_swap(handle: *mut c_void, name: &CStr) -> usize {
     let Some(entry) = by_name(name.to_bytes()) else {
         return 0;
     };

@@ -15,6 +15,7 @@ mod caps;
 pub mod hooks;
 mod python;
 mod real;
+mod table;
 mod track;
 mod trim;
 mod unwind;

@@ -1,6 +1,8 @@
-//! Finding the real functions: the real `dlsym`, the `dlsym` override itself (a tail
-//! jump, so `RTLD_NEXT` stays relative to the caller), the per-path slots that hold
-//! the real pointer each lookup path returned, and gpuguard's private driver calls.
+//! Finding the real functions: the real `dlsym`, the per-path slots that hold the
+//! real pointer each lookup path returned, and gpuguard's private driver calls.
+//!
+//! The lowest layer of the shim: it knows nothing of the hooks above it (the `dlsym`
+//! override that uses it is in `hooks`).
 
 use std::ffi::{CStr, c_char, c_int, c_void};
 use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering::*};
@@ -11,8 +13,8 @@ unsafe extern "C" {
 
 type DlsymFn = unsafe extern "C" fn(*mut c_void, *const c_char) -> *mut c_void;
 
-/// glibc's own `dlsym`. Read by the trampoline below as a plain word.
-static GPUGUARD_REAL_DLSYM: AtomicUsize = AtomicUsize::new(0);
+/// glibc's own `dlsym`. Read by the `dlsym` override (`hooks::dlsym`) as a plain word.
+pub(crate) static GPUGUARD_REAL_DLSYM: AtomicUsize = AtomicUsize::new(0);
 
 /// Resolves glibc's `dlsym` by version, since `dlsym(RTLD_NEXT, "dlsym")` would go
 /// through ourselves.
@@ -39,51 +41,6 @@ pub(crate) unsafe fn lookup(handle: *mut c_void, name: &CStr) -> *mut c_void {
         // SAFETY: forwarding a valid C string to glibc.
         Some(f) => unsafe { f(handle, name.as_ptr()) },
         None => std::ptr::null_mut(),
-    }
-}
-
-/// The `dlsym` every library in the process calls. It asks `dlsym_answer` whether the
-/// name is one of ours; if not, it jumps (not calls) to glibc's `dlsym` with the
-/// original arguments and return address, so `dlsym(RTLD_NEXT, ...)` keeps resolving
-/// relative to the real caller instead of to gpuguard.
-#[cfg(target_arch = "x86_64")]
-#[unsafe(naked)]
-#[cfg_attr(not(test), unsafe(no_mangle))]
-pub unsafe extern "C" fn dlsym(_handle: *mut c_void, _name: *const c_char) -> *mut c_void {
-    core::arch::naked_asm!(
-        "push rdi",
-        "push rsi",
-        "sub rsp, 8",
-        "call {answer}",
-        "add rsp, 8",
-        "pop rsi",
-        "pop rdi",
-        "cmp rax, 1",
-        "ja 2f",
-        "je 3f",
-        "jmp qword ptr [rip + {real}]",
-        "3:",
-        "xor eax, eax",
-        "2:",
-        "ret",
-        answer = sym dlsym_answer,
-        real = sym GPUGUARD_REAL_DLSYM,
-    )
-}
-
-/// 0: not ours, forward to glibc (every name not starting `cu` or `nv` at once). 1: answer NULL. Otherwise the pointer to return.
-unsafe extern "C" fn dlsym_answer(handle: *mut c_void, name: *const c_char) -> usize {
-    if real_dlsym().is_none() || name.is_null() {
-        return 0;
-    }
-    // SAFETY: name is a C string from the caller; only two bytes read before the
-    // cheap prefix test, which lets every non-CUDA lookup through at once.
-    unsafe {
-        let (a, b) = (*name as u8, *name.add(1) as u8);
-        if !((a == b'c' && b == b'u') || (a == b'n' && b == b'v')) {
-            return 0;
-        }
-        super::hooks::dlsym_swap(handle, CStr::from_ptr(name))
     }
 }
 
@@ -154,7 +111,7 @@ fn resolve_next(name: &CStr, soname: &CStr) -> Option<*mut c_void> {
     // SAFETY: glibc lookups with valid C strings.
     unsafe {
         let p = lookup(libc::RTLD_NEXT, name);
-        if !p.is_null() && !super::hooks::is_wrapper(p) {
+        if !p.is_null() && !in_own_object(p) {
             return Some(p);
         }
         let h = libc::dlopen(soname.as_ptr(), libc::RTLD_LAZY | libc::RTLD_NOLOAD);
@@ -163,7 +120,23 @@ fn resolve_next(name: &CStr, soname: &CStr) -> Option<*mut c_void> {
         }
         let p = lookup(h, name);
         libc::dlclose(h);
-        (!p.is_null() && !super::hooks::is_wrapper(p)).then_some(p)
+        (!p.is_null() && !in_own_object(p)).then_some(p)
+    }
+}
+
+/// Whether `p` lies in gpuguard's own object. A lookup of a CUDA name that lands
+/// there has found gpuguard's own export of that name (its only symbols with CUDA
+/// names are the hook wrappers), never the real function. Asked of the loader each
+/// time (only when a real pointer is first resolved), so it holds before gpuguard's
+/// constructor has run too.
+fn in_own_object(p: *mut c_void) -> bool {
+    // SAFETY: dladdr only reads the loader's tables; a zeroed Dl_info is valid.
+    unsafe {
+        let mut theirs: libc::Dl_info = std::mem::zeroed();
+        let mut ours: libc::Dl_info = std::mem::zeroed();
+        libc::dladdr(p, &mut theirs) != 0
+            && libc::dladdr(in_own_object as *const c_void, &mut ours) != 0
+            && theirs.dli_fbase == ours.dli_fbase
     }
 }
 

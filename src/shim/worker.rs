@@ -594,7 +594,7 @@ pub(crate) fn write_report_with(reason: &str, extra: Extra) -> Option<PathBuf> {
         now_ns: now,
         ledger: &books.ledger,
         sites: &books.sites,
-        api_name: &super::hooks::api_name,
+        api_name: &super::table::api_name,
         symbolize: &|pc| symbolize(pc, &tables),
         device_total: &|d| books.total(d),
         config: ReportConfig {
@@ -677,7 +677,7 @@ fn denial(books: &super::Books, tables: &Tables) -> Option<gpuguard_core::report
     Some(gpuguard_core::report::DenialReport {
         device: d.device,
         bytes: d.bytes,
-        api: super::hooks::api_name(d.api).to_string(),
+        api: super::table::api_name(d.api).to_string(),
         charged_bytes: d.charged,
         cap_bytes: d.cap,
         frames: infos.into_iter().skip(first_user).map(|f| f.text).collect(),

@@ -1,7 +1,9 @@
 //! The C API declared in `include/gpuguard.h`, for programs that want to ask gpuguard
 //! directly (C, C++, Python's ctypes).
 
-use super::{active_books, books, shielded};
+use super::lifecycle::books;
+use super::state::{active_books, shielded};
+use super::{real, report};
 use gpuguard_core::ledger::MAX_DEVICES;
 use std::ffi::{CStr, c_char, c_int};
 
@@ -45,7 +47,7 @@ pub unsafe extern "C" fn gpuguard_device_counters(
         return -1;
     }
     if active_books().is_some()
-        && let Some(n) = super::real::DRIVER.device_count()
+        && let Some(n) = real::DRIVER.device_count()
         && device >= n
     {
         return -1;
@@ -123,7 +125,7 @@ pub unsafe extern "C" fn gpuguard_write_report(
     };
     let written = shielded(|| {
         books()?;
-        super::worker::write_report(&reason)
+        report::write_report(&reason)
     })
     .flatten();
     let Some(path) = written else {

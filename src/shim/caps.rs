@@ -3,47 +3,12 @@
 //! reservation itself is in the ledger (`DeviceCounters::try_reserve`); everything
 //! here that logs or writes is handed to the helper thread.
 
-use super::{Books, LogLevel, log, settings, worker};
-use gpuguard_core::ledger::{Kind, MAX_DEVICES};
+use super::books::{Books, Denial, PoolInfo};
+use super::settings::{LogLevel, log, settings};
+use super::wake;
+use gpuguard_core::ledger::Kind;
 use gpuguard_core::report::human_bytes;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::*};
-
-/// Per-device threshold state.
-#[derive(Default)]
-pub(crate) struct Thresholds {
-    warn_bytes: AtomicU64,
-    trim_bytes: AtomicU64,
-    /// Armed: the next upward crossing fires. Disarmed until usage falls back below.
-    warn_fired: AtomicBool,
-    trim_fired: AtomicBool,
-    pub warn_pending: AtomicBool,
-    pub trim_pending: AtomicBool,
-    /// What was charged when a threshold was last crossed.
-    pub crossed_at: AtomicU64,
-}
-
-/// A memory pool: its device, and what it held from the driver when last measured
-/// (measured on capped devices only).
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct PoolInfo {
-    pub device: i32,
-    pub held: u64,
-}
-
-/// The last refusal, for the cap report.
-#[derive(Clone, Debug)]
-pub(crate) struct Denial {
-    pub device: i32,
-    pub bytes: u64,
-    pub api: u8,
-    pub site: u32,
-    pub charged: u64,
-    pub cap: u64,
-}
-
-pub(crate) fn new_thresholds() -> Box<[Thresholds]> {
-    (0..MAX_DEVICES).map(|_| Thresholds::default()).collect()
-}
+use std::sync::atomic::Ordering::*;
 
 impl Books {
     /// First use of a device: its size, then its cap (clamped to the size), set
@@ -283,7 +248,7 @@ impl Books {
             }
         }
         if wake {
-            worker::wake();
+            wake::ring();
         }
     }
 
@@ -332,6 +297,6 @@ impl Books {
         drop(slot);
         self.cap_pending.store(true, Release);
         self.cap_trim_wanted.store(true, Release);
-        worker::wake();
+        wake::ring();
     }
 }

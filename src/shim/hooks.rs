@@ -5,7 +5,11 @@
 //! handlers. Every wrapper is thin: find the real pointer, call the row's handler
 //! with it.
 
+use super::books::Books;
+use super::lifecycle::books;
 use super::real::{Path, Slots};
+use super::settings::config_ptds_default;
+use super::state::{active_books, shielded};
 use super::track::{self, Made, Plan, SUCCESS};
 use gpuguard_core::ledger::{Key, Kind};
 use std::ffi::{CStr, c_char, c_int, c_uint, c_void};
@@ -154,6 +158,9 @@ fn by_name(name: &[u8]) -> Option<&'static Entry> {
 /// name is one of ours; if not, it jumps (not calls) to glibc's `dlsym` with the
 /// original arguments and return address, so `dlsym(RTLD_NEXT, ...)` keeps resolving
 /// relative to the real caller instead of to gpuguard.
+///
+/// # Safety
+/// As for glibc's `dlsym`: `name` is NULL or a C string.
 #[cfg(target_arch = "x86_64")]
 #[unsafe(naked)]
 #[cfg_attr(not(test), unsafe(no_mangle))]
@@ -272,7 +279,7 @@ fn proc_entry(
         }
     }
     let want_ptds = flags & PROC_PER_THREAD_DEFAULT_STREAM != 0
-        || (flags & PROC_LEGACY_STREAM == 0 && super::config_ptds_default());
+        || (flags & PROC_LEGACY_STREAM == 0 && config_ptds_default());
     let pick = |ptds: bool| {
         candidates()
             .filter(|e| e.ptds == ptds && e.since <= version)
@@ -684,7 +691,7 @@ unsafe fn mem_create(
 }
 
 unsafe fn mem_release(_api: u8, real: row::cuMemRelease::Real, handle: MemHandle) -> c_int {
-    if super::active_books().is_some_and(|b| b.vmm.is_mapped(handle)) {
+    if active_books().is_some_and(|b| b.vmm.is_mapped(handle)) {
         // Still mapped: the memory lives until the last unmap; keep the record.
         return track::observe(
             || unsafe { real(handle) },
@@ -696,7 +703,7 @@ unsafe fn mem_release(_api: u8, real: row::cuMemRelease::Real, handle: MemHandle
     }
     let rc = track::driver_free(Key::vmm(handle), || unsafe { real(handle) });
     if rc == SUCCESS
-        && let Some(b) = super::active_books()
+        && let Some(b) = active_books()
     {
         b.vmm.released(handle);
     }
@@ -846,7 +853,7 @@ unsafe fn array_destroy(_api: u8, real: row::cuArrayDestroy::Real, arr: *mut c_v
     track::driver_free(Key::array(arr as u64), || unsafe { real(arr) })
 }
 
-fn note_created(ctx: *mut Ctx) -> impl FnOnce(&super::Books) -> Option<()> {
+fn note_created(ctx: *mut Ctx) -> impl FnOnce(&Books) -> Option<()> {
     move |books| {
         // SAFETY: written by the driver on success.
         books.created_ctx.insert(unsafe { out(ctx) }? as u64, ());
@@ -908,7 +915,7 @@ unsafe fn ctx_create_v4(
 unsafe fn ctx_destroy(_api: u8, real: row::cuCtxDestroy_v2::Real, ctx: Ctx) -> c_int {
     let rc = track::teardown(|| unsafe { real(ctx) }, |_, r, _| r.ctx == ctx as u64);
     if rc == SUCCESS
-        && let Some(b) = super::active_books()
+        && let Some(b) = active_books()
     {
         b.created_ctx.remove(&(ctx as u64));
     }
@@ -916,7 +923,7 @@ unsafe fn ctx_destroy(_api: u8, real: row::cuCtxDestroy_v2::Real, ctx: Ctx) -> c
 }
 
 /// Records of the primary context of `dev`: on that device, not in a created one.
-fn in_primary(dev: c_int) -> impl Fn(&Key, &gpuguard_core::ledger::Record, &super::Books) -> bool {
+fn in_primary(dev: c_int) -> impl Fn(&Key, &gpuguard_core::ledger::Record, &Books) -> bool {
     move |_, r, books| i32::from(r.device) == dev && !books.created_ctx.contains_key(&r.ctx)
 }
 
@@ -947,7 +954,7 @@ unsafe fn primary_ctx_release(
 
 /// The cap of the current device and what is charged against it, if it is capped.
 fn current_cap() -> Option<(u64, u64)> {
-    let books = super::books()?;
+    let books = books()?;
     let dev = track::ctx_device().1;
     books.note_device(dev);
     books.refresh_pools(dev);
@@ -966,7 +973,7 @@ unsafe fn mem_get_info(
     };
     let rc = unsafe { real(free, total) };
     if rc == SUCCESS {
-        super::shielded(|| {
+        shielded(|| {
             let (cap, used) = current_cap()?;
             // SAFETY: the driver accepted and wrote these (each may be NULL).
             unsafe {
@@ -994,8 +1001,8 @@ unsafe fn device_total_mem(
     };
     let rc = unsafe { real(bytes, dev) };
     if rc == SUCCESS {
-        super::shielded(|| {
-            let books = super::books()?;
+        shielded(|| {
+            let books = books()?;
             books.note_device(dev);
             let cap = books.ledger.device(dev).cap()?;
             // SAFETY: written by the driver on success.
@@ -1018,7 +1025,7 @@ fn capped_view(cap: u64, used: u64, real_free: u64) -> (u64, u64, u64) {
 /// The cap and the charge of an NVML device, once CUDA is in use in this process
 /// (an NVML-only process, such as nvidia-smi, is left alone).
 fn nvml_cap(handle: *mut c_void) -> Option<(u64, u64)> {
-    let books = super::active_books()?;
+    let books = active_books()?;
     let dev = books.nvml_ordinal(handle as u64)?;
     books.note_device(dev);
     let c = books.ledger.device(dev);
@@ -1033,7 +1040,7 @@ unsafe fn nvml_memory(
 ) -> c_int {
     let rc = unsafe { real(dev, mem) };
     if rc == SUCCESS {
-        super::shielded(|| {
+        shielded(|| {
             let (cap, used) = nvml_cap(dev)?;
             // SAFETY: written by NVML on success.
             let m = unsafe { mem.as_mut() }?;
@@ -1052,7 +1059,7 @@ unsafe fn nvml_memory_v2(
 ) -> c_int {
     let rc = unsafe { real(dev, mem) };
     if rc == SUCCESS {
-        super::shielded(|| {
+        shielded(|| {
             let (cap, used) = nvml_cap(dev)?;
             // SAFETY: written by NVML on success.
             let m = unsafe { mem.as_mut() }?;
@@ -1074,7 +1081,7 @@ unsafe fn get_proc_address(
 ) -> c_int {
     let rc = unsafe { real(symbol, pfn, version, flags) };
     if rc == SUCCESS {
-        super::shielded(|| unsafe { swap_proc(symbol, pfn, version, flags) });
+        shielded(|| unsafe { swap_proc(symbol, pfn, version, flags) });
     }
     rc
 }
@@ -1090,7 +1097,7 @@ unsafe fn get_proc_address_v2(
 ) -> c_int {
     let rc = unsafe { real(symbol, pfn, version, flags, status) };
     if rc == SUCCESS {
-        super::shielded(|| unsafe { swap_proc(symbol, pfn, version, flags) });
+        shielded(|| unsafe { swap_proc(symbol, pfn, version, flags) });
     }
     rc
 }

@@ -12,53 +12,18 @@
 //! Every CPython function is found with `dlsym` at run time: the shim loads into
 //! processes without Python and must not link it.
 
-use super::real::lookup;
-use super::shielded;
+use super::report;
+use super::settings::{LogLevel, log, settings};
+use super::state::{active_books, shielded};
 use std::ffi::{CStr, CString, c_char, c_int, c_void};
 use std::sync::atomic::{AtomicPtr, Ordering::*};
-use std::sync::{Condvar, Mutex, OnceLock};
+use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-type Obj = *mut c_void;
-type PendingFn = extern "C" fn(*mut c_void) -> c_int;
+mod api;
+pub(crate) mod frames;
 
-/// The CPython functions gpuguard uses.
-struct Api {
-    is_initialized: unsafe extern "C" fn() -> c_int,
-    /// `Py_IsFinalizing` (3.13+) or `_Py_IsFinalizing` (3.10 to 3.12).
-    is_finalizing: Option<unsafe extern "C" fn() -> c_int>,
-    add_pending_call: unsafe extern "C" fn(PendingFn, *mut c_void) -> c_int,
-    compile_string: unsafe extern "C" fn(*const c_char, *const c_char, c_int) -> Obj,
-    eval_code: unsafe extern "C" fn(Obj, Obj, Obj) -> Obj,
-    dict_new: unsafe extern "C" fn() -> Obj,
-    dict_set_item_string: unsafe extern "C" fn(Obj, *const c_char, Obj) -> c_int,
-    get_builtins: unsafe extern "C" fn() -> Obj,
-    as_utf8: unsafe extern "C" fn(Obj, *mut isize) -> *const c_char,
-    from_utf8: unsafe extern "C" fn(*const c_char, isize) -> Obj,
-    cfunction_new: unsafe extern "C" fn(*const MethodDef, Obj, Obj) -> Obj,
-    inc_ref: unsafe extern "C" fn(Obj),
-    dec_ref: unsafe extern "C" fn(Obj),
-    err_fetch: unsafe extern "C" fn(*mut Obj, *mut Obj, *mut Obj),
-    object_str: unsafe extern "C" fn(Obj) -> Obj,
-    /// `PyGILState_GetThisThreadState`: this thread's state, without the GIL.
-    this_thread_state: unsafe extern "C" fn() -> *const c_void,
-    none: Obj,
-}
-
-// SAFETY: plain function pointers and the address of the immortal `None`.
-unsafe impl Send for Api {}
-unsafe impl Sync for Api {}
-
-/// `PyMethodDef`, whose layout is part of CPython's stable ABI.
-#[repr(C)]
-struct MethodDef {
-    name: *const c_char,
-    meth: *const c_void,
-    flags: c_int,
-    doc: *const c_char,
-}
-// SAFETY: constant data, never written.
-unsafe impl Sync for MethodDef {}
+use api::{Api, MethodDef, Obj, api, lock};
 
 const METH_NOARGS: c_int = 0x0004;
 const METH_O: c_int = 0x0008;
@@ -82,70 +47,6 @@ static PAIRS_DEF: MethodDef = MethodDef {
     flags: METH_NOARGS,
     doc: std::ptr::null(),
 };
-
-static API: OnceLock<Option<Api>> = OnceLock::new();
-
-fn api() -> Option<&'static Api> {
-    API.get_or_init(resolve).as_ref()
-}
-
-/// A looked-up address as the function pointer type the caller names.
-///
-/// # Safety
-/// `p` is non-null and is a function of type `F`, a function pointer type.
-unsafe fn fn_ptr<F: Copy>(p: *mut c_void) -> F {
-    const { assert!(std::mem::size_of::<F>() == std::mem::size_of::<*mut c_void>()) };
-    // SAFETY: same size; the caller vouches for the type.
-    unsafe { std::mem::transmute_copy(&p) }
-}
-
-fn resolve() -> Option<Api> {
-    macro_rules! sym {
-        ($name:literal) => {{
-            // SAFETY: a lookup through glibc of a constant name.
-            let p = unsafe { lookup(libc::RTLD_DEFAULT, $name) };
-            if p.is_null() {
-                return None;
-            }
-            // SAFETY: the CPython function of that name has the field's signature.
-            unsafe { fn_ptr(p) }
-        }};
-    }
-    // SAFETY: as above.
-    let fin = unsafe {
-        let p = lookup(libc::RTLD_DEFAULT, c"Py_IsFinalizing");
-        if p.is_null() {
-            lookup(libc::RTLD_DEFAULT, c"_Py_IsFinalizing")
-        } else {
-            p
-        }
-    };
-    // SAFETY: as above; `_Py_NoneStruct` is the `None` object itself.
-    let none = unsafe { lookup(libc::RTLD_DEFAULT, c"_Py_NoneStruct") };
-    if none.is_null() {
-        return None;
-    }
-    Some(Api {
-        is_initialized: sym!(c"Py_IsInitialized"),
-        // SAFETY: the function of that name takes nothing and returns an int.
-        is_finalizing: (!fin.is_null()).then(|| unsafe { fn_ptr(fin) }),
-        add_pending_call: sym!(c"Py_AddPendingCall"),
-        compile_string: sym!(c"Py_CompileString"),
-        eval_code: sym!(c"PyEval_EvalCode"),
-        dict_new: sym!(c"PyDict_New"),
-        dict_set_item_string: sym!(c"PyDict_SetItemString"),
-        get_builtins: sym!(c"PyEval_GetBuiltins"),
-        as_utf8: sym!(c"PyUnicode_AsUTF8AndSize"),
-        from_utf8: sym!(c"PyUnicode_FromStringAndSize"),
-        cfunction_new: sym!(c"PyCFunction_NewEx"),
-        inc_ref: sym!(c"Py_IncRef"),
-        dec_ref: sym!(c"Py_DecRef"),
-        err_fetch: sym!(c"PyErr_Fetch"),
-        object_str: sym!(c"PyObject_Str"),
-        this_thread_state: sym!(c"PyGILState_GetThisThreadState"),
-        none,
-    })
-}
 
 /// What a request to the Python side came to.
 #[derive(Clone, Debug, PartialEq)]
@@ -211,13 +112,9 @@ static NAMESPACE: AtomicPtr<c_void> = AtomicPtr::new(std::ptr::null_mut());
 
 const BRIDGE_SOURCE: &str = concat!(include_str!("bridge.py"), "\0");
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
 /// Whether this process has a running interpreter gpuguard may use.
 pub(crate) fn present() -> bool {
-    super::settings().cfg.python
+    settings().cfg.python
         && !BROKEN.load(Relaxed)
         && api().is_some_and(|a| {
             // SAFETY: both only read the runtime's state.
@@ -229,7 +126,7 @@ pub(crate) fn present() -> bool {
 /// With `wait`, blocks for at most that long for the answer. Never call it from a
 /// hook, or from a thread that may hold the GIL.
 pub(crate) fn run(call: &str, wait: Option<Duration>) -> Outcome {
-    if !super::settings().cfg.python || BROKEN.load(Relaxed) {
+    if !settings().cfg.python || BROKEN.load(Relaxed) {
         return Outcome::Absent;
     }
     let Some(a) = api() else {
@@ -249,10 +146,7 @@ pub(crate) fn run(call: &str, wait: Option<Duration>) -> Outcome {
         return Outcome::Failed("NUL in call".into());
     };
     let deadline = wait.map(|w| Instant::now() + w);
-    super::log(
-        super::LogLevel::Debug,
-        format_args!("python: queueing {call}"),
-    );
+    log(LogLevel::Debug, format_args!("python: queueing {call}"));
     let mut ex = lock(&EXCHANGE);
     // One pending call at a time: a queued call that has not started yet is taken
     // over (what it asked is asked again later); a running one is waited for.
@@ -312,13 +206,13 @@ pub(crate) fn run(call: &str, wait: Option<Duration>) -> Outcome {
 /// their code objects are alive.
 pub(crate) fn call(function: &str, devices: &[i32]) -> String {
     let devices = serde_json::to_string(devices).unwrap_or_else(|_| "[]".into());
-    let depth = super::settings().cfg.stack_depth;
-    let recorders = if super::settings().cfg.python_recorders {
+    let depth = settings().cfg.stack_depth;
+    let recorders = if settings().cfg.python_recorders {
         "True"
     } else {
         "False"
     };
-    let pairs = super::active_books()
+    let pairs = active_books()
         .map(|b| frames::pairs_json(&frames::unresolved(&b.sites)))
         .unwrap_or_else(|| "[]".into());
     format!(
@@ -541,7 +435,7 @@ extern "C" fn submit(_module: Obj, arg: Obj) -> Obj {
                 // is live now is what the program held at its end. Python's teardown
                 // frees its globals next (and a framework without a cache hands their
                 // memory straight back), so the exit report is written here.
-                super::worker::write_exit_report();
+                report::write_exit_report(at_exit_answer);
             } else {
                 *lock(&ANSWER) = Some(body.to_string());
             }
@@ -561,7 +455,7 @@ extern "C" fn devices(_module: Obj, _unused: Obj) -> Obj {
         return std::ptr::null_mut();
     };
     let list = shielded(|| {
-        super::active_books()
+        active_books()
             .map(|b| b.ledger.seen_devices())
             .unwrap_or_default()
     })
@@ -578,195 +472,11 @@ extern "C" fn pending_pairs(_module: Obj, _unused: Obj) -> Obj {
         return std::ptr::null_mut();
     };
     let text = shielded(|| {
-        super::active_books()
+        active_books()
             .map(|b| frames::pairs_json(&frames::unresolved(&b.sites)))
             .unwrap_or_else(|| "[]".into())
     })
     .unwrap_or_else(|| "[]".into());
     // SAFETY: GIL held; a new str from a valid buffer.
     unsafe { (a.from_utf8)(text.as_ptr() as *const c_char, text.len() as isize) }
-}
-
-/// The calling thread's Python frames, read by a hook without the GIL.
-///
-/// Only the thread itself changes its frame chain, and it is inside the hook, so the
-/// chain and the code objects it references hold still while it is read. Where the
-/// thread state keeps it, and how frames are laid out, is measured by `bridge.py`
-/// (`_gg_calibrate`) for the running interpreter and checked there before it is
-/// handed over; until then (and if it failed) nothing is read.
-pub(crate) mod frames {
-    use super::{api, lock};
-    use gpuguard_core::sites::SiteTable;
-    use std::collections::HashMap;
-    use std::sync::Mutex;
-    use std::sync::atomic::{AtomicBool, AtomicI64, Ordering::*};
-
-    /// Marks a site entry as a Python frame: bit 63, the bytecode offset in bits 47
-    /// to 62, the code object's address below (user addresses fit in 47 bits).
-    pub const PY_TAG: usize = 1 << 63;
-    const ADDR_MASK: usize = (1 << 47) - 1;
-    const OFFSET_MAX: usize = 0xFFFF;
-
-    static ON: AtomicBool = AtomicBool::new(false);
-    /// mode (1: interpreter frames, 2: frame objects), ts_off, ts_deref (-1: none),
-    /// code_off, prev_off, instr_off, base.
-    static LAYOUT: [AtomicI64; 7] = [const { AtomicI64::new(0) }; 7];
-    /// Resolved entries: file:line in function, or None when the code was gone.
-    static NAMES: Mutex<Option<HashMap<usize, Option<String>>>> = Mutex::new(None);
-
-    #[derive(serde::Deserialize)]
-    struct Layout {
-        mode: i64,
-        ts_off: i64,
-        ts_deref: i64,
-        code_off: i64,
-        prev_off: i64,
-        instr_off: i64,
-        base: i64,
-    }
-
-    /// The layout from `_gg_calibrate`, or its reason for having none.
-    pub(super) fn set_layout(json: &str) {
-        match serde_json::from_str::<Layout>(json) {
-            Ok(l) if (1..=2).contains(&l.mode) => {
-                for (slot, v) in LAYOUT.iter().zip([
-                    l.mode,
-                    l.ts_off,
-                    l.ts_deref,
-                    l.code_off,
-                    l.prev_off,
-                    l.instr_off,
-                    l.base,
-                ]) {
-                    slot.store(v, Relaxed);
-                }
-                ON.store(true, Release);
-            }
-            _ => super::super::log(
-                super::super::LogLevel::Info,
-                format_args!("no Python frames in call sites: {json}"),
-            ),
-        }
-    }
-
-    /// This thread's Python thread state, 0 when it has none or frames are not read.
-    #[inline]
-    pub(crate) fn thread_state() -> usize {
-        if !ON.load(Acquire) {
-            return 0;
-        }
-        match api() {
-            // SAFETY: documented as callable without the GIL; reads a thread-local.
-            Some(a) => unsafe { (a.this_thread_state)() as usize },
-            None => 0,
-        }
-    }
-
-    /// Appends the Python frames of this thread's state `ts` (innermost first) to
-    /// `out`; returns how many. No lock, no allocation, no call into Python.
-    #[inline]
-    pub(crate) fn walk(ts: usize, out: &mut [usize]) -> usize {
-        if out.is_empty() || ts == 0 {
-            return 0;
-        }
-        let l: [i64; 7] = std::array::from_fn(|i| LAYOUT[i].load(Relaxed));
-        let [mode, ts_off, ts_deref, code_off, prev_off, instr_off, base] = l;
-        // SAFETY: reads of this thread's own thread state and frames at offsets
-        // measured and checked for this interpreter; every pointer is checked for
-        // null and alignment before it is followed.
-        unsafe {
-            let mut frame = word(ts, ts_off);
-            if ts_deref >= 0 {
-                frame = word(frame, ts_deref);
-            }
-            let mut n = 0;
-            while frame != 0 && n < out.len() {
-                let code = word(frame, code_off);
-                if code == 0 || code & 7 != 0 || code > ADDR_MASK {
-                    break;
-                }
-                let offset = if mode == 1 {
-                    let instr = word(frame, instr_off);
-                    instr.wrapping_sub(code).wrapping_sub(base as usize)
-                } else {
-                    let lasti = *((frame as isize + instr_off as isize) as *const i32);
-                    (lasti.max(0) as usize) * 2
-                };
-                out[n] = PY_TAG | (offset.min(OFFSET_MAX) << 47) | code;
-                n += 1;
-                frame = word(frame, prev_off);
-            }
-            n
-        }
-    }
-
-    /// The word at `base + off`, 0 if `base` is null or misaligned.
-    unsafe fn word(base: usize, off: i64) -> usize {
-        if base == 0 || base & 7 != 0 {
-            return 0;
-        }
-        // SAFETY: per the caller.
-        unsafe { std::ptr::read_volatile((base as isize + off as isize) as *const usize) }
-    }
-
-    /// No more reading of Python frames (the interpreter is finalizing).
-    pub(super) fn stop() {
-        ON.store(false, Release);
-    }
-
-    pub(crate) fn enabled() -> bool {
-        ON.load(Relaxed)
-    }
-
-    pub(crate) fn is_python(entry: usize) -> bool {
-        entry & PY_TAG != 0
-    }
-
-    fn split(entry: usize) -> (usize, usize) {
-        (entry & ADDR_MASK, (entry >> 47) & OFFSET_MAX)
-    }
-
-    /// `file:line in function` for a resolved entry; None if not (yet) resolved.
-    pub(crate) fn text(entry: usize) -> Option<String> {
-        lock(&NAMES).as_ref()?.get(&entry).cloned().flatten()
-    }
-
-    /// Python entries of the sites that have not been resolved yet.
-    pub(crate) fn unresolved(sites: &SiteTable) -> Vec<usize> {
-        if !ON.load(Acquire) {
-            return Vec::new();
-        }
-        let names = lock(&NAMES);
-        let mut out: Vec<usize> = sites
-            .all()
-            .iter()
-            .flat_map(|s| s.iter().copied())
-            .filter(|e| is_python(*e) && names.as_ref().is_none_or(|m| !m.contains_key(e)))
-            .collect();
-        out.sort_unstable();
-        out.dedup();
-        out
-    }
-
-    pub(crate) fn pairs_json(entries: &[usize]) -> String {
-        let pairs: Vec<(usize, usize)> = entries.iter().map(|e| split(*e)).collect();
-        serde_json::to_string(&pairs).unwrap_or_else(|_| "[]".into())
-    }
-
-    /// `_gg_resolve`'s answer: `[[address, offset, text or null], ...]`.
-    pub(super) fn resolved(json: &str) {
-        let Ok(list) = serde_json::from_str::<Vec<(usize, usize, Option<String>)>>(json) else {
-            return;
-        };
-        let mut names = lock(&NAMES);
-        let m = names.get_or_insert_with(HashMap::new);
-        for (addr, off, text) in list {
-            let entry = PY_TAG | (off.min(OFFSET_MAX) << 47) | (addr & ADDR_MASK);
-            // A miss is kept too: its code object is gone and will not come back,
-            // and asking again would search every live function each time.
-            if text.is_some() || !m.contains_key(&entry) {
-                m.insert(entry, text);
-            }
-        }
-    }
 }

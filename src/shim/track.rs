@@ -2,8 +2,14 @@
 //! the device and context of the call, the stack, and the hand-off to the ledger.
 //! No lock shared by all threads, no I/O, no formatting here.
 
+use super::books::Books;
+use super::lifecycle::books;
+use super::python::frames;
 use super::real::{DRIVER, is_own_code};
-use super::{Books, books, config, shielded};
+use super::settings::config;
+use super::state::{active_books, shielded};
+use super::sys::monotonic_ns;
+use super::unwind;
 use gpuguard_core::ledger::{Key, Kind, NO_SITE, Record};
 use std::cell::{Cell, UnsafeCell};
 use std::ffi::{c_int, c_void};
@@ -108,21 +114,6 @@ fn thread_id(t: &ThreadState) -> u32 {
     id
 }
 
-fn now_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: valid out pointer. The coarse clock is a few ns through the vDSO and
-    // its millisecond resolution is plenty for ages.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-}
-
-pub(crate) fn monotonic_ns() -> u64 {
-    now_ns()
-}
-
 /// The current context and its device (device 0 when there is no context).
 pub(crate) fn ctx_device() -> (u64, i32) {
     ctx_device_in(thread())
@@ -183,7 +174,7 @@ fn stack_bounds(t: &ThreadState) -> (usize, usize) {
     let b = &t.stack;
     let mut v = b.get();
     if v == (0, 0) {
-        v = super::unwind::stack_bounds();
+        v = unwind::stack_bounds();
         b.set(if v == (0, 0) { (1, 1) } else { v });
     }
     v
@@ -197,7 +188,7 @@ fn capture_site_in(books: &Books, t: &ThreadState) -> u32 {
     }
     // In a thread running Python, its Python frames say where; native frames past
     // the framework's first few are the interpreter's, so fewer are walked.
-    let py = super::python::frames::thread_state();
+    let py = frames::thread_state();
     let native = if py != 0 {
         depth.min(PY_THREAD_NATIVE)
     } else {
@@ -206,13 +197,13 @@ fn capture_site_in(books: &Books, t: &ThreadState) -> u32 {
     // SAFETY: this thread's own buffers; a hook never runs inside another on the
     // same thread (the driver guard), so nothing else holds them now.
     let (pcs, last) = unsafe { (&mut *t.scratch.get(), &mut *t.last.get()) };
-    let mut n = super::unwind::capture(
+    let mut n = unwind::capture(
         &mut pcs[..native.min(MAX_FRAMES)],
         stack_bounds(t),
         &is_own_code,
     );
     if py != 0 {
-        n += super::python::frames::walk(py, &mut pcs[n..n + PY_FRAMES]);
+        n += frames::walk(py, &mut pcs[n..n + PY_FRAMES]);
     }
     if n == 0 {
         return NO_SITE;
@@ -293,7 +284,7 @@ fn record(
     let rec = Record {
         bytes: made.bytes,
         ctx,
-        t_ns: now_ns(),
+        t_ns: monotonic_ns(),
         site: capture_site_in(books, t),
         thread: thread_id(t),
         device: device.clamp(i16::MIN.into(), i16::MAX.into()) as i16,
@@ -406,7 +397,7 @@ pub(crate) fn driver_alloc(
             // difference: undo the allocation rather than pass the cap.
             ledger.unreserve(dev, host, reserved);
             if m.key.space == gpuguard_core::ledger::Space::DevicePtr {
-                super::real::DRIVER.free(m.key.value);
+                DRIVER.free(m.key.value);
             }
             books.refused(dev, m.bytes, label_for(t, api), capture_site_in(books, t));
             result = OUT_OF_MEMORY;
@@ -425,7 +416,7 @@ pub(crate) fn driver_alloc(
                 if let Some(rec) = books.ledger.take(key) {
                     books.ledger.confirm_free(&rec);
                 }
-                super::real::DRIVER.free(key.value);
+                DRIVER.free(key.value);
                 books.trim_pools(dev);
                 books.refused(
                     dev,
@@ -487,7 +478,7 @@ pub(crate) fn teardown(
     let rc = call();
     if rc == SUCCESS {
         shielded(|| {
-            if let Some(books) = super::active_books() {
+            if let Some(books) = active_books() {
                 books.ledger.drop_where(|k, r| drop_if(k, r, books));
             }
             contexts_changed();
@@ -515,7 +506,7 @@ pub(crate) fn observe(
 /// The device of a memory pool gpuguard saw created or handed out (with one device
 /// visible, that one, without a lookup).
 pub(crate) fn pool_device(pool: *mut c_void) -> Option<i32> {
-    let books = super::active_books()?;
+    let books = active_books()?;
     if books.single_device() {
         return Some(0);
     }
@@ -552,7 +543,7 @@ pub(crate) fn runtime_free(api: u8, key: Key, call: impl FnOnce() -> c_int) -> c
     let (rc, frame) = in_runtime_frame(api, call);
     if rc == SUCCESS && !frame.seen && key.value != 0 {
         shielded(|| {
-            let books = super::active_books()?;
+            let books = active_books()?;
             let rec = books.ledger.take(key)?;
             books.ledger.confirm_free(&rec);
             Some(())

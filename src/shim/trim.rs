@@ -6,9 +6,9 @@
 //! Before and after are gpuguard's own count of what the process holds from the
 //! driver (live bytes plus pools' unused bytes), measured on every device it has seen.
 
+use super::books::Books;
 use super::python::{self, Outcome};
-use super::{Books, LogLevel, log};
-use gpuguard_core::report::{TrimDevice, TrimMechanism, TrimReport, human_bytes};
+use gpuguard_core::report::{TrimDevice, TrimMechanism, TrimReport};
 use serde::Deserialize;
 use std::time::Duration;
 
@@ -101,44 +101,4 @@ pub(super) fn perform(books: &Books, trigger: &str) -> TrimReport {
         released_bytes: released,
         mechanisms,
     }
-}
-
-/// The one stderr line a trim leaves.
-pub(super) fn announce(t: &TrimReport, report: Option<&std::path::Path>) {
-    let parts: Vec<String> = t
-        .mechanisms
-        .iter()
-        .map(|m| match m.status.as_str() {
-            "trimmed" | "released" => format!("{} {}", m.name, human_bytes(m.released_bytes)),
-            s => format!("{} {s}", m.name),
-        })
-        .collect();
-    let devs: Vec<String> = t
-        .devices
-        .iter()
-        .map(|d| {
-            format!(
-                "device {} {} -> {}",
-                d.device,
-                human_bytes(d.before_bytes),
-                human_bytes(d.after_bytes)
-            )
-        })
-        .collect();
-    log(
-        LogLevel::Warn,
-        format_args!(
-            "trim ({}): {} released ({}); {}; python {}{}",
-            t.trigger,
-            human_bytes(t.released_bytes),
-            parts.join(", "),
-            if devs.is_empty() {
-                "no device memory".into()
-            } else {
-                devs.join(", ")
-            },
-            t.python,
-            report.map_or(String::new(), |p| format!("; report {}", p.display()))
-        ),
-    );
 }

@@ -139,7 +139,7 @@ unsafe extern "C" fn each_frame(ctx: *mut c_void, arg: *mut c_void) -> c_int {
 }
 
 fn counting() -> bool {
-    super::config().log >= gpuguard_core::config::LogLevel::Debug
+    super::settings::config().log >= gpuguard_core::config::LogLevel::Debug
 }
 
 /// This thread's stack, [lo, hi), for bounds checks.

@@ -9,8 +9,8 @@
 //! The helper thread queues the call and waits for its answer with a timeout; a main
 //! thread that never returns to Python makes the request time out, never hang.
 //!
-//! Every CPython function is found with `dlsym` at run time: the shim loads into
-//! processes without Python and must not link it.
+//! The CPython functions it calls are found at run time (`api`); the Python frames
+//! hooks read are in `frames`.
 
 use super::report;
 use super::settings::{LogLevel, log, settings};

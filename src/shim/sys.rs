@@ -2,7 +2,8 @@
 
 use std::ffi::c_void;
 
-/// Monotonic nanoseconds.
+/// Monotonic nanoseconds (hooks stamp every record with it).
+#[inline]
 pub(crate) fn monotonic_ns() -> u64 {
     let mut ts = libc::timespec {
         tv_sec: 0,

@@ -310,8 +310,9 @@ fn accepted(var: &str) -> String {
     }
 }
 
-/// A whole number in plain decimal digits (surrounding blanks allowed; no sign).
-fn parse_count(v: &str) -> Option<usize> {
+/// A whole number in plain decimal digits (surrounding blanks allowed; no sign), as
+/// `GPUGUARD_STACK_DEPTH` and `GPUGUARD_MAX_LIVE` take it.
+pub fn parse_count(v: &str) -> Option<usize> {
     let t = v.trim();
     if t.is_empty() || !t.bytes().all(|b| b.is_ascii_digit()) {
         return None;
@@ -499,6 +500,24 @@ fn decimal(s: &str) -> Option<u32> {
     if ok { s.parse().ok() } else { None }
 }
 
+/// `RTMIN`, `RTMIN+n`, `RTMAX`, `RTMAX-n` (upper case, without `SIG`): `Some(number)`,
+/// `Some(None)` when malformed or out of `i32`; `None` when not such a form at all.
+fn realtime_form(s: &str) -> Option<Option<i32>> {
+    let (rtmin, rtmax) = rt_range();
+    let offset = |rest: &str, sign: char| -> Option<i32> {
+        if rest.is_empty() {
+            return Some(0);
+        }
+        i32::try_from(decimal(rest.strip_prefix(sign)?)?).ok()
+    };
+    if let Some(rest) = s.strip_prefix("RTMIN") {
+        Some(offset(rest, '+').and_then(|k| rtmin.checked_add(k)))
+    } else {
+        let rest = s.strip_prefix("RTMAX")?;
+        Some(offset(rest, '-').and_then(|k| rtmax.checked_sub(k)))
+    }
+}
+
 /// `Some(None)` for `none`/`off`, `Some(Some(n))` for a signal gpuguard can take,
 /// `None` otherwise.
 ///
@@ -516,27 +535,13 @@ pub fn parse_signal(v: &str) -> Option<Option<i32>> {
     let (rtmin, rtmax) = rt_range();
     let num = if s.bytes().all(|b| b.is_ascii_digit()) {
         i32::try_from(decimal(&s)?).ok()?
+    } else if let Some(rt) = realtime_form(s.strip_prefix("SIG").unwrap_or(&s)) {
+        // An offset form names a real-time signal or nothing: never a standard one.
+        return rt.filter(|n| (rtmin..=rtmax).contains(n)).map(Some);
     } else {
         let bare = s.strip_prefix("SIG").unwrap_or(&s);
-        if let Some(&(_, n)) = SIGNAL_NAMES.iter().find(|(name, _)| *name == bare) {
-            n
-        } else if let Some(rest) = bare.strip_prefix("RTMIN") {
-            let off = if rest.is_empty() {
-                0
-            } else {
-                decimal(rest.strip_prefix('+')?)?
-            };
-            rtmin.checked_add(i32::try_from(off).ok()?)?
-        } else if let Some(rest) = bare.strip_prefix("RTMAX") {
-            let off = if rest.is_empty() {
-                0
-            } else {
-                decimal(rest.strip_prefix('-')?)?
-            };
-            rtmax.checked_sub(i32::try_from(off).ok()?)?
-        } else {
-            return None;
-        }
+        let &(_, n) = SIGNAL_NAMES.iter().find(|(name, _)| *name == bare)?;
+        n
     };
     let standard =
         (1..KERNEL_SIGRTMIN).contains(&num) && !FORBIDDEN_SIGNALS.iter().any(|(n, _)| *n == num);

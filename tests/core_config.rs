@@ -72,7 +72,9 @@ fn empty_dir() {
 /// 33 would be swallowed), past SIGRTMAX, and real-time offsets out of range.
 #[test]
 fn signals_the_program_cannot_handle() {
-    for value in ["32", "33", "65", "0", "RTMAX+1", "RTMIN+-1", "RTMIN+31", "ABRT"] {
+    for value in [
+        "32", "33", "65", "0", "RTMAX+1", "RTMIN+-1", "RTMIN+31", "ABRT",
+    ] {
         assert_refused("GPUGUARD_REPORT_SIGNAL", value);
     }
     assert_refused("GPUGUARD_TRIM_SIGNAL", "33");
@@ -105,7 +107,11 @@ fn malformed_known_variable_beside_an_unknown_one() {
         &[("GPUGUARD_TYPO", "1"), ("GPUGUARD_CAP", "lots")],
     );
     assert_eq!(r.status.code(), Some(2), "{}", r.describe());
-    assert!(r.stderr.contains("GPUGUARD_CAP=\"lots\""), "{}", r.describe());
+    assert!(
+        r.stderr.contains("GPUGUARD_CAP=\"lots\""),
+        "{}",
+        r.describe()
+    );
 }
 
 /// Accepted spellings run the program normally.

@@ -114,8 +114,15 @@ fn squatted_temporary_names_do_not_block_the_report() {
         .into_iter()
         .filter(|n| !before.contains(n) && n != "go")
         .collect();
-    assert_eq!(reports.len(), 1, "one new file, the exit report: {reports:?}");
-    assert!(reports[0].ends_with(&format!(".{pid}.1.exit.json")), "{reports:?}");
+    assert_eq!(
+        reports.len(),
+        1,
+        "one new file, the exit report: {reports:?}"
+    );
+    assert!(
+        reports[0].ends_with(&format!(".{pid}.1.exit.json")),
+        "{reports:?}"
+    );
     let text = fs::read_to_string(dir.join(&reports[0])).unwrap();
     let report: serde_json::Value = serde_json::from_str(&text).unwrap();
     assert_eq!(live(&report).len(), 2, "{report:#}");
@@ -135,7 +142,9 @@ fn squatted_temporary_names_do_not_block_the_report() {
 fn stale_temporaries_of_dead_writers_are_cleaned() {
     let dir = fresh_dir("stale");
     let dead = dead_pid();
-    let stale: Vec<String> = (1..4).map(|seq| temp_file_name(dead, seq, seq * 7)).collect();
+    let stale: Vec<String> = (1..4)
+        .map(|seq| temp_file_name(dead, seq, seq * 7))
+        .collect();
     for n in &stale {
         fs::write(dir.join(n), vec![b'{'; 10 << 20]).unwrap();
     }

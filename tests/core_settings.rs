@@ -83,7 +83,8 @@ fn unknown_variable_is_one_warning() {
     assert_eq!(warnings.len(), 1, "{stderr}");
     assert!(
         warnings[0].starts_with("gpuguard[")
-            && warnings[0].ends_with("unknown variable GPUGUARD_CAPP ignored; did you mean GPUGUARD_CAP?"),
+            && warnings[0]
+                .ends_with("unknown variable GPUGUARD_CAPP ignored; did you mean GPUGUARD_CAP?"),
         "{}",
         warnings[0]
     );

@@ -190,22 +190,21 @@ impl Config {
             cfg.dir = Some(PathBuf::from(v));
         }
         if let Some(v) = vars.text("GPUGUARD_LOG")? {
-            cfg.log = parse_log(&v).ok_or_else(|| vars.refuse("GPUGUARD_LOG", &v))?;
+            cfg.log = parse_log(&v).ok_or_else(|| refuse("GPUGUARD_LOG", &v))?;
         }
         if let Some(v) = vars.text("GPUGUARD_STACK_DEPTH")? {
             cfg.stack_depth = parse_count(&v)
                 .filter(|d| *d <= MAX_STACK_DEPTH)
-                .ok_or_else(|| vars.refuse("GPUGUARD_STACK_DEPTH", &v))?;
+                .ok_or_else(|| refuse("GPUGUARD_STACK_DEPTH", &v))?;
         }
         let report_signal = vars.text("GPUGUARD_REPORT_SIGNAL")?;
         if let Some(v) = &report_signal {
             cfg.report_signal =
-                parse_signal(v).ok_or_else(|| vars.refuse("GPUGUARD_REPORT_SIGNAL", v))?;
+                parse_signal(v).ok_or_else(|| refuse("GPUGUARD_REPORT_SIGNAL", v))?;
         }
         let trim_signal = vars.text("GPUGUARD_TRIM_SIGNAL")?;
         if let Some(v) = &trim_signal {
-            cfg.trim_signal =
-                parse_signal(v).ok_or_else(|| vars.refuse("GPUGUARD_TRIM_SIGNAL", v))?;
+            cfg.trim_signal = parse_signal(v).ok_or_else(|| refuse("GPUGUARD_TRIM_SIGNAL", v))?;
         }
         if cfg.trim_signal.is_some() && cfg.trim_signal == cfg.report_signal {
             // One signal cannot do both. A signal set explicitly wins over the other's
@@ -225,37 +224,37 @@ impl Config {
         if let Some(v) = vars.text("GPUGUARD_TRIM_INTERVAL")? {
             cfg.trim_interval_ms = parse_interval_ms(&v)
                 .and_then(|i| i)
-                .ok_or_else(|| vars.refuse("GPUGUARD_TRIM_INTERVAL", &v))?;
+                .ok_or_else(|| refuse("GPUGUARD_TRIM_INTERVAL", &v))?;
         }
         if let Some(v) = vars.text("GPUGUARD_PYTHON")? {
             (cfg.python, cfg.python_recorders) = match v.trim().to_ascii_lowercase().as_str() {
                 "on" | "1" | "yes" | "true" => (true, false),
                 "lines" => (true, true),
                 "off" | "0" | "no" | "false" => (false, false),
-                _ => return Err(vars.refuse("GPUGUARD_PYTHON", &v)),
+                _ => return Err(refuse("GPUGUARD_PYTHON", &v)),
             };
         }
         if let Some(v) = vars.text("GPUGUARD_CAP")? {
-            cfg.cap = CapSpec::parse(&v).ok_or_else(|| vars.refuse("GPUGUARD_CAP", &v))?;
+            cfg.cap = CapSpec::parse(&v).ok_or_else(|| refuse("GPUGUARD_CAP", &v))?;
         }
         for (var, slot) in [
             ("GPUGUARD_WARN_AT", &mut cfg.warn_at),
             ("GPUGUARD_TRIM_AT", &mut cfg.trim_at),
         ] {
             if let Some(v) = vars.text(var)? {
-                *slot = parse_threshold(&v).ok_or_else(|| vars.refuse(var, &v))?;
+                *slot = parse_threshold(&v).ok_or_else(|| refuse(var, &v))?;
             }
         }
         if let Some(v) = vars.text("GPUGUARD_MAX_LIVE")? {
             cfg.max_live = Some(
                 parse_count(&v)
                     .filter(|n| *n >= 1)
-                    .ok_or_else(|| vars.refuse("GPUGUARD_MAX_LIVE", &v))?,
+                    .ok_or_else(|| refuse("GPUGUARD_MAX_LIVE", &v))?,
             );
         }
         if let Some(v) = vars.text("GPUGUARD_SNAPSHOT_EVERY")? {
             cfg.snapshot_every_ms =
-                parse_interval_ms(&v).ok_or_else(|| vars.refuse("GPUGUARD_SNAPSHOT_EVERY", &v))?;
+                parse_interval_ms(&v).ok_or_else(|| refuse("GPUGUARD_SNAPSHOT_EVERY", &v))?;
         }
         Ok(cfg)
     }
@@ -281,10 +280,11 @@ impl Vars {
             },
         }
     }
+}
 
-    fn refuse(&self, var: &str, value: &str) -> ConfigError {
-        err(var, value, &accepted(var))
-    }
+/// The error for a malformed `value` of `var`, with what `var` accepts.
+fn refuse(var: &str, value: &str) -> ConfigError {
+    err(var, value, &accepted(var))
 }
 
 /// What each variable accepts, as the error message says it.
@@ -344,7 +344,7 @@ pub fn closest_known_var(name: &str) -> Option<&'static str> {
             let known_tail = &k["GPUGUARD_".len()..];
             (edit_distance(tail, known_tail), known_tail.len(), *k)
         })
-        .filter(|&(d, len, _)| d <= (len + 2) / 3)
+        .filter(|&(d, len, _)| d <= len.div_ceil(3))
         .min_by_key(|&(d, _, _)| d)
         .map(|(_, _, k)| k)
 }

@@ -29,16 +29,22 @@ fn gg_leak(env: &[(&str, OsString)]) -> Output {
     cmd.output().unwrap()
 }
 
+/// A fresh report directory of the test's own.
+fn fresh_dir(tag: &str) -> PathBuf {
+    let dir = profile_dir()
+        .join("gg-tmp")
+        .join(format!("{tag}-{}", std::process::id()));
+    let _ = fs::remove_dir_all(&dir);
+    fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
 /// `GPUGUARD_DIR` with a byte that is not UTF-8: the report lands in that very
 /// directory, not in one whose name has U+FFFD in its place.
 #[test]
 #[ignore = "needs the library to call Config::parse_os/from_env at load (config branch report)"]
 fn report_dir_is_kept_byte_for_byte() {
-    let base = profile_dir()
-        .join("gg-tmp")
-        .join(format!("bytes-{}", std::process::id()));
-    let _ = fs::remove_dir_all(&base);
-    fs::create_dir_all(&base).unwrap();
+    let base = fresh_dir("bytes");
     let mut raw = base.clone().into_os_string().into_vec();
     raw.extend_from_slice(b"/r\xe9ports");
     let dir = PathBuf::from(OsString::from_vec(raw));
@@ -65,11 +71,7 @@ fn report_dir_is_kept_byte_for_byte() {
 #[test]
 #[ignore = "needs the library to print Parsed::warnings at load (config branch report)"]
 fn unknown_variable_is_one_warning() {
-    let dir = profile_dir()
-        .join("gg-tmp")
-        .join(format!("warn-{}", std::process::id()));
-    let _ = fs::remove_dir_all(&dir);
-    fs::create_dir_all(&dir).unwrap();
+    let dir = fresh_dir("warn");
     let out = gg_leak(&[
         ("GPUGUARD_DIR", dir.clone().into_os_string()),
         ("GPUGUARD_CAPP", "1GiB".into()),

@@ -12,19 +12,9 @@ use core_support::*;
 use gpuguard_core::reporter::temp_file_name;
 use std::fs;
 use std::os::unix::fs::symlink;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
-
-/// A fresh report directory of the test's own.
-fn fresh_dir(tag: &str) -> PathBuf {
-    let dir = profile_dir()
-        .join("gg-tmp")
-        .join(format!("{tag}-{}", std::process::id()));
-    let _ = fs::remove_dir_all(&dir);
-    fs::create_dir_all(&dir).unwrap();
-    dir
-}
 
 fn names(dir: &Path) -> Vec<String> {
     let mut v: Vec<String> = fs::read_dir(dir)

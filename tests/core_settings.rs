@@ -3,8 +3,10 @@
 //! naming the closest known variable, the program running on.
 
 mod common;
+mod core_support;
 
 use common::*;
+use core_support::fresh_dir;
 use std::ffi::OsString;
 use std::fs;
 use std::os::unix::ffi::OsStringExt;
@@ -27,16 +29,6 @@ fn gg_leak(env: &[(&str, OsString)]) -> Output {
         cmd.env(k, v);
     }
     cmd.output().unwrap()
-}
-
-/// A fresh report directory of the test's own.
-fn fresh_dir(tag: &str) -> PathBuf {
-    let dir = profile_dir()
-        .join("gg-tmp")
-        .join(format!("{tag}-{}", std::process::id()));
-    let _ = fs::remove_dir_all(&dir);
-    fs::create_dir_all(&dir).unwrap();
-    dir
 }
 
 /// `GPUGUARD_DIR` with a byte that is not UTF-8: the report lands in that very

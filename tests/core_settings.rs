@@ -34,7 +34,6 @@ fn gg_leak(env: &[(&str, OsString)]) -> Output {
 /// `GPUGUARD_DIR` with a byte that is not UTF-8: the report lands in that very
 /// directory, not in one whose name has U+FFFD in its place.
 #[test]
-#[ignore = "needs the library to call Config::parse_os/from_env at load (config branch report)"]
 fn report_dir_is_kept_byte_for_byte() {
     let base = fresh_dir("bytes");
     let mut raw = base.clone().into_os_string().into_vec();
@@ -61,7 +60,6 @@ fn report_dir_is_kept_byte_for_byte() {
 /// An unknown name: the program runs, and gpuguard says so once, with the closest
 /// known name; `GPUGUARD_LOG=off` silences it.
 #[test]
-#[ignore = "needs the library to print Parsed::warnings at load (config branch report)"]
 fn unknown_variable_is_one_warning() {
     let dir = fresh_dir("warn");
     let out = gg_leak(&[

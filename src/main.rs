@@ -16,7 +16,7 @@ const EXIT_CODES: &str = "\
 Exit status:
   0    success
   1    a check failed (diff --fail-on-growth)
-  2    wrong usage, or input that cannot be read as a report
+  2    wrong usage, or input that cannot be read as a report (or trace)
   141  stdout was closed early (e.g. piped into head)
   run ends with its command's status (128+N when signal N ended it)";
 
@@ -40,12 +40,13 @@ enum Command {
     Trim(cli::trim::TrimArgs),
     /// Print the path of libgpuguard.so (LD_PRELOAD=$(gpuguard lib) python train.py)
     Lib,
+    /// Draw a trace (GPUGUARD_TRACE) as memory over time per device, in an SVG file
+    Plot(cli::plot::PlotArgs),
+    /// Show a report's live memory as a flame graph, in one self-contained HTML page
+    Flamegraph(cli::flamegraph::FlamegraphArgs),
+    /// List this user's processes running gpuguard: devices, live, peak, caps
+    Ps(cli::ps::PsArgs),
 }
-
-
-
-
-
 
 /// clap's help and version go to stdout, its usage errors to stderr; both through
 /// the checked writers, so a closed pipe ends the command quietly.
@@ -72,6 +73,9 @@ fn main() -> ExitCode {
         Command::Diff(args) => cli::diff::main(args),
         Command::Trim(args) => cli::trim::main(args),
         Command::Lib => cli::lib_path::main(),
+        Command::Plot(args) => cli::plot::main(args),
+        Command::Flamegraph(args) => cli::flamegraph::main(args),
+        Command::Ps(args) => cli::ps::main(args),
     };
     match outcome {
         Ok(status) => ExitCode::from(status),

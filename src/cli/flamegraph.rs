@@ -12,9 +12,38 @@
 //! element with `<`, `>` and `&` escaped, and the page's script puts text in the page
 //! only through `textContent`.
 
-use super::plot::xml;
+use super::Outcome;
+use super::load::load;
+use super::plot::{write_output, xml};
+use super::text::readable_frames;
 use gpuguard_core::report::{PY_FRAME, Report, human_bytes};
 use serde::Serialize;
+use std::path::PathBuf;
+
+/// `gpuguard flamegraph` options.
+#[derive(clap::Args)]
+#[command(
+    after_help = "The page needs no network: open it in any browser. Frames are \
+    stacked outermost on top; width is live bytes. Views: Python lines of framework \
+    blocks in use (when the report has them) and native call stacks."
+)]
+pub struct FlamegraphArgs {
+    /// A report file (gpuguard.*.json), e.g. the one written at exit
+    #[arg(value_name = "REPORT")]
+    pub report: PathBuf,
+    /// Where the HTML page goes (`-` for stdout); default: REPORT with the extension .html
+    #[arg(short, long, value_name = "FILE")]
+    pub output: Option<PathBuf>,
+}
+
+pub fn main(args: FlamegraphArgs) -> Outcome {
+    let report = load(&args.report)?;
+    let out = args
+        .output
+        .unwrap_or_else(|| args.report.with_extension("html"));
+    write_output(&out, &args.report, &render_html(&report))?;
+    Ok(0)
+}
 
 /// A frame and what was allocated under it.
 #[derive(Debug, Default, Serialize, PartialEq)]
@@ -39,7 +68,12 @@ impl Node {
     }
 
     /// Adds a stack, outermost frame first, with its bytes and count.
-    fn add<'a>(&mut self, stack: impl Iterator<Item = (&'a str, &'static str)>, bytes: u64, count: u64) {
+    fn add<'a>(
+        &mut self,
+        stack: impl Iterator<Item = (&'a str, &'static str)>,
+        bytes: u64,
+        count: u64,
+    ) {
         self.b += bytes;
         self.c += count;
         let mut node = self;
@@ -59,7 +93,8 @@ impl Node {
 
     /// Children widest first, all the way down.
     fn sort(&mut self) {
-        self.ch.sort_by(|a, b| b.b.cmp(&a.b).then_with(|| a.n.cmp(&b.n)));
+        self.ch
+            .sort_by(|a, b| b.b.cmp(&a.b).then_with(|| a.n.cmp(&b.n)));
         for c in &mut self.ch {
             c.sort();
         }
@@ -106,9 +141,15 @@ fn native_view(report: &Report) -> Node {
     let mut root = Node::new("all live allocations".into(), "root");
     for site in &report.sites {
         if site.frames.is_empty() {
-            root.add(std::iter::once(("(no stack)", "native")), site.live_bytes, site.live_count);
+            root.add(
+                std::iter::once(("(no stack)", "native")),
+                site.live_bytes,
+                site.live_count,
+            );
         } else {
-            let stack = site.frames.iter().rev().map(|f| (f.as_str(), frame_kind(f)));
+            // Start-up frames cut and names demangled, as `show` prints them.
+            let frames = readable_frames(&site.frames);
+            let stack = frames.iter().rev().map(|f| (f.as_str(), frame_kind(f)));
             root.add(stack, site.live_bytes, site.live_count);
         }
     }
@@ -116,7 +157,11 @@ fn native_view(report: &Report) -> Node {
     let sited: u64 = report.sites.iter().map(|s| s.live_bytes).sum();
     let total: u64 = report.devices.iter().map(|d| d.current_bytes).sum();
     if total > sited && report.sites.is_empty() {
-        root.add(std::iter::once(("(no stacks recorded)", "native")), total - sited, 0);
+        root.add(
+            std::iter::once(("(no stacks recorded)", "native")),
+            total - sited,
+            0,
+        );
     }
     root.sort();
     root
@@ -404,7 +449,10 @@ mod tests {
             python_sites: vec![PythonSite {
                 id: 0,
                 framework: "torch".into(),
-                frames: vec!["train.py:42 in step".into(), "train.py:90 in <module>".into()],
+                frames: vec![
+                    "train.py:42 in step".into(),
+                    "train.py:90 in <module>".into(),
+                ],
                 live_bytes: 64,
                 live_count: 2,
             }],
@@ -420,7 +468,10 @@ mod tests {
         let main = &root.ch[0];
         assert_eq!((main.n.as_str(), main.b), ("main+0x5", 400));
         let names: Vec<_> = main.ch.iter().map(|c| (c.n.as_str(), c.b, c.c)).collect();
-        assert_eq!(names, [("leaky_function+0x10", 300, 3), ("other+0x1", 100, 1)]);
+        assert_eq!(
+            names,
+            [("leaky_function+0x10", 300, 3), ("other+0x1", 100, 1)]
+        );
         let py = python_view(&report());
         assert_eq!(py.ch[0].n, "[torch]");
         assert_eq!(py.ch[0].ch[0].n, "train.py:90 in <module>");
@@ -437,7 +488,13 @@ mod tests {
         let start = page.find("id=\"gg-data\">").unwrap() + "id=\"gg-data\">".len();
         let end = start + page[start..].find("</script>").unwrap();
         let data: serde_json::Value = serde_json::from_str(&page[start..end]).unwrap();
-        assert_eq!(data["title"], "train</title><script>alert(1)</script> (pid 0)");
-        assert!(!page.contains("http://") && !page.contains("https://"), "nothing fetched");
+        assert_eq!(
+            data["title"],
+            "train</title><script>alert(1)</script> (pid 0)"
+        );
+        assert!(
+            !page.contains("http://") && !page.contains("https://"),
+            "nothing fetched"
+        );
     }
 }

@@ -15,10 +15,13 @@ macro_rules! put {
 }
 
 pub mod diff;
+pub mod flamegraph;
 pub mod growth;
 pub mod lib_path;
 pub mod load;
 pub mod output;
+pub mod plot;
+pub mod ps;
 pub mod run;
 pub mod show;
 pub mod text;

@@ -3,9 +3,68 @@
 //! (dashed: live plus what pools hold, when they hold any), each device's peak and cap
 //! as lines, and marks for cap refusals, trims, warnings and reports.
 
+use super::load::{read_bounded, shown};
+use super::output::{print, warn};
+use super::{Failure, Outcome};
 use gpuguard_core::report::human_bytes;
 use gpuguard_core::trace::{self, Sample, Trace, event};
 use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+/// `gpuguard plot` options.
+#[derive(clap::Args)]
+#[command(
+    after_help = "TRACE is a file written by GPUGUARD_TRACE (or `gpuguard run --trace`), \
+    whole or cut short by a killed process. The SVG has live bytes per device (dashed: \
+    plus what CUDA pools hold), each device's peak and cap, and marks for cap refusals, \
+    trims, warnings and reports (hover for details)."
+)]
+pub struct PlotArgs {
+    /// A trace file
+    #[arg(value_name = "TRACE")]
+    pub trace: PathBuf,
+    /// Where the SVG goes (`-` for stdout); default: TRACE with the extension .svg
+    #[arg(short, long, value_name = "FILE")]
+    pub output: Option<PathBuf>,
+}
+
+pub fn main(args: PlotArgs) -> Outcome {
+    let bytes = read_bounded(&args.trace)?;
+    let trace = trace::read(&bytes[..])
+        .map_err(|e| Failure::Input(format!("{}: {e}", shown(&args.trace))))?;
+    let out = args
+        .output
+        .unwrap_or_else(|| args.trace.with_extension("svg"));
+    if trace.devices.is_empty() {
+        warn(&format!(
+            "{}: no device samples in the trace (no CUDA memory used yet?); the plot is empty",
+            shown(&args.trace)
+        ));
+    }
+    write_output(&out, &args.trace, &render_svg(&trace))?;
+    Ok(0)
+}
+
+/// Writes a rendered view to `out` (`-`: stdout), never over its own input.
+pub fn write_output(out: &Path, input: &Path, text: &str) -> Result<(), Failure> {
+    if out == Path::new("-") {
+        return print(text);
+    }
+    let same = match (std::fs::canonicalize(out), std::fs::canonicalize(input)) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => false,
+    };
+    if same {
+        return Err(Failure::Input(format!(
+            "{}: the output would replace the input; choose another with -o",
+            shown(out)
+        )));
+    }
+    std::fs::write(out, text)
+        .map_err(|e| Failure::Input(format!("{}: cannot write: {e}", shown(out))))?;
+    warn(&format!("wrote {}", shown(out)));
+    Ok(())
+}
 
 const WIDTH: f64 = 1000.0;
 const HEIGHT: f64 = 540.0;
@@ -21,11 +80,6 @@ const COLOURS: [&str; 8] = [
 
 /// Marks drawn per kind of event; past this the file would grow without saying more.
 const MAX_MARKS: usize = 400;
-
-/// Reads a trace from its bytes; one line for people when it is not one.
-pub fn parse(bytes: &[u8]) -> Result<Trace, String> {
-    trace::read(bytes)
-}
 
 /// The plot area.
 struct Frame {
@@ -364,7 +418,9 @@ fn marks(svg: &mut String, frame: &Frame, trace: &Trace, legend_y: f64) {
                 "{} at {}{}: {}",
                 kind.label,
                 duration(e.t_us),
-                e.device.map(|d| format!(" on device {d}")).unwrap_or_default(),
+                e.device
+                    .map(|d| format!(" on device {d}"))
+                    .unwrap_or_default(),
                 describe_args(&e.args)
             );
             let (y1, y2) = if kind.class == "report" {

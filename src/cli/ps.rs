@@ -3,9 +3,13 @@
 //! with live, peak and cap, the report directory and how old the figures are.
 //! `--json` prints the statuses; `--watch [SECS]` redraws like `top`.
 
+use super::load::shown;
+use super::output::print;
+use super::text::clean;
+use super::{Failure, Outcome};
 use gpuguard_core::report::human_bytes;
 use gpuguard_core::status::{self, Status};
-use std::io::{IsTerminal, Write};
+use std::io::IsTerminal;
 use std::path::Path;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -16,9 +20,14 @@ pub enum Format {
     Json,
 }
 
-/// What one look at the status directory found: the statuses, or why there are none.
-fn look(dir: &Path) -> Result<Vec<Status>, String> {
-    status::read_all(dir).map_err(|e| format!("{}: cannot read the status directory: {e}", dir.display()))
+/// What one look at the status directory found.
+fn look(dir: &Path) -> Result<Vec<Status>, Failure> {
+    status::read_all(dir).map_err(|e| {
+        Failure::Input(format!(
+            "{}: cannot read the status directory: {e}",
+            shown(dir)
+        ))
+    })
 }
 
 fn now_unix_ms() -> u64 {
@@ -34,13 +43,15 @@ pub fn render_table(statuses: &[Status], dir: &Path, now_ms: u64) -> String {
     if statuses.is_empty() {
         return format!(
             "no process is running gpuguard (no status files in {})\n",
-            dir.display()
+            shown(dir)
         );
     }
-    let mut rows: Vec<[String; 9]> = vec![[
-        "PID", "PROGRAM", "DEV", "LIVE", "PEAK", "CAP", "POOLS", "UPDATED", "REPORTS",
-    ]
-    .map(String::from)];
+    let mut rows: Vec<[String; 9]> = vec![
+        [
+            "PID", "PROGRAM", "DEV", "LIVE", "PEAK", "CAP", "POOLS", "UPDATED", "REPORTS",
+        ]
+        .map(String::from),
+    ];
     for s in statuses {
         let age = age(now_ms.saturating_sub(s.updated_unix_ms));
         let program = printable(&s.program, 24);
@@ -114,14 +125,11 @@ fn age(ms: u64) -> String {
     }
 }
 
-/// A file's string for a terminal: control characters shown as `?` (a program name is
+/// A file's string for a terminal: control characters escaped (a program name is
 /// whatever the process chose), cut to `max` characters.
 fn printable(text: &str, max: usize) -> String {
-    let mut out: String = text
-        .chars()
-        .map(|c| if c.is_control() { '?' } else { c })
-        .take(max)
-        .collect();
+    let text = clean(text);
+    let mut out: String = text.chars().take(max).collect();
     if text.chars().count() > max {
         out.pop();
         out.push('…');
@@ -130,42 +138,53 @@ fn printable(text: &str, max: usize) -> String {
 }
 
 /// One look, rendered.
-fn render(dir: &Path, format: Format) -> Result<String, String> {
+fn render(dir: &Path, format: Format) -> Result<String, Failure> {
     let statuses = look(dir)?;
     Ok(match format {
         Format::Table => render_table(&statuses, dir, now_unix_ms()),
         Format::Json => {
-            let mut text = serde_json::to_string_pretty(&statuses).map_err(|e| e.to_string())?;
+            let mut text = serde_json::to_string_pretty(&statuses)
+                .map_err(|e| Failure::Input(format!("cannot encode the statuses: {e}")))?;
             text.push('\n');
             text
         }
     })
 }
 
-/// What `ps` ended with.
-#[derive(Debug, PartialEq)]
-pub enum Ended {
-    /// It printed what it had to.
-    Done,
-    /// Its stdout was closed (`gpuguard ps --watch | head`): nothing more to say.
-    StdoutClosed,
+/// `gpuguard ps` options.
+#[derive(clap::Args)]
+#[command(
+    after_help = "Each process running gpuguard keeps a status file, rewritten about \
+    once a second, in $XDG_RUNTIME_DIR/gpuguard (or /dev/shm/gpuguard-UID when that \
+    variable is unset); files of processes that are gone are removed here."
+)]
+pub struct PsArgs {
+    /// Print the processes' statuses as JSON
+    #[arg(long)]
+    pub json: bool,
+    /// Refresh every SECS seconds (1 when no value is given) until Ctrl-C
+    #[arg(long, value_name = "SECS", num_args = 0..=1, default_missing_value = "1", value_parser = parse_interval)]
+    pub watch: Option<Duration>,
 }
 
-/// Prints the processes once, or every `watch` interval until stdout closes (or
-/// Ctrl-C, whose default action ends the process: nothing here needs restoring, the
+/// Prints the processes once, or every `--watch` interval until stdout closes or
+/// Ctrl-C (whose default action ends the process: nothing here needs restoring, the
 /// terminal is only ever cleared).
-pub fn ps(dir: &Path, format: Format, watch: Option<Duration>) -> Result<Ended, String> {
-    let mut stdout = std::io::stdout();
-    let Some(every) = watch else {
-        let text = render(dir, format)?;
-        return Ok(match stdout.write_all(text.as_bytes()).and_then(|_| stdout.flush()) {
-            Ok(()) => Ended::Done,
-            Err(_) => Ended::StdoutClosed,
-        });
+pub fn main(args: PsArgs) -> Outcome {
+    let dir = status::status_dir_here()
+        .map_err(|e| Failure::Input(format!("cannot find the status directory: {e}")))?;
+    let format = if args.json {
+        Format::Json
+    } else {
+        Format::Table
     };
-    let terminal = stdout.is_terminal();
+    let Some(every) = args.watch else {
+        print(&render(&dir, format)?)?;
+        return Ok(0);
+    };
+    let terminal = std::io::stdout().is_terminal();
     loop {
-        let mut text = render(dir, format)?;
+        let mut text = render(&dir, format)?;
         if terminal {
             // Home and clear, then the table under a heading like top's.
             text = format!(
@@ -175,9 +194,8 @@ pub fn ps(dir: &Path, format: Format, watch: Option<Duration>) -> Result<Ended, 
         } else {
             text.push('\n');
         }
-        if stdout.write_all(text.as_bytes()).and_then(|_| stdout.flush()).is_err() {
-            return Ok(Ended::StdoutClosed);
-        }
+        // A closed stdout (`gpuguard ps --watch | head`) ends the loop here.
+        print(&text)?;
         std::thread::sleep(every);
     }
 }
@@ -232,7 +250,7 @@ mod tests {
         assert_eq!(lines.len(), 3, "{text}");
         assert!(lines[0].starts_with("PID"));
         let w: Vec<&str> = lines[1].split_whitespace().collect();
-        assert_eq!(w[..3], ["77", "train?[2J.py", "0"]);
+        assert_eq!(w[..3], ["77", "train\\x1b[2J.py", "0"]);
         assert!(lines[1].contains("3.0 GiB") && lines[1].contains("8.0 GiB"));
         assert!(lines[1].contains("2.5 s ago") && lines[1].ends_with("/tmp/r"));
         assert!(lines[2].contains("none"));

@@ -20,13 +20,11 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// `gpuguard run` options.
 #[derive(clap::Args)]
-#[command(
-    after_help = "Each option sets the GPUGUARD_ variable named in its help; \
+#[command(after_help = "Each option sets the GPUGUARD_ variable named in its help; \
     values are checked before COMMAND starts. The library is looked for at \
     $GPUGUARD_LIB, beside this executable, then in ../lib. When COMMAND ends, a \
     summary of the reports its processes wrote goes to stderr, and gpuguard exits \
-    with COMMAND's status (128+N when signal N ended it)."
-)]
+    with COMMAND's status (128+N when signal N ended it).")]
 pub struct RunArgs {
     /// GPUGUARD_CAP: a cap per device: 20GiB, 0.5 (of each device), 0:20GiB,1:0.25
     #[arg(long, value_name = "SIZE")]
@@ -47,12 +45,7 @@ pub struct RunArgs {
     #[arg(long, value_name = "FILE")]
     pub trace: Option<PathBuf>,
     /// The command and its arguments (after `--` when they start with a dash)
-    #[arg(
-        required = true,
-        trailing_var_arg = true,
-        allow_hyphen_values = true,
-        value_name = "COMMAND"
-    )]
+    #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true, value_name = "COMMAND")]
     pub command: Vec<OsString>,
 }
 
@@ -71,7 +64,7 @@ const TRACE_VAR: &str = "GPUGUARD_TRACE";
 /// How many leaking lines the summary names.
 const SUMMARY_LINES: usize = 5;
 
-/// How often the process tree is looked at for CMD's descendants.
+/// How often the report folder is looked at while CMD runs.
 const POLL: Duration = Duration::from_millis(100);
 
 /// The options' values, checked with the library's own parsers, so a bad value is
@@ -153,11 +146,7 @@ fn guard_signals(child: u32) {
 fn parents() -> HashMap<u32, u32> {
     let mut map = HashMap::new();
     for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|n| n.parse::<u32>().ok())
-        else {
+        let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
             continue;
         };
         let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
@@ -174,15 +163,56 @@ fn parents() -> HashMap<u32, u32> {
     map
 }
 
-/// Adds the descendants of `root` alive now to `family`.
-fn add_descendants(root: u32, family: &mut HashSet<u32>) {
-    let parents = parents();
-    let mut changed = true;
-    while changed {
-        changed = false;
-        for (pid, ppid) in &parents {
-            if (*ppid == root || family.contains(ppid)) && family.insert(*pid) {
-                changed = true;
+/// Tells CMD's processes from others writing reports into the same folder. A
+/// report is only known to be a process's once it is written, when the process may
+/// be gone already; so the processes whose reports appear are looked at as they
+/// appear, and those seen running outside CMD's tree are set aside.
+struct ReportWatch {
+    root: u32,
+    /// CMD and its descendants seen so far.
+    family: HashSet<u32>,
+    /// Processes seen running outside CMD's tree.
+    foreign: HashSet<u32>,
+}
+
+impl ReportWatch {
+    fn new(root: u32) -> ReportWatch {
+        ReportWatch {
+            root,
+            family: HashSet::from([root]),
+            foreign: HashSet::new(),
+        }
+    }
+
+    /// Classifies the writers of reports in `dir` not classified yet.
+    fn look(&mut self, dir: &Path) {
+        let writers: Vec<u32> = std::fs::read_dir(dir)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|e| report_name_parts(e.file_name().to_str()?).map(|(pid, _, _)| pid))
+            .filter(|pid| !self.family.contains(pid) && !self.foreign.contains(pid))
+            .collect();
+        if writers.is_empty() {
+            return;
+        }
+        let parents = parents();
+        self.add_descendants(&parents);
+        for pid in writers {
+            if parents.contains_key(&pid) && !self.family.contains(&pid) {
+                self.foreign.insert(pid);
+            }
+        }
+    }
+
+    fn add_descendants(&mut self, parents: &HashMap<u32, u32>) {
+        let mut changed = true;
+        while changed {
+            changed = false;
+            for (pid, ppid) in parents {
+                if (*ppid == self.root || self.family.contains(ppid)) && self.family.insert(*pid) {
+                    changed = true;
+                }
             }
         }
     }
@@ -206,9 +236,7 @@ fn shell_status(status: std::process::ExitStatus) -> u8 {
 pub fn main(args: RunArgs) -> Outcome {
     let vars = checked_vars(&args)?;
     let Some((program, rest)) = args.command.split_first() else {
-        return Err(Failure::Input(
-            "run needs a command: gpuguard run [OPTIONS] -- COMMAND...".into(),
-        ));
+        return Err(Failure::Input("run needs a command: gpuguard run [OPTIONS] -- COMMAND...".into()));
     };
     let lib = find()?;
     let mut preload = lib.into_os_string();
@@ -233,45 +261,32 @@ pub fn main(args: RunArgs) -> Outcome {
         .env_remove(LIB_VAR)
         .envs(vars)
         .spawn()
-        .map_err(|e| {
-            Failure::Input(format!(
-                "cannot run {}: {e}",
-                clean(&program.to_string_lossy())
-            ))
-        })?;
+        .map_err(|e| Failure::Input(format!("cannot run {}: {e}", clean(&program.to_string_lossy()))))?;
     let pid = child.id();
     guard_signals(pid);
-    let mut family: HashSet<u32> = HashSet::from([pid]);
+    let mut watch = ReportWatch::new(pid);
     let status = loop {
         match child.try_wait() {
             Ok(Some(status)) => break Some(status),
             Ok(None) => {}
             Err(e) => {
-                warn(&format!(
-                    "cannot wait for {}: {e}",
-                    clean(&program.to_string_lossy())
-                ));
+                warn(&format!("cannot wait for {}: {e}", clean(&program.to_string_lossy())));
                 break None;
             }
         }
-        add_descendants(pid, &mut family);
+        watch.look(&dir);
         std::thread::sleep(POLL);
     };
     CHILD.store(0, Ordering::Relaxed);
     let code = status.map_or(1, shell_status);
-    let reports = reports_of(&dir, &family, start_ms);
-    print_err(&summary(
-        &program.to_string_lossy(),
-        pid,
-        code,
-        &dir,
-        &reports,
-    ));
+    let reports = reports_of(&dir, &watch.foreign, start_ms);
+    print_err(&summary(&program.to_string_lossy(), pid, code, &dir, &reports));
     Ok(code)
 }
 
-/// The reports in `dir` written since the start by the processes in `family`.
-fn reports_of(dir: &Path, family: &HashSet<u32>, start_ms: u64) -> Vec<(PathBuf, Report)> {
+/// The reports in `dir` written since the start, but for those of processes seen
+/// running outside CMD's tree.
+fn reports_of(dir: &Path, foreign: &HashSet<u32>, start_ms: u64) -> Vec<(PathBuf, Report)> {
     let mut found: Vec<(PathBuf, Report)> = std::fs::read_dir(dir)
         .into_iter()
         .flatten()
@@ -279,7 +294,12 @@ fn reports_of(dir: &Path, family: &HashSet<u32>, start_ms: u64) -> Vec<(PathBuf,
         .filter_map(|e| {
             let name = e.file_name().into_string().ok()?;
             let (pid, _, _) = report_name_parts(&name)?;
-            if !family.contains(&pid) {
+            if foreign.contains(&pid) {
+                return None;
+            }
+            // Reports from before the run are not read at all.
+            let modified = e.metadata().ok()?.modified().ok()?;
+            if unix_ms(modified) < start_ms {
                 return None;
             }
             let report = load(&e.path()).ok()?;
@@ -333,12 +353,7 @@ fn summary(program: &str, pid: u32, code: u8, dir: &Path, reports: &[(PathBuf, R
             );
         }
         if r.devices.is_empty() {
-            put!(
-                out,
-                "  {} (pid {}): no device memory used",
-                clean(&r.program),
-                r.pid
-            );
+            put!(out, "  {} (pid {}): no device memory used", clean(&r.program), r.pid);
         }
     }
     render_leaking_lines(&mut out, &latest);
@@ -387,11 +402,7 @@ fn summary(program: &str, pid: u32, code: u8, dir: &Path, reports: &[(PathBuf, R
             human_bytes(released)
         );
     }
-    put!(
-        out,
-        "  details: gpuguard show {}/gpuguard.*.json",
-        shown(dir)
-    );
+    put!(out, "  details: gpuguard show {}/gpuguard.*.json", shown(dir));
     out
 }
 
@@ -407,11 +418,7 @@ fn render_leaking_lines(out: &mut String, latest: &BTreeMap<u32, &Report>) {
             }
         } else {
             for s in &r.sites {
-                lines.push((
-                    s.live_bytes,
-                    count(s.live_count, "allocation"),
-                    frames(&s.frames),
-                ));
+                lines.push((s.live_bytes, count(s.live_count, "allocation"), frames(&s.frames)));
             }
         }
     }
@@ -419,21 +426,10 @@ fn render_leaking_lines(out: &mut String, latest: &BTreeMap<u32, &Report>) {
         return;
     }
     lines.sort_by(|a, b| b.0.cmp(&a.0));
-    let live: u64 = latest
-        .values()
-        .fold(0, |acc, r| acc.saturating_add(live_allocations(r)));
-    put!(
-        out,
-        "  top lines holding live memory ({} in all):",
-        count(live, "allocation")
-    );
+    let live: u64 = latest.values().fold(0, |acc, r| acc.saturating_add(live_allocations(r)));
+    put!(out, "  top lines holding live memory ({} in all):", count(live, "allocation"));
     for (bytes, what, site_frames) in lines.iter().take(SUMMARY_LINES) {
         let place: Vec<&str> = site_frames.iter().take(2).map(String::as_str).collect();
-        put!(
-            out,
-            "    {:>11} in {what}: {}",
-            human_bytes(*bytes),
-            place.join(" <- ")
-        );
+        put!(out, "    {:>11} in {what}: {}", human_bytes(*bytes), place.join(" <- "));
     }
 }

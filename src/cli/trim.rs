@@ -12,17 +12,24 @@ use std::time::{Duration, Instant};
 
 /// `gpuguard trim` options.
 #[derive(clap::Args)]
-#[command(
-    after_help = "Sends the process its trim signal (GPUGUARD_TRIM_SIGNAL, USR2 by \
-    default), waits for the trim report it writes and prints what each mechanism gave back."
-)]
+#[command(after_help = "Sends the process its trim signal (GPUGUARD_TRIM_SIGNAL, USR2 by \
+    default), waits for the trim report it writes and prints what each mechanism gave back.")]
 pub struct TrimArgs {
     /// A process running under gpuguard
-    #[arg(value_name = "PID")]
+    #[arg(value_name = "PID", value_parser = parse_pid)]
     pub pid: u32,
     /// Seconds to wait for the trim report (fractions allowed; 0: look once)
-    #[arg(long, value_name = "SECS", default_value = "30", value_parser = parse_timeout)]
+    #[arg(long, value_name = "SECS", default_value = "30", value_parser = parse_timeout, allow_hyphen_values = true)]
     pub timeout: Duration,
+}
+
+/// A process id: a whole number from 1 to the largest pid_t.
+fn parse_pid(text: &str) -> Result<u32, String> {
+    text.trim()
+        .parse::<u32>()
+        .ok()
+        .filter(|p| (1..=i32::MAX as u32).contains(p))
+        .ok_or_else(|| format!("not a process id: {text:?}"))
 }
 
 /// `--timeout SECS`: whole or fractional seconds, 0 (do not wait past the first
@@ -33,18 +40,13 @@ pub fn parse_timeout(text: &str) -> Result<Duration, String> {
         .parse()
         .map_err(|_| format!("{text:?} is not a number of seconds"))?;
     if !secs.is_finite() || secs < 0.0 {
-        return Err(format!(
-            "{text:?}: the timeout must be a number of seconds, 0 or more"
-        ));
+        return Err(format!("{text:?}: the timeout must be a number of seconds, 0 or more"));
     }
     Duration::try_from_secs_f64(secs).map_err(|_| format!("{text:?} seconds is too long a timeout"))
 }
 
 pub fn main(args: TrimArgs) -> Outcome {
     let pid = args.pid;
-    if pid == 0 || pid > i32::MAX as u32 {
-        return Err(Failure::Input(format!("not a process id: {pid}")));
-    }
     let proc_dir = PathBuf::from(format!("/proc/{pid}"));
     let maps = std::fs::read_to_string(proc_dir.join("maps")).map_err(|e| {
         Failure::Input(if e.kind() == std::io::ErrorKind::NotFound {
@@ -171,10 +173,7 @@ mod tests {
 
     #[test]
     fn report_names() {
-        assert_eq!(
-            report_name_parts("gpuguard.gg.12.3.trim.json"),
-            Some((12, 3, "trim"))
-        );
+        assert_eq!(report_name_parts("gpuguard.gg.12.3.trim.json"), Some((12, 3, "trim")));
         assert_eq!(
             report_name_parts("gpuguard.my.prog.r1.12.3.exit.json"),
             Some((12, 3, "exit"))

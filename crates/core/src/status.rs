@@ -234,7 +234,10 @@ mod tests {
         let env: HashMap<&str, &str> = [("XDG_RUNTIME_DIR", "/run/user/1000")].into();
         let var = |k: &str| env.get(k).map(OsString::from);
         assert_eq!(status_dir(var, 1000), Path::new("/run/user/1000/gpuguard"));
-        assert_eq!(status_dir(|_| None, 1000), Path::new("/dev/shm/gpuguard-1000"));
+        assert_eq!(
+            status_dir(|_| None, 1000),
+            Path::new("/dev/shm/gpuguard-1000")
+        );
         // A relative runtime directory is not one.
         let rel = |_: &str| Some(OsString::from("run"));
         assert_eq!(status_dir(rel, 7), Path::new("/dev/shm/gpuguard-7"));
@@ -261,13 +264,19 @@ mod tests {
     fn written_private_read_back_and_stale_ones_removed() {
         let dir = temp_dir("rw");
         ensure_dir(&dir).unwrap();
-        assert_eq!(std::fs::metadata(&dir).unwrap().permissions().mode() & 0o777, 0o700);
+        assert_eq!(
+            std::fs::metadata(&dir).unwrap().permissions().mode() & 0o777,
+            0o700
+        );
         let me = std::process::id();
         let ticks = process_start_ticks(Path::new("/proc"), me).unwrap();
         let live = status(me, ticks);
         let p = write_status(&dir, &live).unwrap();
         assert_eq!(p, dir.join(format!("{me}.json")));
-        assert_eq!(std::fs::metadata(&p).unwrap().permissions().mode() & 0o777, 0o600);
+        assert_eq!(
+            std::fs::metadata(&p).unwrap().permissions().mode() & 0o777,
+            0o600
+        );
         // A reused pid (same pid, other start time) and a pid that cannot be running.
         let reused_dir = temp_dir("rw-reused");
         ensure_dir(&reused_dir).unwrap();
@@ -281,7 +290,10 @@ mod tests {
         assert_eq!(read_all(&dir).unwrap(), vec![live]);
         assert!(!dir.join(format!("{dead}.json")).exists());
         assert!(!dir.join(format!(".{dead}.json.tmp")).exists());
-        assert!(dir.join("notes.txt").exists(), "only status files are touched");
+        assert!(
+            dir.join("notes.txt").exists(),
+            "only status files are touched"
+        );
         assert!(read_all(&reused_dir).unwrap().is_empty());
         assert!(!reused_dir.join(format!("{me}.json")).exists());
 

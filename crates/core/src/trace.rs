@@ -385,7 +385,10 @@ impl TraceWriter {
     /// Doubles the interval and says so in the trace.
     fn thin(&mut self) {
         self.next_thinning_at += self.options.max_bytes / THINNING_STEPS;
-        let doubled = self.interval_us.saturating_mul(2).clamp(1_000, MAX_INTERVAL_US);
+        let doubled = self
+            .interval_us
+            .saturating_mul(2)
+            .clamp(1_000, MAX_INTERVAL_US);
         if doubled == self.interval_us {
             return;
         }
@@ -474,7 +477,11 @@ pub struct Trace {
 impl Trace {
     /// The last timestamp in the trace.
     pub fn end_us(&self) -> u64 {
-        let samples = self.devices.values().filter_map(|s| s.last()).map(|s| s.t_us);
+        let samples = self
+            .devices
+            .values()
+            .filter_map(|s| s.last())
+            .map(|s| s.t_us);
         let instants = self.instants.iter().map(|i| i.t_us);
         samples.chain(instants).max().unwrap_or(0)
     }
@@ -657,10 +664,8 @@ mod tests {
     use super::*;
 
     fn temp_path(name: &str) -> std::path::PathBuf {
-        let dir = std::env::temp_dir().join(format!(
-            "gpuguard-trace-test-{}-{name}",
-            std::process::id()
-        ));
+        let dir =
+            std::env::temp_dir().join(format!("gpuguard-trace-test-{}-{name}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         dir.join("t.json")
@@ -689,7 +694,12 @@ mod tests {
             .unwrap()
             .iter()
             .filter(|e| e["ph"] == "C" && e["name"] == device_track_name(device))
-            .map(|e| (e["ts"].as_u64().unwrap(), e["args"]["live"].as_u64().unwrap()))
+            .map(|e| {
+                (
+                    e["ts"].as_u64().unwrap(),
+                    e["args"]["live"].as_u64().unwrap(),
+                )
+            })
             .collect()
     }
 
@@ -700,7 +710,11 @@ mod tests {
         w.sample(0, 0, 100, 0, Some(1000));
         w.sample(20_000, 0, 300, 50, Some(1000));
         w.sample(20_000, 1, 7, 0, None);
-        w.instant(25_000, event::CAP_REFUSAL, json!({"device": 0, "bytes": 900}));
+        w.instant(
+            25_000,
+            event::CAP_REFUSAL,
+            json!({"device": 0, "bytes": 900}),
+        );
         w.finish(30_000).unwrap();
         let text = std::fs::read_to_string(&path).unwrap();
         let events: Value = serde_json::from_str(&text).expect("strict JSON");
@@ -714,11 +728,20 @@ mod tests {
             .iter()
             .find(|e| e["ph"] == "C" && e["ts"] == 20_000 && e["name"] == "device 0")
             .unwrap();
-        assert_eq!(c["args"], json!({"live": 300, "pool_held": 50, "cap": 1000}));
+        assert_eq!(
+            c["args"],
+            json!({"live": 300, "pool_held": 50, "cap": 1000})
+        );
         let d1 = all.iter().find(|e| e["name"] == "device 1").unwrap();
         assert!(d1["args"].get("cap").is_none(), "uncapped: no cap counter");
-        let refusal = all.iter().find(|e| e["name"] == event::CAP_REFUSAL).unwrap();
-        assert_eq!((refusal["ph"].as_str(), refusal["s"].as_str()), (Some("i"), Some("p")));
+        let refusal = all
+            .iter()
+            .find(|e| e["name"] == event::CAP_REFUSAL)
+            .unwrap();
+        assert_eq!(
+            (refusal["ph"].as_str(), refusal["s"].as_str()),
+            (Some("i"), Some("p"))
+        );
         assert_eq!(refusal["args"]["bytes"], 900);
         assert_eq!(all.last().unwrap()["name"], event::END);
 
@@ -772,7 +795,10 @@ mod tests {
         w.sample(40_000, 0, 30, 0, None);
         w.finish(50_000).unwrap();
         let events: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
-        assert_eq!(counters(&events, 0), vec![(0, 10), (2_000, 900), (10_000, 30)]);
+        assert_eq!(
+            counters(&events, 0),
+            vec![(0, 10), (2_000, 900), (10_000, 30)]
+        );
     }
 
     #[test]
@@ -785,7 +811,10 @@ mod tests {
         w.sample(3_000, 0, 30, 0, None); // pending until finish
         w.finish(4_000).unwrap();
         let events: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
-        assert_eq!(counters(&events, 0), vec![(0, 10), (1_000, 20), (3_000, 30)]);
+        assert_eq!(
+            counters(&events, 0),
+            vec![(0, 10), (1_000, 20), (3_000, 30)]
+        );
     }
 
     #[test]
@@ -825,13 +854,25 @@ mod tests {
     #[test]
     fn reader_refuses_foreign_and_newer_files() {
         let report = r#"{"schema":"gpuguard-report/1","pid":1}"#;
-        assert!(read(report.as_bytes()).unwrap_err().contains("not a gpuguard trace"));
+        assert!(
+            read(report.as_bytes())
+                .unwrap_err()
+                .contains("not a gpuguard trace")
+        );
         let other = "[\n{\"name\":\"x\",\"ph\":\"B\",\"ts\":1,\"pid\":1},\n";
-        assert!(read(other.as_bytes()).unwrap_err().contains("not a gpuguard trace"));
+        assert!(
+            read(other.as_bytes())
+                .unwrap_err()
+                .contains("not a gpuguard trace")
+        );
         let newer = format!(
             "[\n{{\"name\":\"{HEADER_EVENT}\",\"ph\":\"M\",\"pid\":1,\"args\":{{\"schema\":\"gpuguard-trace/9\"}}}},\n"
         );
-        assert!(read(newer.as_bytes()).unwrap_err().contains("gpuguard-trace/9"));
+        assert!(
+            read(newer.as_bytes())
+                .unwrap_err()
+                .contains("gpuguard-trace/9")
+        );
         assert!(read(&b""[..]).unwrap_err().contains("not a gpuguard trace"));
         let garbage = "[\n{\"name\":\"gpuguard_trace\",\"ph\":\"M\",\"args\":{\"schema\":\"gpuguard-trace/1\"}},\n@@@\n{}\n";
         assert!(read(garbage.as_bytes()).unwrap_err().contains("line 3"));

@@ -64,7 +64,7 @@ const TRACE_VAR: &str = "GPUGUARD_TRACE";
 /// How many leaking lines the summary names.
 const SUMMARY_LINES: usize = 5;
 
-/// How often the process tree is looked at for CMD's descendants.
+/// How often the report folder is looked at while CMD runs.
 const POLL: Duration = Duration::from_millis(100);
 
 /// The options' values, checked with the library's own parsers, so a bad value is
@@ -163,15 +163,56 @@ fn parents() -> HashMap<u32, u32> {
     map
 }
 
-/// Adds the descendants of `root` alive now to `family`.
-fn add_descendants(root: u32, family: &mut HashSet<u32>) {
-    let parents = parents();
-    let mut changed = true;
-    while changed {
-        changed = false;
-        for (pid, ppid) in &parents {
-            if (*ppid == root || family.contains(ppid)) && family.insert(*pid) {
-                changed = true;
+/// Tells CMD's processes from others writing reports into the same folder. A
+/// report is only known to be a process's once it is written, when the process may
+/// be gone already; so the processes whose reports appear are looked at as they
+/// appear, and those seen running outside CMD's tree are set aside.
+struct ReportWatch {
+    root: u32,
+    /// CMD and its descendants seen so far.
+    family: HashSet<u32>,
+    /// Processes seen running outside CMD's tree.
+    foreign: HashSet<u32>,
+}
+
+impl ReportWatch {
+    fn new(root: u32) -> ReportWatch {
+        ReportWatch {
+            root,
+            family: HashSet::from([root]),
+            foreign: HashSet::new(),
+        }
+    }
+
+    /// Classifies the writers of reports in `dir` not classified yet.
+    fn look(&mut self, dir: &Path) {
+        let writers: Vec<u32> = std::fs::read_dir(dir)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|e| report_name_parts(e.file_name().to_str()?).map(|(pid, _, _)| pid))
+            .filter(|pid| !self.family.contains(pid) && !self.foreign.contains(pid))
+            .collect();
+        if writers.is_empty() {
+            return;
+        }
+        let parents = parents();
+        self.add_descendants(&parents);
+        for pid in writers {
+            if parents.contains_key(&pid) && !self.family.contains(&pid) {
+                self.foreign.insert(pid);
+            }
+        }
+    }
+
+    fn add_descendants(&mut self, parents: &HashMap<u32, u32>) {
+        let mut changed = true;
+        while changed {
+            changed = false;
+            for (pid, ppid) in parents {
+                if (*ppid == self.root || self.family.contains(ppid)) && self.family.insert(*pid) {
+                    changed = true;
+                }
             }
         }
     }
@@ -223,7 +264,7 @@ pub fn main(args: RunArgs) -> Outcome {
         .map_err(|e| Failure::Input(format!("cannot run {}: {e}", clean(&program.to_string_lossy()))))?;
     let pid = child.id();
     guard_signals(pid);
-    let mut family: HashSet<u32> = HashSet::from([pid]);
+    let mut watch = ReportWatch::new(pid);
     let status = loop {
         match child.try_wait() {
             Ok(Some(status)) => break Some(status),
@@ -233,18 +274,19 @@ pub fn main(args: RunArgs) -> Outcome {
                 break None;
             }
         }
-        add_descendants(pid, &mut family);
+        watch.look(&dir);
         std::thread::sleep(POLL);
     };
     CHILD.store(0, Ordering::Relaxed);
     let code = status.map_or(1, shell_status);
-    let reports = reports_of(&dir, &family, start_ms);
+    let reports = reports_of(&dir, &watch.foreign, start_ms);
     print_err(&summary(&program.to_string_lossy(), pid, code, &dir, &reports));
     Ok(code)
 }
 
-/// The reports in `dir` written since the start by the processes in `family`.
-fn reports_of(dir: &Path, family: &HashSet<u32>, start_ms: u64) -> Vec<(PathBuf, Report)> {
+/// The reports in `dir` written since the start, but for those of processes seen
+/// running outside CMD's tree.
+fn reports_of(dir: &Path, foreign: &HashSet<u32>, start_ms: u64) -> Vec<(PathBuf, Report)> {
     let mut found: Vec<(PathBuf, Report)> = std::fs::read_dir(dir)
         .into_iter()
         .flatten()
@@ -252,7 +294,12 @@ fn reports_of(dir: &Path, family: &HashSet<u32>, start_ms: u64) -> Vec<(PathBuf,
         .filter_map(|e| {
             let name = e.file_name().into_string().ok()?;
             let (pid, _, _) = report_name_parts(&name)?;
-            if !family.contains(&pid) {
+            if foreign.contains(&pid) {
+                return None;
+            }
+            // Reports from before the run are not read at all.
+            let modified = e.metadata().ok()?.modified().ok()?;
+            if unix_ms(modified) < start_ms {
                 return None;
             }
             let report = load(&e.path()).ok()?;

@@ -16,11 +16,20 @@ use std::time::{Duration, Instant};
     default), waits for the trim report it writes and prints what each mechanism gave back.")]
 pub struct TrimArgs {
     /// A process running under gpuguard
-    #[arg(value_name = "PID")]
+    #[arg(value_name = "PID", value_parser = parse_pid)]
     pub pid: u32,
     /// Seconds to wait for the trim report (fractions allowed; 0: look once)
-    #[arg(long, value_name = "SECS", default_value = "30", value_parser = parse_timeout)]
+    #[arg(long, value_name = "SECS", default_value = "30", value_parser = parse_timeout, allow_hyphen_values = true)]
     pub timeout: Duration,
+}
+
+/// A process id: a whole number from 1 to the largest pid_t.
+fn parse_pid(text: &str) -> Result<u32, String> {
+    text.trim()
+        .parse::<u32>()
+        .ok()
+        .filter(|p| (1..=i32::MAX as u32).contains(p))
+        .ok_or_else(|| format!("not a process id: {text:?}"))
 }
 
 /// `--timeout SECS`: whole or fractional seconds, 0 (do not wait past the first
@@ -38,9 +47,6 @@ pub fn parse_timeout(text: &str) -> Result<Duration, String> {
 
 pub fn main(args: TrimArgs) -> Outcome {
     let pid = args.pid;
-    if pid == 0 || pid > i32::MAX as u32 {
-        return Err(Failure::Input(format!("not a process id: {pid}")));
-    }
     let proc_dir = PathBuf::from(format!("/proc/{pid}"));
     let maps = std::fs::read_to_string(proc_dir.join("maps")).map_err(|e| {
         Failure::Input(if e.kind() == std::io::ErrorKind::NotFound {

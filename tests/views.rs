@@ -325,7 +325,8 @@ fn flamegraph_of_a_native_leak_loads_in_a_browser_and_shows_the_leaking_function
         println!("SKIPPED the browser check: no chromium on PATH (apt-get install chromium)");
         return;
     };
-    let dom = assert_page_shows(&browser, &page, "leaky_function");
+    // `>`: in a rendered frame, not in the page's data.
+    let dom = assert_page_shows(&browser, &page, ">leaky_function");
     // The report's live bytes are the root frame's, and the native view is shown (the
     // report has no Python lines).
     let live: u64 = value["sites"]
@@ -358,7 +359,8 @@ fn flamegraph_of_python_lines_shows_the_leaking_line() {
         println!("SKIPPED the browser check: no chromium on PATH (apt-get install chromium)");
         return;
     };
-    let leak_line = format!("trainer.py:{} in &lt;module&gt;", trainer_leak_line());
+    // In the table of innermost frames the page's script fills in.
+    let leak_line = format!("trainer.py:{} in &lt;module&gt;</td>", trainer_leak_line());
     let dom = assert_page_shows(&browser, &page, &leak_line);
     assert!(dom.contains("class=\"on\">Python ("), "{dom}");
     // The screenshot in the README is made from this page.

@@ -248,6 +248,13 @@ h1 { font-size: 17px; margin: 0 0 2px; }
 .frame.match { background: #e040fb !important; color: #fff; }
 #empty { margin: 16px; color: #555; }
 #errors { color: #b00020; margin: 0 16px; }
+#views button { margin-right: 4px; }
+h2 { font-size: 14px; margin: 0 16px 4px; }
+#top { margin: 0 16px 24px; border-collapse: collapse; font: 12px/1.5 ui-monospace, monospace; }
+#top td, #top th { padding: 1px 10px 1px 0; text-align: right; vertical-align: top; }
+#top td:last-child, #top th:last-child { text-align: left; word-break: break-all; }
+#top tbody tr { cursor: pointer; }
+#top tbody tr:hover { background: #eee; }
 </style>
 </head>
 <body>
@@ -274,6 +281,8 @@ window.addEventListener('error', function (e) {
 <div id="errors"></div>
 <div id="chart"></div>
 <div id="empty" hidden>No live allocations in this view.</div>
+<h2>Innermost frames holding the most</h2>
+<table id="top"><thead><tr><th>live</th><th>share</th><th>allocations</th><th>frame</th></tr></thead><tbody></tbody></table>
 <script type="application/json" id="gg-data">"#;
 
 const PAGE_TAIL: &str = r#"</script>
@@ -323,6 +332,17 @@ const PAGE_TAIL: &str = r#"</script>
     return function (s) { return s.toLowerCase().indexOf(needle) >= 0; };
   }
 
+  // A frame's label: a Python line as `function (file.py:line)`, the file without its
+  // folder (the full frame shows on hover), then the bytes.
+  function label(node) {
+    var text = node.n;
+    var py = /^(?:python: )?(.*?):(\d+) in (.*)$/.exec(text);
+    if (node.k === 'py' && py) {
+      text = py[3] + ' (' + py[1].replace(/^.*\//, '') + ':' + py[2] + ')';
+    }
+    return text + '  ' + human(node.b);
+  }
+
   function describe(node, total) {
     var pct = total > 0 ? (100 * node.b / total).toFixed(1) : '0.0';
     return node.n + '\n' + human(node.b) + ' (' + pct + '%), ' +
@@ -337,7 +357,7 @@ const PAGE_TAIL: &str = r#"</script>
     el.style.width = (100 * w) + '%';
     el.style.top = (depth * ROW) + 'px';
     if (node.k === 'py' || node.k === 'native') el.style.background = colour(node);
-    el.textContent = node.n;
+    el.textContent = label(node);
     el.addEventListener('mouseenter', function () { info.textContent = describe(node, total); });
     el.addEventListener('click', function () {
       state.zoom = node.p === null ? null : node;
@@ -370,6 +390,39 @@ const PAGE_TAIL: &str = r#"</script>
     return sum;
   }
 
+  // The innermost frames (where the allocations were made), most bytes first; a click
+  // searches for the frame.
+  function topTable(root) {
+    var leaves = {};
+    (function walk(node) {
+      if (node.ch.length === 0 && node.k !== 'root') {
+        var e = leaves[node.n] || (leaves[node.n] = { n: node.n, b: 0, c: 0 });
+        e.b += node.b; e.c += node.c;
+      }
+      node.ch.forEach(walk);
+    })(root);
+    var rows = Object.keys(leaves).map(function (k) { return leaves[k]; })
+      .sort(function (a, b) { return b.b - a.b; }).slice(0, 15);
+    var body = document.querySelector('#top tbody');
+    body.textContent = '';
+    rows.forEach(function (r) {
+      var tr = document.createElement('tr');
+      [human(r.b), (root.b > 0 ? (100 * r.b / root.b).toFixed(1) : '0.0') + '%', String(r.c), r.n]
+        .forEach(function (text) {
+          var td = document.createElement('td');
+          td.textContent = text;
+          tr.appendChild(td);
+        });
+      tr.addEventListener('click', function () {
+        var box = document.getElementById('search');
+        box.value = r.n;
+        state.match = matcher(r.n);
+        render();
+      });
+      body.appendChild(tr);
+    });
+  }
+
   function render() {
     var view = data.views[state.view];
     var root = view.root;
@@ -390,6 +443,7 @@ const PAGE_TAIL: &str = r#"</script>
     } else {
       matched.textContent = '';
     }
+    topTable(root);
     var buttons = document.querySelectorAll('#views button');
     for (var i = 0; i < buttons.length; i++) buttons[i].className = i === state.view ? 'on' : '';
     document.body.setAttribute('data-rendered', 'yes');

@@ -235,7 +235,8 @@ fn device_lines(
         svg,
         r#"<path class="live" data-device="{device}" d="{live}" fill="none" stroke="{colour}" stroke-width="1.8"><title>device {device}: live bytes</title></path>"#
     );
-    if samples.iter().any(|s| s.pool_held > 0) {
+    let pools_hold = samples.iter().any(|s| s.pool_held > 0);
+    if pools_hold {
         let held = step_path(frame, &points, |s| Some(s.live + s.pool_held), end_x);
         let _ = writeln!(
             svg,
@@ -277,6 +278,13 @@ fn device_lines(
         format!("device {device} live"),
         &format!(r#"stroke="{colour}" stroke-width="2""#),
     );
+    if pools_hold {
+        line(
+            svg,
+            "live + held by pools".into(),
+            &format!(r#"stroke="{colour}" stroke-dasharray="5 3""#),
+        );
+    }
     line(
         svg,
         format!("peak {}", human_bytes(peak)),

@@ -42,11 +42,6 @@ enum Command {
     Lib,
 }
 
-
-
-
-
-
 /// clap's help and version go to stdout, its usage errors to stderr; both through
 /// the checked writers, so a closed pipe ends the command quietly.
 fn clap_exit(e: clap::Error) -> ExitCode {

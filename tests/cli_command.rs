@@ -112,9 +112,17 @@ fn every_subcommand_has_help() {
 fn help_documents_the_exit_codes() {
     let r = gpuguard(&["--help"]);
     assert_eq!(r.code, Some(0), "{}", r.describe());
-    let at = r.stdout.find("Exit status").expect("an exit status section");
+    let at = r
+        .stdout
+        .find("Exit status")
+        .expect("an exit status section");
     let section = &r.stdout[at..];
-    for line in ["0    success", "1    a check failed", "2    wrong usage", "128+N"] {
+    for line in [
+        "0    success",
+        "1    a check failed",
+        "2    wrong usage",
+        "128+N",
+    ] {
         assert!(section.contains(line), "{line}\n{section}");
     }
 }
@@ -131,7 +139,10 @@ fn unknown_words_are_named() {
 
 /// A process not under gpuguard, to point `trim` at.
 fn bystander() -> std::process::Child {
-    Command::new("sleep").arg("30").spawn().expect("spawn sleep")
+    Command::new("sleep")
+        .arg("30")
+        .spawn()
+        .expect("spawn sleep")
 }
 
 #[test]
@@ -240,7 +251,11 @@ fn run_sets_the_trace_variable_and_keeps_ld_preload() {
     );
     assert_eq!(r.code, Some(0), "{}", r.describe());
     assert!(r.stdout.contains("trace=/tmp/t.json"), "{}", r.describe());
-    let want = format!("preload={}:{}", s(&stand_in.canonicalize().unwrap()), s(&other));
+    let want = format!(
+        "preload={}:{}",
+        s(&stand_in.canonicalize().unwrap()),
+        s(&other)
+    );
     assert!(r.stdout.contains(&want), "{want}\n{}", r.describe());
     // The command's own variable is not passed on to the library.
     assert!(r.stdout.contains("lib=unset"), "{}", r.describe());
@@ -273,20 +288,33 @@ fn run_summarises_the_reports_of_the_command_and_its_children() {
         "{summary}"
     );
     assert!(summary.contains("leaky_function"), "{summary}");
-    assert!(!summary.contains("6.0 MiB"), "the planted report counted\n{summary}");
+    assert!(
+        !summary.contains("6.0 MiB"),
+        "the planted report counted\n{summary}"
+    );
 }
 
 #[test]
 fn run_summary_tells_caps_hit() {
     let gg_cap = sim_dir().join("gg_cap");
     let (r, _) = guarded(
-        &["--cap", "0:16MiB", "--", s(&gg_cap), "deny_loop", "3", "0", "rt"],
+        &[
+            "--cap",
+            "0:16MiB",
+            "--",
+            s(&gg_cap),
+            "deny_loop",
+            "3",
+            "0",
+            "rt",
+        ],
         &[],
     );
     assert_eq!(r.code, Some(0), "{}", r.describe());
     let summary = &r.stderr[r.stderr.find("gpuguard run:").expect("a summary")..];
     assert!(
-        summary.contains("caps hit: pid") && summary.contains("3 allocations refused by its 16.0 MiB cap"),
+        summary.contains("caps hit: pid")
+            && summary.contains("3 allocations refused by its 16.0 MiB cap"),
         "{summary}"
     );
 }
@@ -316,9 +344,7 @@ fn lib_prints_the_library_beside_the_command() {
 fn output_of(c: &mut Command) -> Output {
     for _ in 0..100 {
         match c.output() {
-            Err(e) if e.raw_os_error() == Some(26) => {
-                std::thread::sleep(Duration::from_millis(20))
-            }
+            Err(e) if e.raw_os_error() == Some(26) => std::thread::sleep(Duration::from_millis(20)),
             other => return other.expect("run the copied command"),
         }
     }
@@ -332,14 +358,22 @@ fn an_installed_layout_finds_lib_and_a_lone_copy_says_where_it_looked() {
     std::fs::create_dir_all(prefix.join("bin")).unwrap();
     let exe = prefix.join("bin/gpuguard");
     std::fs::copy(cli(), &exe).unwrap();
-    let lone = done(output_of(Command::new(&exe).arg("lib").env_remove("GPUGUARD_LIB")));
+    let lone = done(output_of(
+        Command::new(&exe).arg("lib").env_remove("GPUGUARD_LIB"),
+    ));
     assert_eq!(lone.code, Some(2), "{}", lone.describe());
-    for place in ["GPUGUARD_LIB", "bin/libgpuguard.so", "bin/../lib/libgpuguard.so"] {
+    for place in [
+        "GPUGUARD_LIB",
+        "bin/libgpuguard.so",
+        "bin/../lib/libgpuguard.so",
+    ] {
         assert!(lone.stderr.contains(place), "{place}\n{}", lone.describe());
     }
     std::fs::create_dir_all(prefix.join("lib")).unwrap();
     std::fs::copy(&lib, prefix.join("lib/libgpuguard.so")).unwrap();
-    let found = done(output_of(Command::new(&exe).arg("lib").env_remove("GPUGUARD_LIB")));
+    let found = done(output_of(
+        Command::new(&exe).arg("lib").env_remove("GPUGUARD_LIB"),
+    ));
     assert_eq!(found.code, Some(0), "{}", found.describe());
     let want = prefix.join("lib/libgpuguard.so").canonicalize().unwrap();
     assert_eq!(found.stdout.trim_end(), s(&want));
@@ -350,7 +384,11 @@ fn an_installed_layout_finds_lib_and_a_lone_copy_says_where_it_looked() {
             .env("GPUGUARD_LIB", "/nonexistent/libgpuguard.so"),
     ));
     assert_eq!(named.code, Some(2), "{}", named.describe());
-    assert!(named.stderr.contains("/nonexistent/libgpuguard.so"), "{}", named.describe());
+    assert!(
+        named.stderr.contains("/nonexistent/libgpuguard.so"),
+        "{}",
+        named.describe()
+    );
 }
 
 // ---------------------------------------------------------------------------
@@ -370,7 +408,10 @@ fn show_answers_first_with_plurals() {
     assert!(out.contains("1 allocation still live at exit"), "{out}");
     assert!(!out.contains("1 allocations"), "{out}");
     // Start-up frames are not shown.
-    assert!(!out.contains("__libc_start_main") && !out.contains("_start+"), "{out}");
+    assert!(
+        !out.contains("__libc_start_main") && !out.contains("_start+"),
+        "{out}"
+    );
 }
 
 #[test]
@@ -378,8 +419,16 @@ fn show_leaks_top_and_json() {
     let (path, rep) = leak_report("3");
     let leaks = gpuguard(&["show", "--leaks", s(&path)]);
     assert_eq!(leaks.code, Some(0), "{}", leaks.describe());
-    assert!(leaks.stdout.contains("leaky_function"), "{}", leaks.describe());
-    assert!(!leaks.stdout.contains("allocs"), "no device table\n{}", leaks.describe());
+    assert!(
+        leaks.stdout.contains("leaky_function"),
+        "{}",
+        leaks.describe()
+    );
+    assert!(
+        !leaks.stdout.contains("allocs"),
+        "no device table\n{}",
+        leaks.describe()
+    );
     assert!(!leaks.stdout.contains("details of"), "{}", leaks.describe());
 
     let top = gpuguard(&["show", s(&path), "--top", "1"]);
@@ -397,7 +446,10 @@ fn show_leaks_top_and_json() {
     let shown = &v["reports"][0];
     assert_eq!(shown["pid"], rep["pid"]);
     assert_eq!(shown["live_allocations"], 3);
-    assert_eq!(shown["devices"][0]["live_bytes"], rep["devices"][0]["current_bytes"]);
+    assert_eq!(
+        shown["devices"][0]["live_bytes"],
+        rep["devices"][0]["current_bytes"]
+    );
     let first = shown["top_sites"][0]["frames"][0].as_str().unwrap();
     assert!(first.starts_with("leaky_function"), "{first}");
 }
@@ -423,11 +475,20 @@ fn show_demangles_frames_and_writes_sizes_for_people() {
     let p = write_report(&dir, "r.json", &rep);
     let r = gpuguard(&["show", s(&p)]);
     assert_eq!(r.code, Some(0), "{}", r.describe());
-    assert!(r.stdout.contains("cudarc::driver::result::malloc_async+0x29"), "{}", r.stdout);
+    assert!(
+        r.stdout
+            .contains("cudarc::driver::result::malloc_async+0x29"),
+        "{}",
+        r.stdout
+    );
     assert!(r.stdout.contains("foo::bar(int)+0x10"), "{}", r.stdout);
     assert!(r.stdout.contains("main+0x1d"), "{}", r.stdout);
     assert!(!r.stdout.contains("libc.so.6"), "{}", r.stdout);
-    assert!(r.stdout.contains("reserved 64.0 MiB -> 4.0 MiB"), "{}", r.stdout);
+    assert!(
+        r.stdout.contains("reserved 64.0 MiB -> 4.0 MiB"),
+        "{}",
+        r.stdout
+    );
     assert!(!r.stdout.contains("67108864"), "{}", r.stdout);
     assert!(r.stdout.contains("(signal, 1 request)"), "{}", r.stdout);
 }
@@ -464,15 +525,25 @@ fn diff_shows_growth_shrinkage_and_totals() {
     assert!(out.contains("1 call site whose live bytes grew"), "{out}");
     assert!(out.contains("+2.0 MiB"), "{out}");
     assert!(out.contains("1 call site whose live bytes shrank"), "{out}");
-    assert!(out.contains("-4.0 KiB") && out.contains("released_later"), "{out}");
-    let total = out.lines().find(|l| l.trim_start().starts_with("total")).expect("a total line");
+    assert!(
+        out.contains("-4.0 KiB") && out.contains("released_later"),
+        "{out}"
+    );
+    let total = out
+        .lines()
+        .find(|l| l.trim_start().starts_with("total"))
+        .expect("a total line");
     assert!(total.contains("1.0 MiB -> 3.0 MiB (+2.0 MiB)"), "{total}");
     assert!(!out.contains("warning"), "same program\n{out}");
 
     // --fail-on-growth: over the limit, status 1 with a word on stderr.
     let fail = gpuguard(&["diff", s(&pa), s(&pb), "--fail-on-growth", "1MiB"]);
     assert_eq!(fail.code, Some(1), "{}", fail.describe());
-    assert!(fail.stderr.contains("--fail-on-growth"), "{}", fail.describe());
+    assert!(
+        fail.stderr.contains("--fail-on-growth"),
+        "{}",
+        fail.describe()
+    );
     let pass = gpuguard(&["diff", "--fail-on-growth", "3MiB", s(&pa), s(&pb)]);
     assert_eq!(pass.code, Some(0), "{}", pass.describe());
     let bad = gpuguard(&["diff", s(&pa), s(&pb), "--fail-on-growth", "lots"]);
@@ -492,7 +563,12 @@ fn diff_warns_about_different_programs() {
     let (pb, _) = leak_report("3");
     let r = gpuguard(&["diff", s(&pa), s(&pb)]);
     assert_eq!(r.code, Some(0), "{}", r.describe());
-    assert!(r.stdout.contains("warning: A and B come from different programs"), "{}", r.stdout);
+    assert!(
+        r.stdout
+            .contains("warning: A and B come from different programs"),
+        "{}",
+        r.stdout
+    );
 }
 
 // ---------------------------------------------------------------------------
@@ -516,7 +592,11 @@ fn refused_quickly(path: &str, why: &str) {
     }
     let r = done(child.wait_with_output().unwrap());
     assert_eq!(r.code, Some(2), "{path}\n{}", r.describe());
-    assert!(r.stderr.contains(path) && r.stderr.contains(why), "{path}\n{}", r.describe());
+    assert!(
+        r.stderr.contains(path) && r.stderr.contains(why),
+        "{path}\n{}",
+        r.describe()
+    );
 }
 
 #[test]
@@ -531,14 +611,21 @@ fn show_refuses_devices_fifos_and_huge_files_at_once() {
     refused_quickly(s(&dir), "a directory");
     // Sparse: no disk used.
     let huge = dir.join("huge.json");
-    std::fs::File::create(&huge).unwrap().set_len((1 << 30) + 1).unwrap();
+    std::fs::File::create(&huge)
+        .unwrap()
+        .set_len((1 << 30) + 1)
+        .unwrap();
     refused_quickly(s(&huge), "larger than 1024 MiB");
 }
 
 #[test]
 fn closed_pipes_and_full_disks_end_with_a_status() {
     let (path, _) = leak_report("3");
-    for args in [vec!["show", s(&path)], vec!["--help"], vec!["show", "--help"]] {
+    for args in [
+        vec!["show", s(&path)],
+        vec!["--help"],
+        vec!["show", "--help"],
+    ] {
         // A pipe whose reader is gone before anything is written.
         let (reader, writer) = std::io::pipe().unwrap();
         drop(reader);
@@ -546,10 +633,17 @@ fn closed_pipes_and_full_disks_end_with_a_status() {
         assert_eq!(r.code, Some(141), "{args:?}\n{}", r.describe());
         assert!(!r.stderr.contains("panicked"), "{args:?}\n{}", r.describe());
 
-        let full = std::fs::OpenOptions::new().write(true).open("/dev/full").unwrap();
+        let full = std::fs::OpenOptions::new()
+            .write(true)
+            .open("/dev/full")
+            .unwrap();
         let r = done(command(&args).stdout(full).output().unwrap());
         assert_eq!(r.code, Some(2), "{args:?}\n{}", r.describe());
-        assert!(r.stderr.contains("No space left"), "{args:?}\n{}", r.describe());
+        assert!(
+            r.stderr.contains("No space left"),
+            "{args:?}\n{}",
+            r.describe()
+        );
     }
 }
 
@@ -561,7 +655,11 @@ fn sums_from_reports_do_not_wrap() {
     omitted["live_omitted"] = u64::MAX.into();
     let p = write_report(&dir, "omitted.json", &omitted);
     let r = gpuguard(&["show", s(&p)]);
-    assert!(r.stdout.contains("18446744073709551615 allocations"), "{}", r.describe());
+    assert!(
+        r.stdout.contains("18446744073709551615 allocations"),
+        "{}",
+        r.describe()
+    );
 
     // Two sites with the same frames of 2^63 bytes each, on two devices of 2^63.
     let mut b = rep.clone();
@@ -576,7 +674,11 @@ fn sums_from_reports_do_not_wrap() {
     let pa = write_report(&dir, "a.json", &rep);
     let pb = write_report(&dir, "b.json", &b);
     let r = gpuguard(&["diff", s(&pa), s(&pb), "--fail-on-growth", "1GiB"]);
-    assert!(!r.stdout.contains("no call site's live bytes grew"), "{}", r.describe());
+    assert!(
+        !r.stdout.contains("no call site's live bytes grew"),
+        "{}",
+        r.describe()
+    );
     assert_eq!(r.code, Some(1), "{}", r.describe());
 }
 
@@ -597,6 +699,10 @@ fn control_characters_from_reports_are_escaped() {
             "{args:?}: raw control characters\n{}",
             r.describe()
         );
-        assert!(r.stdout.contains("evil\\x1b[2J"), "{args:?}\n{}", r.describe());
+        assert!(
+            r.stdout.contains("evil\\x1b[2J"),
+            "{args:?}\n{}",
+            r.describe()
+        );
     }
 }

@@ -296,7 +296,11 @@ fn diff_lists_grown_sites_first() {
     let back = gpuguard(&["diff", s(&pb), s(&pa)]);
     succeeded(&back);
     let shrank = back.stdout.find("shrank from A to B").expect(&back.stdout);
-    assert!(!back.stdout[..shrank].contains("leaky_function"), "{}", back.stdout);
+    assert!(
+        !back.stdout[..shrank].contains("leaky_function"),
+        "{}",
+        back.stdout
+    );
     let shrunk_site = &back.stdout[shrank..];
     let leaky = shrunk_site.find("leaky_function").expect(&back.stdout);
     assert!(shrunk_site[..leaky].contains("-5.0 MiB"), "{}", back.stdout);
@@ -371,6 +375,10 @@ fn diff_refuses_bad_files_and_arguments() {
     ] {
         let r = gpuguard(&args);
         assert_eq!(r.status.code(), Some(2), "{args:?}\n{}", r.describe());
-        assert!(r.stderr.to_lowercase().contains("usage"), "{}", r.describe());
+        assert!(
+            r.stderr.to_lowercase().contains("usage"),
+            "{}",
+            r.describe()
+        );
     }
 }

@@ -111,7 +111,12 @@ fn different_programs(a: &Report, b: &Report) -> bool {
 }
 
 fn device_changes(a: &Report, b: &Report) -> (Vec<DeviceChange>, DeviceChange) {
-    let devices: BTreeSet<i32> = a.devices.iter().chain(&b.devices).map(|d| d.device).collect();
+    let devices: BTreeSet<i32> = a
+        .devices
+        .iter()
+        .chain(&b.devices)
+        .map(|d| d.device)
+        .collect();
     let changes: Vec<DeviceChange> = devices
         .into_iter()
         .map(|d| DeviceChange {
@@ -185,7 +190,11 @@ fn render_sites(out: &mut String, sites: &[SiteTrend], grew: bool, top: usize) {
         }
     }
     if sites.len() > top {
-        put!(out, "    ... {}", count((sites.len() - top) as u64, "more call site"));
+        put!(
+            out,
+            "    ... {}",
+            count((sites.len() - top) as u64, "more call site")
+        );
     }
 }
 
@@ -222,8 +231,16 @@ pub fn main(args: DiffArgs) -> Outcome {
             total,
             live_growth_bytes: growth,
             fail_on_growth_bytes: args.fail_on_growth,
-            grew: grown.iter().take(args.top as usize).map(|t| JsonGrowth::new(t, t.grew())).collect(),
-            shrank: shrunk.iter().take(args.top as usize).map(|t| JsonGrowth::new(t, t.shrank())).collect(),
+            grew: grown
+                .iter()
+                .take(args.top as usize)
+                .map(|t| JsonGrowth::new(t, t.grew()))
+                .collect(),
+            shrank: shrunk
+                .iter()
+                .take(args.top as usize)
+                .map(|t| JsonGrowth::new(t, t.shrank()))
+                .collect(),
         };
         let mut t = serde_json::to_string_pretty(&summary)
             .map_err(|e| Failure::Input(format!("cannot encode the diff: {e}")))?;
@@ -243,12 +260,20 @@ pub fn main(args: DiffArgs) -> Outcome {
             );
         }
         put!(out);
-        put!(out, "  {:<7} {:<38} {:<38} {}", "device", "live A -> B", "peak A -> B", "live allocations A -> B");
+        put!(
+            out,
+            "  {:<7} {:<38} {:<38} {}",
+            "device",
+            "live A -> B",
+            "peak A -> B",
+            "live allocations A -> B"
+        );
         for c in devices.iter().chain([&total]) {
             put!(
                 out,
                 "  {:<7} {:<38} {:<38} {}",
-                c.device.map_or_else(|| "total".to_string(), |d| d.to_string()),
+                c.device
+                    .map_or_else(|| "total".to_string(), |d| d.to_string()),
                 bytes_change(c.a.live_bytes, c.b.live_bytes),
                 bytes_change(c.a.peak_bytes, c.b.peak_bytes),
                 count_change(c.a.live_count, c.b.live_count)
@@ -260,13 +285,11 @@ pub fn main(args: DiffArgs) -> Outcome {
     };
     print(&text)?;
     match args.fail_on_growth {
-        Some(limit) if growth > limit => {
-            Err(Failure::Check(format!(
-                "live memory grew by {} from A to B, more than --fail-on-growth {}",
-                human_bytes(growth),
-                human_bytes(limit)
-            )))
-        }
+        Some(limit) if growth > limit => Err(Failure::Check(format!(
+            "live memory grew by {} from A to B, more than --fail-on-growth {}",
+            human_bytes(growth),
+            human_bytes(limit)
+        ))),
         _ => Ok(0),
     }
 }

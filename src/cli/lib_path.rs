@@ -3,9 +3,9 @@
 //! `PREFIX/bin/gpuguard`, `PREFIX/lib/libgpuguard.so`).
 
 use super::Failure;
+use super::Outcome;
 use super::load::shown;
 use super::output::print;
-use super::Outcome;
 use std::path::PathBuf;
 
 /// The variable that names the library when it lives elsewhere.

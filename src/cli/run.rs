@@ -20,11 +20,13 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// `gpuguard run` options.
 #[derive(clap::Args)]
-#[command(after_help = "Each option sets the GPUGUARD_ variable named in its help; \
+#[command(
+    after_help = "Each option sets the GPUGUARD_ variable named in its help; \
     values are checked before COMMAND starts. The library is looked for at \
     $GPUGUARD_LIB, beside this executable, then in ../lib. When COMMAND ends, a \
     summary of the reports its processes wrote goes to stderr, and gpuguard exits \
-    with COMMAND's status (128+N when signal N ended it).")]
+    with COMMAND's status (128+N when signal N ended it)."
+)]
 pub struct RunArgs {
     /// GPUGUARD_CAP: a cap per device: 20GiB, 0.5 (of each device), 0:20GiB,1:0.25
     #[arg(long, value_name = "SIZE")]
@@ -45,7 +47,12 @@ pub struct RunArgs {
     #[arg(long, value_name = "FILE")]
     pub trace: Option<PathBuf>,
     /// The command and its arguments (after `--` when they start with a dash)
-    #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true, value_name = "COMMAND")]
+    #[arg(
+        required = true,
+        trailing_var_arg = true,
+        allow_hyphen_values = true,
+        value_name = "COMMAND"
+    )]
     pub command: Vec<OsString>,
 }
 
@@ -146,7 +153,11 @@ fn guard_signals(child: u32) {
 fn parents() -> HashMap<u32, u32> {
     let mut map = HashMap::new();
     for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
-        let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
             continue;
         };
         let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
@@ -236,7 +247,9 @@ fn shell_status(status: std::process::ExitStatus) -> u8 {
 pub fn main(args: RunArgs) -> Outcome {
     let vars = checked_vars(&args)?;
     let Some((program, rest)) = args.command.split_first() else {
-        return Err(Failure::Input("run needs a command: gpuguard run [OPTIONS] -- COMMAND...".into()));
+        return Err(Failure::Input(
+            "run needs a command: gpuguard run [OPTIONS] -- COMMAND...".into(),
+        ));
     };
     let lib = find()?;
     let mut preload = lib.into_os_string();
@@ -261,7 +274,12 @@ pub fn main(args: RunArgs) -> Outcome {
         .env_remove(LIB_VAR)
         .envs(vars)
         .spawn()
-        .map_err(|e| Failure::Input(format!("cannot run {}: {e}", clean(&program.to_string_lossy()))))?;
+        .map_err(|e| {
+            Failure::Input(format!(
+                "cannot run {}: {e}",
+                clean(&program.to_string_lossy())
+            ))
+        })?;
     let pid = child.id();
     guard_signals(pid);
     let mut watch = ReportWatch::new(pid);
@@ -270,7 +288,10 @@ pub fn main(args: RunArgs) -> Outcome {
             Ok(Some(status)) => break Some(status),
             Ok(None) => {}
             Err(e) => {
-                warn(&format!("cannot wait for {}: {e}", clean(&program.to_string_lossy())));
+                warn(&format!(
+                    "cannot wait for {}: {e}",
+                    clean(&program.to_string_lossy())
+                ));
                 break None;
             }
         }
@@ -280,7 +301,13 @@ pub fn main(args: RunArgs) -> Outcome {
     CHILD.store(0, Ordering::Relaxed);
     let code = status.map_or(1, shell_status);
     let reports = reports_of(&dir, &watch.foreign, start_ms);
-    print_err(&summary(&program.to_string_lossy(), pid, code, &dir, &reports));
+    print_err(&summary(
+        &program.to_string_lossy(),
+        pid,
+        code,
+        &dir,
+        &reports,
+    ));
     Ok(code)
 }
 
@@ -353,7 +380,12 @@ fn summary(program: &str, pid: u32, code: u8, dir: &Path, reports: &[(PathBuf, R
             );
         }
         if r.devices.is_empty() {
-            put!(out, "  {} (pid {}): no device memory used", clean(&r.program), r.pid);
+            put!(
+                out,
+                "  {} (pid {}): no device memory used",
+                clean(&r.program),
+                r.pid
+            );
         }
     }
     render_leaking_lines(&mut out, &latest);
@@ -402,7 +434,11 @@ fn summary(program: &str, pid: u32, code: u8, dir: &Path, reports: &[(PathBuf, R
             human_bytes(released)
         );
     }
-    put!(out, "  details: gpuguard show {}/gpuguard.*.json", shown(dir));
+    put!(
+        out,
+        "  details: gpuguard show {}/gpuguard.*.json",
+        shown(dir)
+    );
     out
 }
 
@@ -418,18 +454,33 @@ fn render_leaking_lines(out: &mut String, latest: &BTreeMap<u32, &Report>) {
             }
         } else {
             for s in &r.sites {
-                lines.push((s.live_bytes, count(s.live_count, "allocation"), frames(&s.frames)));
+                lines.push((
+                    s.live_bytes,
+                    count(s.live_count, "allocation"),
+                    frames(&s.frames),
+                ));
             }
         }
     }
     if lines.is_empty() {
         return;
     }
-    lines.sort_by(|a, b| b.0.cmp(&a.0));
-    let live: u64 = latest.values().fold(0, |acc, r| acc.saturating_add(live_allocations(r)));
-    put!(out, "  top lines holding live memory ({} in all):", count(live, "allocation"));
+    lines.sort_by_key(|line| std::cmp::Reverse(line.0));
+    let live: u64 = latest
+        .values()
+        .fold(0, |acc, r| acc.saturating_add(live_allocations(r)));
+    put!(
+        out,
+        "  top lines holding live memory ({} in all):",
+        count(live, "allocation")
+    );
     for (bytes, what, site_frames) in lines.iter().take(SUMMARY_LINES) {
         let place: Vec<&str> = site_frames.iter().take(2).map(String::as_str).collect();
-        put!(out, "    {:>11} in {what}: {}", human_bytes(*bytes), place.join(" <- "));
+        put!(
+            out,
+            "    {:>11} in {what}: {}",
+            human_bytes(*bytes),
+            place.join(" <- ")
+        );
     }
 }

@@ -159,7 +159,11 @@ fn render_site(out: &mut String, label: &str, bytes: u64, what: &str, site_frame
         put!(out, "        {f}");
     }
     if shown.len() > FRAMES_SHOWN {
-        put!(out, "        ... {}", count((shown.len() - FRAMES_SHOWN) as u64, "more frame"));
+        put!(
+            out,
+            "        ... {}",
+            count((shown.len() - FRAMES_SHOWN) as u64, "more frame")
+        );
     }
 }
 
@@ -174,13 +178,26 @@ fn render_top_sites(out: &mut String, r: &Report, top: usize) {
     put!(out);
     put!(out, "  {} {what}", count(live_allocations(r), "allocation"));
     if !r.python_sites.is_empty() {
-        put!(out, "  Python lines holding framework memory in use, most first:");
+        put!(
+            out,
+            "  Python lines holding framework memory in use, most first:"
+        );
         for s in r.python_sites.iter().take(top) {
             let blocks = format!("{} ({})", count(s.live_count, "block"), clean(&s.framework));
-            render_site(out, &format!("py site {}", s.id), s.live_bytes, &blocks, &s.frames);
+            render_site(
+                out,
+                &format!("py site {}", s.id),
+                s.live_bytes,
+                &blocks,
+                &s.frames,
+            );
         }
         if r.python_sites.len() > top {
-            put!(out, "    ... {}", count((r.python_sites.len() - top) as u64, "more Python site"));
+            put!(
+                out,
+                "    ... {}",
+                count((r.python_sites.len() - top) as u64, "more Python site")
+            );
         }
     } else if !r.sites.is_empty() {
         put!(out, "  call sites holding the most live bytes:");
@@ -194,13 +211,19 @@ fn render_native_sites(out: &mut String, r: &Report, top: usize) {
         render_site(out, &format!("site {}", s.id), s.live_bytes, &n, &s.frames);
     }
     if r.sites.len() > top {
-        put!(out, "    ... {}", count((r.sites.len() - top) as u64, "more call site"));
+        put!(
+            out,
+            "    ... {}",
+            count((r.sites.len() - top) as u64, "more call site")
+        );
     }
 }
 
 /// The reports of each process (host and pid) with 2 or more of them, by `seq`.
 fn processes<'a>(reports: &[&'a Report]) -> Vec<Vec<&'a Report>> {
-    let mut groups: Vec<((Option<&str>, u32), Vec<&Report>)> = Vec::new();
+    // A process is its host and pid.
+    type Process<'r> = (Option<&'r str>, u32);
+    let mut groups: Vec<(Process, Vec<&Report>)> = Vec::new();
     for r in reports {
         let key = (r.host.as_deref(), r.pid);
         match groups.iter_mut().find(|(k, _)| *k == key) {
@@ -223,7 +246,12 @@ pub fn render_trend(out: &mut String, t: &SiteTrend, labels: &[String], sign: ch
     put!(out, "    {sign}{}", human_bytes(amount));
     let unit = if t.is_python() { "block" } else { "allocation" };
     for (label, live) in labels.iter().zip(&t.live) {
-        put!(out, "      {label:<10} {:>11} in {}", human_bytes(live.bytes), count(live.count, unit));
+        put!(
+            out,
+            "      {label:<10} {:>11} in {}",
+            human_bytes(live.bytes),
+            count(live.count, unit)
+        );
     }
     if let Some(fw) = &t.key.python {
         put!(out, "        [{} blocks, Python]", clean(fw));
@@ -233,7 +261,11 @@ pub fn render_trend(out: &mut String, t: &SiteTrend, labels: &[String], sign: ch
         put!(out, "        {f}");
     }
     if shown.len() > FRAMES_SHOWN {
-        put!(out, "        ... {}", count((shown.len() - FRAMES_SHOWN) as u64, "more frame"));
+        put!(
+            out,
+            "        ... {}",
+            count((shown.len() - FRAMES_SHOWN) as u64, "more frame")
+        );
     }
 }
 
@@ -253,12 +285,19 @@ fn render_suspected(out: &mut String, reports: &[&Report], top: usize) {
             put!(out, "  none: no call site's live bytes only grew");
             continue;
         }
-        put!(out, "  call sites whose live bytes only grew, Python lines first, most first:");
+        put!(
+            out,
+            "  call sites whose live bytes only grew, Python lines first, most first:"
+        );
         for t in grown.iter().take(top) {
             render_trend(out, t, &labels, '+', t.grew());
         }
         if grown.len() > top {
-            put!(out, "    ... {}", count((grown.len() - top) as u64, "more call site"));
+            put!(
+                out,
+                "    ... {}",
+                count((grown.len() - top) as u64, "more call site")
+            );
         }
     }
 }
@@ -323,7 +362,12 @@ fn render_details(out: &mut String, file: &str, r: &Report, top: usize) {
             .iter()
             .map(|(k, b)| format!("{} {}", clean(k), human_bytes(*b)))
             .collect();
-        put!(out, "  device {} live by kind: {}", d.device, kinds.join(", "));
+        put!(
+            out,
+            "  device {} live by kind: {}",
+            d.device,
+            kinds.join(", ")
+        );
     }
     render_classes(out, r);
     if let Some(d) = &r.denial {

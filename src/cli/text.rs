@@ -1,8 +1,8 @@
 //! Formatting helpers shared by the views: counts with their nouns, strings from
 //! reports made safe for a terminal, and call-stack frames made readable.
 
-use std::borrow::Cow;
 use gpuguard_core::report::human_bytes;
+use std::borrow::Cow;
 use std::fmt::Write;
 
 /// `1 allocation`, `2 allocations`: `noun` is the singular; `s` is added otherwise.
@@ -147,12 +147,16 @@ pub fn human_byte_counts(text: &str) -> String {
     let mut i = 0;
     while i < words.len() {
         let word = words[i];
-        let unit = words.get(i + 1).map(|w| w.trim_end_matches([',', ';', ')', '.']));
+        let unit = words
+            .get(i + 1)
+            .map(|w| w.trim_end_matches([',', ';', ')', '.']));
         let is_number = !word.is_empty() && word.bytes().all(|b| b.is_ascii_digit());
         // `N bytes`, and `M -> N bytes` where the unit is said once.
         let stated = unit == Some("bytes")
             || (words.get(i + 1) == Some(&"->")
-                && words.get(i + 3).map(|w| w.trim_end_matches([',', ';', ')', '.']))
+                && words
+                    .get(i + 3)
+                    .map(|w| w.trim_end_matches([',', ';', ')', '.']))
                     == Some("bytes"));
         match (is_number, word.parse::<u64>()) {
             (true, Ok(n)) if stated => {
@@ -201,7 +205,10 @@ mod tests {
             frame("_ZN3foo3barEi+0x10 (libfoo.so+0x1234)"),
             "foo::bar(int)+0x10 (libfoo.so+0x1234)"
         );
-        assert_eq!(frame("main+0x1d (prog+0x8105d)"), "main+0x1d (prog+0x8105d)");
+        assert_eq!(
+            frame("main+0x1d (prog+0x8105d)"),
+            "main+0x1d (prog+0x8105d)"
+        );
         assert_eq!(frame("_Zgarbage+0x1"), "_Zgarbage+0x1");
         assert_eq!(
             frame("python: train.py:3 in <module>"),
@@ -212,10 +219,15 @@ mod tests {
     #[test]
     fn byte_counts_in_details_read_as_sizes() {
         assert_eq!(
-            human_byte_counts("empty_cache() (native allocator): reserved 67108864 -> 4194304 bytes"),
+            human_byte_counts(
+                "empty_cache() (native allocator): reserved 67108864 -> 4194304 bytes"
+            ),
             "empty_cache() (native allocator): reserved 64.0 MiB -> 4.0 MiB"
         );
-        assert_eq!(human_byte_counts("freed 2048 bytes, 3 pools"), "freed 2.0 KiB, 3 pools");
+        assert_eq!(
+            human_byte_counts("freed 2048 bytes, 3 pools"),
+            "freed 2.0 KiB, 3 pools"
+        );
         assert_eq!(human_byte_counts("3 pools"), "3 pools");
     }
 

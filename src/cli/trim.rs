@@ -12,8 +12,10 @@ use std::time::{Duration, Instant};
 
 /// `gpuguard trim` options.
 #[derive(clap::Args)]
-#[command(after_help = "Sends the process its trim signal (GPUGUARD_TRIM_SIGNAL, USR2 by \
-    default), waits for the trim report it writes and prints what each mechanism gave back.")]
+#[command(
+    after_help = "Sends the process its trim signal (GPUGUARD_TRIM_SIGNAL, USR2 by \
+    default), waits for the trim report it writes and prints what each mechanism gave back."
+)]
 pub struct TrimArgs {
     /// A process running under gpuguard
     #[arg(value_name = "PID", value_parser = parse_pid)]
@@ -40,7 +42,9 @@ pub fn parse_timeout(text: &str) -> Result<Duration, String> {
         .parse()
         .map_err(|_| format!("{text:?} is not a number of seconds"))?;
     if !secs.is_finite() || secs < 0.0 {
-        return Err(format!("{text:?}: the timeout must be a number of seconds, 0 or more"));
+        return Err(format!(
+            "{text:?}: the timeout must be a number of seconds, 0 or more"
+        ));
     }
     Duration::try_from_secs_f64(secs).map_err(|_| format!("{text:?} seconds is too long a timeout"))
 }
@@ -173,7 +177,10 @@ mod tests {
 
     #[test]
     fn report_names() {
-        assert_eq!(report_name_parts("gpuguard.gg.12.3.trim.json"), Some((12, 3, "trim")));
+        assert_eq!(
+            report_name_parts("gpuguard.gg.12.3.trim.json"),
+            Some((12, 3, "trim"))
+        );
         assert_eq!(
             report_name_parts("gpuguard.my.prog.r1.12.3.exit.json"),
             Some((12, 3, "exit"))

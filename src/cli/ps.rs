@@ -208,7 +208,7 @@ fn trim_secs(d: Duration) -> String {
 /// `--watch SECS`: a positive number of seconds, at least 0.1.
 pub fn parse_interval(text: &str) -> Result<Duration, String> {
     match text.parse::<f64>() {
-        Ok(s) if s.is_finite() && s >= 0.1 && s <= 86_400.0 => Ok(Duration::from_secs_f64(s)),
+        Ok(s) if (0.1..=86_400.0).contains(&s) => Ok(Duration::from_secs_f64(s)),
         _ => Err(format!(
             "--watch {text:?}: give the seconds between refreshes, from 0.1 to 86400"
         )),

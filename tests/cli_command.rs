@@ -12,6 +12,7 @@ use core_support::*;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 fn cli() -> &'static str {
@@ -184,22 +185,15 @@ fn trim_refuses_impossible_timeouts_without_aborting() {
 /// `gpuguard run` on the sim, reports in a fresh folder: (done, report folder).
 fn guarded(args: &[&str], env: &[(&str, &str)]) -> (Done, PathBuf) {
     shim();
-    let dir = scratch(&format!("run-{}", args.len()));
-    let dir = dir.join(format!("{:x}", rand_suffix()));
-    std::fs::create_dir_all(&dir).unwrap();
+    // One folder per call: tests run in parallel.
+    static CALLS: AtomicUsize = AtomicUsize::new(0);
+    let dir = scratch(&format!("run-{}", CALLS.fetch_add(1, Ordering::Relaxed)));
     let mut c = command(&["run", "--dir", s(&dir)]);
     c.args(args).env("LD_LIBRARY_PATH", sim_dir());
     for (k, v) in env {
         c.env(k, v);
     }
     (done(c.output().expect("run gpuguard run")), dir)
-}
-
-fn rand_suffix() -> u128 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos()
 }
 
 #[test]

@@ -21,31 +21,15 @@ import os
 import re
 import sys
 
-REPORT_RE = re.compile(r"^gpuguard\.(?P<prog>.+)\.(?P<pid>\d+)\.(?P<seq>\d+)\.(?P<reason>[a-z_]+)\.json$")
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "lib"))
+import ggv  # noqa: E402  (scripts/gpu/lib/ggv.py)
+
+REPORT_RE = ggv.REPORT_RE
 LEAK_RE = re.compile(r"^LEAK (0x[0-9a-fA-F]+) bytes (\d+)(.*)$")
 STDERR_REPORT_RE = re.compile(r"gpuguard\[(\d+)\]: report")
 MiB = 1 << 20
-
-
-def load_json(path):
-    try:
-        with open(path) as f:
-            return json.load(f), None
-    except (OSError, ValueError) as e:
-        return None, str(e)
-
-
-def as_int(v):
-    if isinstance(v, bool):
-        return None
-    if isinstance(v, int):
-        return v
-    if isinstance(v, str):
-        try:
-            return int(v, 0)
-        except ValueError:
-            return None
-    return None
+load_json = ggv.load_json
+as_int = ggv.as_int
 
 
 def dev0(rep, key="current_bytes"):

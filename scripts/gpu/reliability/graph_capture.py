@@ -48,6 +48,11 @@ def main():
     ggv.emit("config", pid=pid, send_signals=SEND, gpuguard=guard.present, replays=REPLAYS,
              alloc_conf=os.environ.get("PYTORCH_CUDA_ALLOC_CONF"), torch=torch.__version__,
              backend=torch.cuda.get_allocator_backend())
+    if SEND and not guard.present:
+        # Nothing would handle the signals: ignore them, so the checks report the
+        # missing gpuguard instead of a killed process.
+        signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+        signal.signal(signal.SIGUSR2, signal.SIG_IGN)
     model = nn.Sequential(nn.Linear(512, 2048), nn.ReLU(), nn.Linear(2048, 2048), nn.ReLU(),
                           nn.Linear(2048, 512)).to(dev)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)

@@ -272,8 +272,8 @@ def cmd_endings(a):
             R.check("final_report", ok, "last report %s (seq %d of %s) reason %s%s; fields %s" % (
                 last_e["name"], last_e["seq"], seqs, last_e["reason"], (", " + what) if what else "",
                 json.dumps(ending_fields(last))))
-        rec_t = last.get("time") or last.get("timestamp")
-        R.info("report_time", "last report time field %s, signal sent at %.3f" % (rec_t, t_sig or 0))
+        rec_t = last.get("time_unix_ms") or last.get("time")
+        R.info("report_time", "last report time_unix_ms %s, signal sent at %.3f s (unix)" % (rec_t, t_sig or 0))
     return 0
 
 
@@ -320,7 +320,7 @@ def cmd_soak(a):
     dg, db = os.path.join(a.dir, "guarded"), os.path.join(a.dir, "bare")
     os.makedirs(dg, exist_ok=True)
     os.makedirs(db, exist_ok=True)
-    for f in ("target_steps", "signals_stopped"):
+    for f in ("target_steps", "target_final", "signals_stopped"):
         try:
             os.remove(os.path.join(a.dir, f))
         except OSError:
@@ -356,9 +356,10 @@ def cmd_soak(a):
     n_usr1 = sum(1 for x in log if x[1] == "SIGUSR1" and x[2] == "ok")
     n_usr2 = sum(1 for x in log if x[1] == "SIGUSR2" and x[2] == "ok")
     R.check("steps", isinstance(ng, int) and isinstance(nb, int) and ng > 0 and nb >= ng,
-            "guarded %s steps in %s s (%s steps/s), bare %s steps in %s s (%s steps/s); plan %s" % (
+            "guarded %s steps in %s s (%s steps/s), bare %s steps in %s s (%s steps/s); %d plans, first %s" % (
                 ng, resg.get("seconds"), resg.get("steps_per_s"), nb, resb.get("seconds"), resb.get("steps_per_s"),
-                resg.get("target_history")))
+                len(resg.get("target_history") or []), (resg.get("target_history") or [None])[0]),
+            target_history=resg.get("target_history"))
     R.check("signals_sent", n_usr1 > 0 and n_usr2 > 0 and all(x[2] == "ok" for x in log),
             "%d SIGUSR1 and %d SIGUSR2 sent every 2-3 s during the steps (%s)" % (
                 n_usr1, n_usr2, "all delivered" if all(x[2] == "ok" for x in log) else "a kill FAILED"))

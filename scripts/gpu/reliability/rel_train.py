@@ -10,9 +10,11 @@ judged by rel_check.py.
       The soak: the same loop, losses kept bit for bit (RUNDIR/losses_<role>.f32,
       float32, one per step). The guarded run (under gpuguard) times its first 200
       steps, then sizes the run to end by the deadline (minus a margin) and writes the
-      step count to RUNDIR/target_steps; the bare run (no gpuguard, started at the same
-      time) waits for that file and runs to the same count. If the guarded run falls
-      behind, it lowers the count (the bare run follows; never below what it ran).
+      step count to RUNDIR/target_steps, re-planned every 10 s (or when late) from its
+      mean step time so that it ends near the deadline; at its end it writes
+      RUNDIR/target_final. The bare run (no gpuguard, started at the same time) follows
+      target_steps and stops at the guarded run's final count (it waits there until
+      target_final exists), so both run the same number of steps.
       Guarded: prints GGV_SOAK_READY pid=N after the warm-up (the runner then sends
       SIGUSR1 / SIGUSR2 every 2-3 s) and GGV_SOAK_STEPS_DONE pid=N after the last step;
       then waits for RUNDIR/signals_stopped (at most 20 s), lets pending trims finish
@@ -76,7 +78,7 @@ class Trainer:
         self.opt.zero_grad(set_to_none=True)
         loss.backward()
         self.opt.step()
-        self.buf[self.step % CHUNK] = loss.detach()
+        self.buf[self.step % CHUNK].copy_(loss.detach())
         self.step += 1
 
     def chunk(self):
@@ -132,6 +134,11 @@ def cmd_soak(a):
              chunk=CHUNK, seed=SEED, alloc_conf=os.environ.get("PYTORCH_CUDA_ALLOC_CONF"),
              cublas=os.environ.get("CUBLAS_WORKSPACE_CONFIG"), torch=torch.__version__)
     chk = None
+    if guarded and not ggv.Guard().present:
+        # Without gpuguard nothing handles the runner's signals: ignore them (the checks
+        # then fail on the missing books and reports, not on a killed process).
+        signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+        signal.signal(signal.SIGUSR2, signal.SIG_IGN)
     if guarded:
         chk = ggv_common.Checker(
             "torch", "default", overhead_bound=512 * ggv.MiB,
@@ -164,22 +171,33 @@ def cmd_soak(a):
         if target is None:
             ggv.emit("result", role=a.role, error="no target_steps from the guarded run", steps=t.step)
             return 2
-    loop_t0, loop_step0 = time.time(), t.step
-    while t.step < target:
-        t.chunk()
+    loop_t0, loop_step0, last_plan = time.time(), t.step, time.time()
+    final_file = os.path.join(a.dir, "target_final")
+    while True:
+        if t.step < target:
+            t.chunk()
+        elif guarded or os.path.exists(final_file) or time.time() > a.deadline + 10:
+            break
+        else:
+            time.sleep(0.1)  # bare: at the count; the guarded run may still raise it
         now = time.time()
         if guarded:
             per = (now - loop_t0) / max(t.step - loop_step0, 1)  # the mean since the warm-up
-            if now + (target - t.step) * per > hard_end:
-                fit = int(max(0.0, hard_end - now) / max(per, 1e-6)) // CHUNK * CHUNK
-                target = max(t.step, t.step + fit)
-                write_atomic(target_file, str(target))
-                history.append([round(now, 1), target])
-                print("INFO behind schedule: %d steps now" % target, flush=True)
+            late = now + (target - t.step) * per > hard_end
+            if late or now - last_plan >= 10:
+                fit = int(max(0.0, hard_end - now) * a.frac / max(per, 1e-6)) // CHUNK * CHUNK
+                if t.step + fit != target:
+                    target = t.step + fit
+                    write_atomic(target_file, str(target))
+                    history.append([round(now, 1), target])
+                last_plan = now
         else:
             newer = read_int(target_file)
-            if newer is not None and newer < target:
-                target = max(newer, 0)
+            if newer is not None:
+                target = newer
+    if guarded:
+        write_atomic(target_file, str(t.step))
+        write_atomic(final_file, str(t.step))
     torch.cuda.synchronize()
     t_end = time.time()
     with open(os.path.join(a.dir, "losses_%s.f32" % a.role), "wb") as f:

@@ -34,6 +34,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import ggv as _lib  # noqa: E402  (scripts/gpu/lib/ggv.py: the C API, report files)
 
 Guard = _lib.Guard
+torch_alloc_mode = _lib.torch_alloc_mode
 
 MiB = 1 << 20
 TOL_BYTES = int(os.environ.get("GGV_TOL_BYTES", str(2 * MiB)))

@@ -33,12 +33,7 @@ LEAK = []
 
 
 def leak_line():
-    marker = "# GGV_" + "LEAK_LINE"
-    with open(os.path.abspath(__file__)) as f:
-        for i, ln in enumerate(f, 1):
-            if ln.rstrip().endswith(marker):
-                return i
-    return None
+    return tl.marked_line(os.path.abspath(__file__))
 
 
 def main():

@@ -71,6 +71,38 @@ def as_int(v):
     return None
 
 
+def torch_alloc_mode():
+    """PyTorch's allocator mode from the environment: default, expandable, cudaMallocAsync."""
+    conf = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "") + "," + os.environ.get("PYTORCH_ALLOC_CONF", "")
+    conf = conf.replace(" ", "")
+    if "backend:cudaMallocAsync" in conf:
+        return "cudaMallocAsync"
+    if "expandable_segments:True" in conf:
+        return "expandable"
+    return "default"
+
+
+def marked_line(path, marker="# GGV_" + "LEAK_LINE"):
+    """The number of the line of path that ends with marker (the leak workloads' leak)."""
+    with open(path) as f:
+        for i, ln in enumerate(f, 1):
+            if ln.rstrip().endswith(marker):
+                return i
+    return None
+
+
+def leak_knobs():
+    """The leak workloads' settings: (steps, signal steps, leak float32 elements, signal
+    wait s, startup s, prewarm MiB, GPUGUARD_DIR)."""
+    steps = int(os.environ.get("GGV_STEPS", "40"))
+    sig_steps = [int(s) for s in os.environ.get("GGV_SIGNAL_STEPS", "10,30").split(",") if s.strip()]
+    leak_numel = int(float(os.environ.get("GGV_LEAK_MIB", "8")) * MiB) // 4
+    wait_s = float(os.environ.get("GGV_SIGNAL_WAIT_S", "15"))
+    startup_s = float(os.environ.get("GGV_STARTUP_S", "1.0"))
+    prewarm_mib = int(os.environ.get("GGV_PREWARM_MIB", "64"))
+    return steps, sig_steps, leak_numel, wait_s, startup_s, prewarm_mib, os.environ.get("GPUGUARD_DIR")
+
+
 def emit(record, **fields):
     obj = {"record": record}
     obj.update(fields)

@@ -53,14 +53,7 @@ MiB = tl.MiB
 CHUNKS_MIB = [1024, 1024, 768, 512, 384, 256, 100, 30, 10, 4]
 
 
-def alloc_mode():
-    conf = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "") + "," + os.environ.get("PYTORCH_ALLOC_CONF", "")
-    conf = conf.replace(" ", "")
-    if "backend:cudaMallocAsync" in conf:
-        return "cudaMallocAsync"
-    if "expandable_segments:True" in conf:
-        return "expandable"
-    return "default"
+alloc_mode = tl.torch_alloc_mode
 
 
 def main():

@@ -265,22 +265,12 @@ def cmd_run(a):
         if exit_rep else None,
         "elapsed_s": float(a.elapsed) if a.elapsed else None,
     }
-    with open(os.path.join(d, "check.json"), "w") as f:
-        json.dump(row, f, indent=1)
-    if a.summary:
-        with open(a.summary, "a") as f:
-            f.write(json.dumps(row) + "\n")
+    ggv.save_row(d, row, a.summary)
     return 0
 
 
 def cmd_table(a):
-    rows = []
-    try:
-        for ln in open(a.summary):
-            if ln.strip():
-                rows.append(json.loads(ln))
-    except OSError:
-        pass
+    rows = ggv.load_rows(a.summary)
     print("%-20s %-6s %4s %5s %5s %5s %4s %4s %4s %6s %7s  %s" % (
         "workload", "status", "rc", "agree", "expl", "mism", "sig", "exit", "req", "leaks", "time_s", "first problem"))
     for r in rows:

@@ -500,6 +500,15 @@ def load_rows(path):
     return rows
 
 
+def save_row(run_dir, row, summary=None):
+    """A per-workload row (core, caps): run_dir/check.json, and appended to summary."""
+    with open(os.path.join(run_dir, "check.json"), "w") as f:
+        json.dump(row, f, indent=1, default=str)
+    if summary:
+        with open(summary, "a") as f:
+            f.write(json.dumps(row, default=str) + "\n")
+
+
 def counts_line(rows):
     c = {}
     for r in rows:

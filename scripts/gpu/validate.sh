@@ -111,7 +111,6 @@ main() {
 
   START=$T0
   section "pack"
-  cp "$WORK/env.txt" "$WORK/runs_env.txt" 2>/dev/null
   local ex=(--exclude='*/bin/*' --exclude='*/work/gpu_microbench' --exclude='*.f32')
   tar -C "$WORK" -czf "$OUT/runs.tar.gz" "${ex[@]}" . 2>/dev/null
   local sz

@@ -55,6 +55,16 @@ suite_begin() {
   section "suite $name: budget ${BUDGET}s (${var}; ${total_left}s left of GGV_BUDGET_S)"
 }
 
+# torch_conf MODE: PYTORCH_CUDA_ALLOC_CONF of an allocator mode (default, expandable,
+# cudaMallocAsync), as scripts/gpu/lib/ggv.py's torch_alloc_mode reads it back.
+torch_conf() {
+  case $1 in
+    expandable) echo expandable_segments:True ;;
+    cudaMallocAsync) echo backend:cudaMallocAsync ;;
+    *) echo ;;
+  esac
+}
+
 # wait_line FILE WORD JOBPID MAX_S: prints N of the first "WORD pid=N" in FILE; fails
 # when the job ends or MAX_S passes first.
 wait_line() {

@@ -139,11 +139,7 @@ part_trim() {
   section "A. trim: PyTorch, three allocator modes, without and with SIGUSR2"
   local mode conf
   for mode in default expandable cudaMallocAsync; do
-    case $mode in
-      default) conf= ;;
-      expandable) conf=expandable_segments:True ;;
-      cudaMallocAsync) conf=backend:cudaMallocAsync ;;
-    esac
+    conf=$(torch_conf "$mode")
     wanted "torch_$mode" || continue
     run_job trim "torch_${mode}_nosignal" 90 none -- PYTORCH_CUDA_ALLOC_CONF="$conf" GGV_TRIM_ROLE=nosignal -- \
       "$PY" "$TRIM/trim_torch.py"
@@ -194,11 +190,7 @@ part_leaks() {
   section "B. leak reports: PyTorch, three allocator modes, default settings (Python lines from stacks)"
   local mode conf
   for mode in default expandable cudaMallocAsync; do
-    case $mode in
-      default) conf= ;;
-      expandable) conf=expandable_segments:True ;;
-      cudaMallocAsync) conf=backend:cudaMallocAsync ;;
-    esac
+    conf=$(torch_conf "$mode")
     wanted "leak_torch_$mode" || continue
     run_job leaks "torch_$mode" 90 none -- PYTORCH_CUDA_ALLOC_CONF="$conf" GGV_PREWARM_MIB=64 -- \
       "$PY" "$LEAKS/leak_torch.py"
@@ -207,10 +199,7 @@ part_leaks() {
   done
   section "B. leak reports: PyTorch with GPUGUARD_PYTHON=lines (its recorder: block-exact lines)"
   for mode in default expandable; do
-    case $mode in
-      default) conf= ;;
-      expandable) conf=expandable_segments:True ;;
-    esac
+    conf=$(torch_conf "$mode")
     wanted "leak_torch_${mode}_lines" || continue
     run_job leaks "torch_${mode}_lines" 90 none -- PYTORCH_CUDA_ALLOC_CONF="$conf" GPUGUARD_PYTHON=lines \
       GGV_PREWARM_MIB=1024 -- "$PY" "$LEAKS/leak_torch.py"

@@ -6,10 +6,9 @@
 //! with it.
 
 use super::books::Books;
-use super::lifecycle::books;
 use super::real::{Path, Slots};
 use super::settings::config_ptds_default;
-use super::state::{active_books, shielded};
+use super::state::{active_books, books, shielded};
 use super::track::{self, Made, Plan, SUCCESS};
 use gpuguard_core::ledger::{Key, Kind};
 use std::ffi::{CStr, c_char, c_int, c_uint, c_void};

@@ -3,11 +3,10 @@
 //! No lock shared by all threads, no I/O, no formatting here.
 
 use super::books::Books;
-use super::lifecycle::books;
 use super::python::frames;
 use super::real::{DRIVER, is_own_code};
 use super::settings::config;
-use super::state::{active_books, shielded};
+use super::state::{active_books, books, shielded};
 use super::sys::monotonic_ns;
 use super::unwind;
 use gpuguard_core::ledger::{Key, Kind, NO_SITE, Record};

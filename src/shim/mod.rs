@@ -27,6 +27,7 @@
 mod books;
 pub mod capi;
 mod caps;
+mod cuda;
 pub mod hooks;
 mod lifecycle;
 mod python;

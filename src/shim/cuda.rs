@@ -110,21 +110,11 @@ impl ArrayShape {
     /// # Safety
     /// `d` is NULL or points to a readable descriptor.
     pub unsafe fn of_2d(d: *const CUDA_ARRAY_DESCRIPTOR) -> Option<ArrayShape> {
-        if d.is_null() {
-            return None;
-        }
-        // SAFETY: fields of the caller's descriptor; `Format` is read as the raw u32
-        // it is, since a value cudarc's `CUarray_format` does not list would be
-        // undefined as that Rust enum.
-        unsafe {
-            Some(ArrayShape {
-                width: (*d).Width,
-                height: (*d).Height,
-                depth: 1,
-                format: addr_of!((*d).Format).cast::<u32>().read(),
-                channels: (*d).NumChannels,
-            })
-        }
+        // SAFETY: fields of the caller's descriptor, by the caller's promise.
+        (!d.is_null()).then(|| unsafe {
+            let format = addr_of!((*d).Format);
+            ArrayShape::read((*d).Width, (*d).Height, 1, format, (*d).NumChannels)
+        })
     }
 
     /// The shape a `cuArray3DCreate` or `cuMipmappedArrayCreate` descriptor gives.
@@ -132,18 +122,36 @@ impl ArrayShape {
     /// # Safety
     /// As for `of_2d`.
     pub unsafe fn of_3d(d: *const CUDA_ARRAY3D_DESCRIPTOR) -> Option<ArrayShape> {
-        if d.is_null() {
-            return None;
-        }
-        // SAFETY: as in `of_2d`: `Format` read as its raw u32.
-        unsafe {
-            Some(ArrayShape {
-                width: (*d).Width,
-                height: (*d).Height,
-                depth: (*d).Depth,
-                format: addr_of!((*d).Format).cast::<u32>().read(),
-                channels: (*d).NumChannels,
-            })
+        // SAFETY: as in `of_2d`.
+        (!d.is_null()).then(|| unsafe {
+            let format = addr_of!((*d).Format);
+            ArrayShape::read(
+                (*d).Width,
+                (*d).Height,
+                (*d).Depth,
+                format,
+                (*d).NumChannels,
+            )
+        })
+    }
+
+    /// # Safety
+    /// `format` points to a descriptor's `Format` field.
+    unsafe fn read(
+        width: usize,
+        height: usize,
+        depth: usize,
+        format: *const CUarray_format,
+        channels: c_uint,
+    ) -> ArrayShape {
+        ArrayShape {
+            width,
+            height,
+            depth,
+            // SAFETY: the one read of a `CUarray_format` field: as the raw u32 it is,
+            // since a value cudarc's Rust enum does not list would be undefined as it.
+            format: unsafe { format.cast::<u32>().read() },
+            channels,
         }
     }
 

@@ -1,9 +1,14 @@
-//! The FFI surface towards CUDA callers, the shim's top layer: the list of hooked
-//! functions (`table`) expanded row by row into the exported symbol, the wrapper the
-//! `dlsym` override hands out, the wrapper `cuGetProcAddress` hands out (by base name
-//! and version) and the real-pointer slots; the `dlsym` override itself; and the
-//! handlers. Every wrapper is thin: find the real pointer, call the row's handler
-//! with it.
+//! The FFI surface towards CUDA callers: the list of hooked functions (`table`)
+//! expanded row by row into the exported symbol, the wrapper the `dlsym` override
+//! hands out, the wrapper `cuGetProcAddress` hands out (by base name and version), the
+//! real-pointer slots and the row's handler, whose body the row's rule gives
+//! (`handle!`); the `dlsym` override and the `cuGetProcAddress` answer; the few
+//! custom handlers. Every wrapper is thin: find the real pointer, call the handler.
+//!
+//! Why one file of about 750 lines: the rows' tokens (types, rule helpers such as
+//! `out`, custom handler names) resolve where the list is expanded, which is here,
+//! and the lookup answers read the table this expansion makes. The last 80 lines are
+//! the table's unit tests.
 
 use super::books::Books;
 use super::cuda::*;

@@ -1,8 +1,10 @@
 //! Finding the real functions: the real `dlsym`, the per-path slots that hold the
-//! real pointer each lookup path returned, and gpuguard's private driver calls.
+//! real pointer each lookup path returned, gpuguard's own driver and NVML calls (one
+//! typed slot each, `own_functions!`), and `fn_at`, where an address found for a CUDA,
+//! NVML or glibc function becomes a typed function pointer.
 //!
-//! The lowest layer of the shim: it knows nothing of the hooks above it (the `dlsym`
-//! override that uses it is in `hooks`).
+//! The lowest layer of the shim with `cuda`: it knows nothing of the hooks above it
+//! (the `dlsym` override that uses it is in `hooks`).
 
 use super::cuda::{
     CUcontext, CUdevice, CUdeviceptr, CUmemPool_attribute, CUmemoryPool, CUuuid, NVML_SUCCESS,

@@ -28,7 +28,6 @@ fn on_load() {
 
 #[cfg_attr(test, allow(dead_code))]
 fn load() {
-    state::on_activation(on_activation);
     let names: Vec<String> = std::env::vars_os()
         .filter_map(|(k, _)| k.into_string().ok())
         .filter(|k| k.starts_with("GPUGUARD_"))
@@ -62,6 +61,9 @@ fn load() {
     });
     real::find_own_range();
     let _ = real::real_dlsym();
+    // What the first tracked CUDA call starts (it may have come already, from
+    // another library's constructor: then it starts now).
+    state::on_activation(on_activation);
     worker::install_signal_handler();
     // SAFETY: registering plain extern "C" callbacks.
     unsafe {

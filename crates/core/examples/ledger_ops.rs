@@ -53,7 +53,10 @@ fn main() {
     let live: u64 = args.get(3).and_then(|v| v.parse().ok()).unwrap_or(0);
     let ledger = Ledger::new();
     if op == "capped" {
-        ledger.device(0).limit.store(1 << 50, std::sync::atomic::Ordering::Relaxed);
+        ledger
+            .device(0)
+            .limit
+            .store(1 << 50, std::sync::atomic::Ordering::Relaxed);
     }
     let before = rss_bytes();
     // Prefill: live records at addresses the loop below never uses.

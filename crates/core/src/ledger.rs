@@ -251,9 +251,7 @@ impl DeviceCounters {
     /// pools hold unused. On an uncapped device, the live bytes.
     pub fn charged(&self) -> u64 {
         if self.capped() {
-            self.charge
-                .load(Relaxed)
-                .saturating_add(self.pool_excess())
+            self.charge.load(Relaxed).saturating_add(self.pool_excess())
         } else {
             self.current()
         }
@@ -436,7 +434,11 @@ impl Ledger {
 
     #[inline]
     fn counters(&self, device: i32, host: bool) -> &DeviceCounters {
-        if host { &self.host } else { self.device(device) }
+        if host {
+            &self.host
+        } else {
+            self.device(device)
+        }
     }
 
     /// A successful allocation whose bytes were not reserved beforehand.
@@ -821,7 +823,9 @@ mod tests {
         let mut held = Vec::new();
         let mut x = 12345u64;
         for i in 0..20_000u64 {
-            x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
             if x >> 62 != 0 || held.is_empty() {
                 let bytes = 1 + (x >> 20) % (3 * FLUSH_BYTES as u64);
                 l.insert(Key::device(i), rec(bytes, 0, Kind::Device));
@@ -889,7 +893,10 @@ mod tests {
             // Capped devices keep one exact figure: the peak is the truth.
             let (l, total) = storm(true, 8, 500, bytes);
             let s = l.device(0).snapshot();
-            assert_eq!((s.current, s.peak, s.allocs, s.frees), (0, total, 4000, 4000));
+            assert_eq!(
+                (s.current, s.peak, s.allocs, s.frees),
+                (0, total, 4000, 4000)
+            );
             assert_eq!(l.device(0).charged(), 0);
         }
     }

@@ -170,6 +170,8 @@ struct Stripe {
     net: AtomicI64,
     allocs: AtomicU64,
     frees: AtomicU64,
+    /// Live bytes of pool blocks made by this stripe's threads, net.
+    pool: AtomicI64,
 }
 
 /// Counters of one device. The shared line holds what needs one global figure: the
@@ -197,10 +199,11 @@ pub struct DeviceCounters {
     pub seen: AtomicU64,
     /// The cap in bytes; 0 when uncapped.
     pub limit: AtomicU64,
-    /// Live bytes of stream-ordered pool blocks (capped devices only).
+    /// Live bytes of stream-ordered pool blocks: all of them on a capped device; on
+    /// an uncapped one, the stripes hold them (see `pool_live_bytes`).
     pub pool_live: AtomicU64,
-    /// What this device's pools hold from the driver, as last measured (capped
-    /// devices only): charged against the cap beyond the live blocks.
+    /// What this device's pools hold from the driver, as last measured: charged
+    /// against a cap beyond the live blocks.
     pub pool_reserved: AtomicU64,
     stripes: [Stripe; STRIPES],
 }
@@ -240,21 +243,34 @@ impl DeviceCounters {
         }
     }
 
+    /// Live bytes of pool blocks.
+    pub fn pool_live_bytes(&self) -> u64 {
+        let global = self.pool_live.load(Relaxed);
+        if self.capped() {
+            return global;
+        }
+        let net: i64 = self.stripes.iter().map(|s| s.pool.load(Relaxed)).sum();
+        global.saturating_add_signed(net)
+    }
+
     /// Bytes the device's pools hold beyond the live blocks in them.
     pub fn pool_excess(&self) -> u64 {
-        self.pool_reserved
-            .load(Relaxed)
-            .saturating_sub(self.pool_live.load(Relaxed))
+        let reserved = self.pool_reserved.load(Relaxed);
+        if reserved == 0 {
+            return 0;
+        }
+        reserved.saturating_sub(self.pool_live_bytes())
     }
 
     /// What counts against the cap: live bytes, reservations in flight, and what
-    /// pools hold unused. On an uncapped device, the live bytes.
+    /// pools hold unused. On an uncapped device: live bytes and what pools hold unused.
     pub fn charged(&self) -> u64 {
-        if self.capped() {
-            self.charge.load(Relaxed).saturating_add(self.pool_excess())
+        let held = if self.capped() {
+            self.charge.load(Relaxed)
         } else {
             self.current()
-        }
+        };
+        held.saturating_add(self.pool_excess())
     }
 
     /// Live bytes now.
@@ -472,8 +488,8 @@ impl Ledger {
             c.seen.store(1, Relaxed);
         }
         c.stripe(rec.thread).allocs.fetch_add(1, Relaxed);
-        if rec.kind == Kind::Pool && c.capped() {
-            c.pool_live.fetch_add(rec.bytes, Relaxed);
+        if rec.kind == Kind::Pool {
+            c.pool_add(rec.thread, rec.bytes);
         }
         c.add_live(rec.thread, rec.bytes);
         if let Some(old) = self.map(key.space).insert(key.value, rec) {
@@ -604,11 +620,27 @@ impl DeviceCounters {
     /// blocks let go of it.
     #[inline]
     fn release(&self, rec: &Record) {
-        if self.capped() {
+        let capped = self.capped();
+        if capped {
             saturating_sub(&self.charge, rec.bytes);
-            if rec.kind == Kind::Pool {
+        }
+        if rec.kind == Kind::Pool {
+            if capped {
                 saturating_sub(&self.pool_live, rec.bytes);
+            } else {
+                let b = rec.bytes.min(i64::MAX as u64) as i64;
+                self.stripe(rec.thread).pool.fetch_sub(b, Relaxed);
             }
+        }
+    }
+
+    #[inline]
+    fn pool_add(&self, thread: u32, bytes: u64) {
+        if self.capped() {
+            self.pool_live.fetch_add(bytes, Relaxed);
+        } else {
+            let b = bytes.min(i64::MAX as u64) as i64;
+            self.stripe(thread).pool.fetch_add(b, Relaxed);
         }
     }
 }
@@ -740,6 +772,28 @@ mod tests {
         let r = l.take(Key::device(1)).unwrap();
         l.confirm_free(&r);
         assert_eq!(d.pool_live.load(Relaxed), 0);
+    }
+
+    #[test]
+    fn pool_excess_is_kept_on_uncapped_devices_too() {
+        // What a trim reports as held: live bytes plus what pools hold unused.
+        let l = Ledger::new();
+        let d = l.device(0);
+        let mut r = rec(30, 0, Kind::Pool);
+        r.thread = 5;
+        l.insert(Key::device(1), r);
+        l.insert(Key::device(2), rec(10, 0, Kind::Device));
+        d.pool_reserved.store(80, Relaxed);
+        assert_eq!(
+            (d.pool_live_bytes(), d.pool_excess(), d.charged()),
+            (30, 50, 90)
+        );
+        let r = l.take(Key::device(1)).unwrap();
+        l.confirm_free(&r);
+        assert_eq!(
+            (d.pool_live_bytes(), d.pool_excess(), d.charged()),
+            (0, 80, 90)
+        );
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! Turns the ledger into a `Report` and writes it atomically. Safe Rust: everything the
 //! process must be asked (symbol names, device sizes) comes in as closures.
 
-use crate::ledger::{Key, Kind, Ledger, MAX_DEVICES, NO_SITE, Space};
+use crate::ledger::{Key, Kind, Ledger, MAX_DEVICES, NO_SITE, Record};
 use crate::report::{DeviceReport, HostReport, LiveAllocation, Report, ReportConfig, SCHEMA, Site};
 use crate::sites::SiteTable;
 use std::collections::HashMap;
@@ -38,41 +38,65 @@ pub struct ReportInput<'a> {
     pub launch: &'a crate::config::Launch,
 }
 
-/// One live allocation in the report's order, 16 bytes: the record itself stays in the
-/// ledger until it is written (a million of these are 16 MB, not a copy of the map).
-/// The derived order is the report's: largest first, then by space and address.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+/// One live allocation in the report's order, 40 bytes: what the report shows of a
+/// record (not its context), so writing the list needs no lookup in the ledger (a
+/// random access into a map of ~100 MB per entry) and shows one consistent moment.
+/// Ordered as the report lists them: largest first, then by space and address.
+#[derive(Clone, Copy, Debug)]
 struct LiveEntry {
     /// `(MAX62 - bytes) << 2 | space`: no allocation comes near 2^62 bytes.
     rank: u64,
     value: u64,
+    t_ns: u64,
+    site: u32,
+    thread: u32,
+    device: i16,
+    kind: Kind,
+    api: u8,
+}
+
+impl PartialEq for LiveEntry {
+    fn eq(&self, o: &Self) -> bool {
+        (self.rank, self.value) == (o.rank, o.value)
+    }
+}
+
+impl Eq for LiveEntry {}
+
+impl Ord for LiveEntry {
+    fn cmp(&self, o: &Self) -> std::cmp::Ordering {
+        (self.rank, self.value).cmp(&(o.rank, o.value))
+    }
+}
+
+impl PartialOrd for LiveEntry {
+    fn partial_cmp(&self, o: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(o))
+    }
 }
 
 const MAX62: u64 = u64::MAX >> 2;
 
 impl LiveEntry {
-    fn new(key: Key, bytes: u64) -> LiveEntry {
+    fn new(key: Key, r: &Record) -> LiveEntry {
         LiveEntry {
-            rank: ((MAX62 - bytes.min(MAX62)) << 2) | key.space as u64,
+            rank: ((MAX62 - r.bytes.min(MAX62)) << 2) | key.space as u64,
             value: key.value,
+            t_ns: r.t_ns,
+            site: r.site,
+            thread: r.thread,
+            device: r.device,
+            kind: r.kind,
+            api: r.api,
         }
     }
 
-    fn key(self) -> Key {
-        let space = match self.rank & 3 {
-            0 => Space::DevicePtr,
-            1 => Space::VmmHandle,
-            2 => Space::Array,
-            _ => Space::HostPtr,
-        };
-        Key {
-            space,
-            value: self.value,
-        }
+    fn bytes(&self) -> u64 {
+        MAX62 - (self.rank >> 2)
     }
 }
 
-/// The live allocations a report lists, in order, as keys into the ledger: written by
+/// The live allocations a report lists, in order, 40 bytes each: written by
 /// `write_json` (streamed) or turned into `Report::live` by `materialize`.
 pub struct LiveList {
     entries: Vec<LiveEntry>,
@@ -96,9 +120,10 @@ pub fn build(input: &ReportInput<'_>) -> Report {
     report
 }
 
-/// The report without its `live` list (empty), and that list as 16-byte keys in
-/// order: `write_json` streams it into the file straight from the ledger. One pass
-/// over the ledger; with `max_live` only that many keys are kept (a bounded heap).
+/// The report without its `live` list (empty), and that list as 40-byte entries in
+/// order (a million take 40 MB, a third of the ledger's own memory), which
+/// `write_json` streams into the file. One pass over the ledger; with `max_live` only
+/// that many entries are kept (a bounded heap).
 pub fn build_parts(input: &ReportInput<'_>) -> (Report, LiveList) {
     let ledger = input.ledger;
     let all_sites = input.sites.all();
@@ -133,7 +158,7 @@ pub fn build_parts(input: &ReportInput<'_>) -> (Report, LiveList) {
             site_use[i].0 += r.bytes;
             site_use[i].1 += 1;
         }
-        let e = LiveEntry::new(k, r.bytes);
+        let e = LiveEntry::new(k, r);
         if input.max_live.is_none() {
             entries.push(e);
         } else if heap.len() < cap {
@@ -252,23 +277,20 @@ pub fn build_parts(input: &ReportInput<'_>) -> (Report, LiveList) {
     (report, LiveList { entries })
 }
 
-/// The record a list entry stands for, as the report writes it; `None` when it was
-/// freed since the list was made.
-fn live_allocation(input: &ReportInput<'_>, e: LiveEntry) -> Option<LiveAllocation> {
-    let k = e.key();
-    let r = input.ledger.get(&k)?;
-    Some(LiveAllocation {
-        address: crate::report::Hex(k.value),
-        bytes: r.bytes,
-        device: r.device.into(),
-        kind: r.kind.name().into(),
-        api: (input.api_name)(r.api).into(),
-        thread: r.thread,
-        age_s: input.now_ns.saturating_sub(r.t_ns) as f64 / 1e9,
-        site: (r.site != NO_SITE).then_some(r.site),
+/// A list entry as the report model has it.
+fn live_allocation(input: &ReportInput<'_>, e: &LiveEntry) -> LiveAllocation {
+    LiveAllocation {
+        address: crate::report::Hex(e.value),
+        bytes: e.bytes(),
+        device: e.device.into(),
+        kind: e.kind.name().into(),
+        api: (input.api_name)(e.api).into(),
+        thread: e.thread,
+        age_s: input.now_ns.saturating_sub(e.t_ns) as f64 / 1e9,
+        site: (e.site != NO_SITE).then_some(e.site),
         owner: None,
         in_use_bytes: None,
-    })
+    }
 }
 
 /// Appends `v` in decimal, two digits at a time.
@@ -320,20 +342,17 @@ impl<'a> LiveWriter<'a> {
         }
     }
 
-    /// Appends the entry for `e`; false when it was freed since the list was made.
-    fn entry(&mut self, buf: &mut Vec<u8>, e: LiveEntry) -> bool {
-        let k = e.key();
-        let Some(r) = self.input.ledger.get(&k) else {
-            return false;
-        };
+    /// Appends the entry for `e`.
+    fn entry(&mut self, buf: &mut Vec<u8>, e: &LiveEntry) {
+        let r = e;
         buf.extend_from_slice(b"{\"address\":\"0x");
-        let v = k.value;
+        let v = e.value;
         let digits = (64 - v.leading_zeros()).div_ceil(4).max(1);
         for i in (0..digits).rev() {
             buf.push(b"0123456789abcdef"[((v >> (4 * i)) & 0xf) as usize]);
         }
         buf.extend_from_slice(b"\",\"bytes\":");
-        push_u64(buf, r.bytes);
+        push_u64(buf, e.bytes());
         buf.extend_from_slice(b",\"device\":");
         if r.device < 0 {
             buf.push(b'-');
@@ -359,7 +378,6 @@ impl<'a> LiveWriter<'a> {
             push_u64(buf, r.site.into());
             buf.push(b'}');
         }
-        true
     }
 }
 
@@ -369,7 +387,7 @@ pub fn materialize(report: &mut Report, live: &LiveList, input: &ReportInput<'_>
     report.live = live
         .entries
         .iter()
-        .filter_map(|&e| live_allocation(input, e))
+        .map(|e| live_allocation(input, e))
         .collect();
 }
 
@@ -402,16 +420,12 @@ pub fn write_json(
     let mut buf: Vec<u8> = Vec::with_capacity(256 << 10);
     let mut lw = LiveWriter::new(input);
     let mut first = true;
-    for &e in &live.entries {
-        let undo = buf.len();
+    for e in &live.entries {
         if !first {
             buf.push(b',');
         }
-        if lw.entry(&mut buf, e) {
-            first = false;
-        } else {
-            buf.truncate(undo);
-        }
+        first = false;
+        lw.entry(&mut buf, e);
         if buf.len() >= 255 << 10 {
             w.write_all(&buf)?;
             buf.clear();

@@ -12,7 +12,10 @@
 # median of those medians over the rounds, and their range.
 #
 # Knobs: ROUNDS (5), ITERS (2500), REPS (7), PATHS (pool; e.g. pool,link), SKIP_BUILD=1 (use the
-# library already in target/release). Exits 1 if anything failed to build or run.
+# library already in target/release), BASE_LIB=/path/to/another/libgpuguard.so (e.g. a
+# build of main: its processes are interleaved with this build's in every round and a
+# second line gives its figures, so a regression shows against the same moment's load).
+# Exits 1 if anything failed to build or run.
 set -u
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cd "$ROOT" || exit 1
@@ -37,11 +40,16 @@ trap 'rm -rf "$REPORTS"' EXIT
 export SIMCUDA_MEM=$((1 << 40)) SIMCUDA_DEVICES=1 GPUGUARD_DIR=$REPORTS GPUGUARD_LOG=warn
 RES=$BUILD/results.txt
 : >"$RES"
+LIBS=("$LIB")
+[ -n "${BASE_LIB:-}" ] && LIBS+=("$BASE_LIB")
+NV=$((2 * ${#LIBS[@]}))
 for r in $(seq 1 "$ROUNDS"); do
-  for k in 0 1; do
-    v=$(((k + r) % 2))
-    if [ "$v" = 0 ]; then depth=0; name=s0; else depth=16; name=s16; fi
-    LD_PRELOAD=$LIB GPUGUARD_STACK_DEPTH=$depth timeout 120 "$BUILD/microbench" --paths "$PATHS" \
+  for k in $(seq 0 $((NV - 1))); do
+    v=$(((k + r) % NV))
+    lib=${LIBS[$((v / 2))]}
+    if [ $((v % 2)) = 0 ]; then depth=0; name=s0; else depth=16; name=s16; fi
+    [ $((v / 2)) = 1 ] && name=base_$name
+    LD_PRELOAD=$lib GPUGUARD_STACK_DEPTH=$depth timeout 120 "$BUILD/microbench" --paths "$PATHS" \
       --iters "$ITERS" --reps "$REPS" --live 0 2>>"$BUILD/stderr.txt" | sed -n "s/^PATH /$name /p" >>"$RES"
   done
 done
@@ -64,4 +72,7 @@ def part(v):
     )
 print(f"bar: added ns/pair, median of {rounds} rounds [min-max]: stacks-off {part('s0')} | "
       f"default {part('s16')} ({rev})")
+if any(v.startswith("base_") for (v, _) in d):
+    print(f"base: added ns/pair, median of {rounds} rounds [min-max]: stacks-off "
+          f"{part('base_s0')} | default {part('base_s16')} (BASE_LIB)")
 PY

@@ -158,8 +158,8 @@ pub const STRIPES: usize = 16;
 /// A stripe's net live bytes are folded into the device's shared figure once they
 /// pass this (either way), or at once when they could make a new peak. So on an
 /// uncapped device with threads allocating at once the peak is within
-/// `(STRIPES - 1) * FLUSH_BYTES` (3.75 MiB) of the true one; with one thread it is
-/// exact. `current`, `allocs` and `frees` are exact whenever they are read.
+/// `(STRIPES - 1) * FLUSH_BYTES` (3.75 MiB) of the true one, either way, beyond the
+/// bytes of calls in flight (see `DeviceCounters::peak`); with one thread it is exact. `current`, `allocs` and `frees` are exact whenever they are read.
 pub const FLUSH_BYTES: i64 = 256 << 10;
 
 /// One thread stripe of an uncapped device's counters, alone on its cache line.
@@ -189,8 +189,12 @@ pub struct DeviceCounters {
     /// Capped devices: live bytes (committed, not yet taken for a free). Uncapped: the
     /// part of the live bytes folded in from the stripes.
     live: AtomicI64,
-    /// Highest live bytes seen at a commit: never counts a reservation, nor an
-    /// allocation before the driver made it (see `FLUSH_BYTES` for uncapped devices).
+    /// Highest live bytes seen at a commit. Live bytes rise at `commit` (after the
+    /// driver made the allocation) and fall at `take` (before the real free), so they
+    /// are never above what the driver holds: never a reservation, never an
+    /// allocation in flight. Capped devices: exact with one thread, and below the true
+    /// peak by at most the bytes of calls in flight with several. Uncapped: see
+    /// `FLUSH_BYTES`. Read it through `snapshot()` (which also counts unfolded bytes).
     pub peak: AtomicU64,
     pub failed: AtomicU64,
     pub denied: AtomicU64,
@@ -895,6 +899,27 @@ mod tests {
             let s = l.device(0).snapshot();
             assert_eq!((s.current, s.peak), (live, peak), "step {i}");
         }
+    }
+
+    #[test]
+    fn unfolded_frees_bound_the_peak_from_above() {
+        // Thread 1 folds 200 KiB into the shared figure and frees it without a fold
+        // (-200 KiB stays in its stripe); thread 2's 100 KiB then looks like a new
+        // peak of 300 KiB. The true peak is 200 KiB: over by less than a stripe's
+        // unfolded bytes, as stated at `FLUSH_BYTES`.
+        let l = Ledger::new();
+        let mut a = rec(200 << 10, 0, Kind::Device);
+        a.thread = 1;
+        let mut b = rec(100 << 10, 0, Kind::Device);
+        b.thread = 2;
+        l.insert(Key::device(1), a);
+        let r = l.take(Key::device(1)).unwrap();
+        l.confirm_free(&r);
+        l.insert(Key::device(2), b);
+        let s = l.device(0).snapshot();
+        assert_eq!(s.current, 100 << 10, "current stays exact");
+        assert!(s.peak >= 200 << 10);
+        assert!(s.peak <= (200 << 10) + (STRIPES as u64 - 1) * FLUSH_BYTES as u64);
     }
 
     /// T threads each make `per` allocations, wait for each other, then free them

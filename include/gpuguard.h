@@ -48,6 +48,21 @@ int gpuguard_host_pinned(uint64_t *current_bytes, uint64_t *peak_bytes);
  * then went to stderr). */
 int gpuguard_write_report(const char *reason, char *path_out, size_t path_len);
 
+/* Trims now: framework caches (PyTorch, CuPy), then CUDA pools, as a trim signal
+ * does, and waits up to timeout_ms for the trim's report. Returns 0 when it is
+ * written (its path copied into path_out as above; empty when it went to stderr), 1
+ * on timeout (the trim still runs), -1 when gpuguard is disabled. Called from the
+ * main thread of a Python process (which runs the framework part), the trim leaves
+ * the framework caches alone: call e.g. torch.cuda.empty_cache() first. */
+int gpuguard_trim(uint32_t timeout_ms, char *path_out, size_t path_len);
+
+/* Sets device `device`'s cap to `bytes` while the program runs (0 lifts it; above the
+ * device's memory it is clamped). Usage already above the new cap stays: the
+ * allocations that follow are refused until usage is back under it. Returns 0, 1
+ * when usage is already above the new cap, -1 for a bad device or when gpuguard is
+ * disabled. GPUGUARD_WARN_AT and GPUGUARD_TRIM_AT apply to the new cap. */
+int gpuguard_set_cap(int device, uint64_t bytes);
+
 #ifdef __cplusplus
 }
 #endif

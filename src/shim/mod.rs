@@ -14,21 +14,27 @@
 // finds no circle):
 // - `sys`, `real`, `table`, `wake`: the C library, the real CUDA functions, the list
 //   of hooked functions, the helper thread's doorbell; no state of gpuguard's.
+// - `line`, `events`, `control`: heap-free log lines (a threshold crossing), what the
+//   timeline learns from reports and warnings, the C API's requests to the helper.
 // - `settings`, `unwind`, `python::api`, `python::frames`: configuration and log
 //   lines; stack capture; the CPython functions, and the Python frames hooks read.
 // - `books`, `caps`: the process's books and the cap logic on them.
 // - `state`: the lifecycle state and the books of the active process.
 // - `report`: building and writing reports.
-// - `python`, `trim`, `worker`: the bridge to the Python side, trims, the helper
-//   thread and its signals.
+// - `python`, `trim`, `observe`, `worker`: the bridge to the Python side, trims, the
+//   timeline, status file and memory line, the helper thread and its signals.
 // - `lifecycle`: load, activation (which starts the helper thread), fork, exit.
 // - `track`: what a hook does around the real call (the hot path).
 // - `hooks`, `capi`: the FFI surface (the exports).
 mod books;
 pub mod capi;
 mod caps;
+mod control;
+mod events;
 pub mod hooks;
 mod lifecycle;
+mod line;
+mod observe;
 mod python;
 mod real;
 mod report;

@@ -6,7 +6,7 @@ use super::books::Books;
 use super::settings::{LogLevel, log, settings};
 use super::state::{active_books, shielded};
 use super::sys::{self, write_stderr};
-use super::{real, table};
+use super::{events, real, table};
 use gpuguard_core::classify::Answer;
 use gpuguard_core::report::{ReportConfig, TrimReport, human_bytes};
 use gpuguard_core::reporter::{self, FrameInfo, ReportInput};
@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicBool, Ordering::*};
 
 static DIR_WARNED: AtomicBool = AtomicBool::new(false);
 
-fn program_name() -> String {
+pub(crate) fn program_name() -> String {
     unsafe extern "C" {
         static program_invocation_short_name: *const std::ffi::c_char;
     }
@@ -33,7 +33,7 @@ fn program_name() -> String {
     }
 }
 
-fn argv() -> Vec<String> {
+pub(crate) fn argv() -> Vec<String> {
     std::fs::read("/proc/self/cmdline")
         .map(|b| {
             b.split(|c| *c == 0)
@@ -255,6 +255,11 @@ pub(crate) fn write(
     let mut report = reporter::build(&input);
     report.trim = extra.trim;
     let recorded = classes.is_some_and(|c| gpuguard_core::classify::apply(&mut report, c));
+    for d in &report.devices {
+        if let (Some(u), Some(c)) = (d.in_use_bytes, d.cached_bytes) {
+            events::set_framework(d.device, u, c);
+        }
+    }
     gpuguard_core::classify::python_sites_from_stacks(&mut report, recorded);
     let name = reporter::file_name(&program, s.launch.rank, pid, seq, reason);
     let headline = headline(&report);
@@ -262,6 +267,23 @@ pub(crate) fn write(
     let written = reporter::write_atomic_with(&s.dir, &name, |w| {
         serde_json::to_writer(&mut *w, &report).map_err(std::io::Error::other)?;
         w.write_all(b"\n")
+    });
+    // For the timeline: the trim, then the report.
+    let t_ns = sys::monotonic_ns();
+    if let Some(t) = &report.trim {
+        events::push(events::Event::Trim {
+            t_ns,
+            trigger: t.trigger.clone(),
+            released_bytes: t.released_bytes,
+        });
+    }
+    events::push(events::Event::Report {
+        t_ns,
+        reason: reason.to_string(),
+        path: written
+            .as_ref()
+            .ok()
+            .map(|p| p.to_string_lossy().into_owned()),
     });
     match written {
         Ok(path) => {

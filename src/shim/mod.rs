@@ -20,7 +20,8 @@
 //   lines; stack capture; the CPython functions, and the Python frames hooks read.
 // - `books`, `caps`: the process's books and the cap logic on them.
 // - `state`: the lifecycle state and the books of the active process.
-// - `report`: building and writing reports.
+// - `symbolize`, `report`: frames as text (symbols, DWARF lines, demangling);
+//   building and writing reports.
 // - `python`, `trim`, `observe`, `worker`: the bridge to the Python side, trims, the
 //   timeline, status file and memory line, the helper thread and its signals.
 // - `lifecycle`: load, activation (which starts the helper thread), fork, exit.
@@ -40,6 +41,7 @@ mod real;
 mod report;
 mod settings;
 mod state;
+mod symbolize;
 mod sys;
 mod table;
 mod track;

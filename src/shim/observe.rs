@@ -9,7 +9,6 @@
 
 use super::books::Books;
 use super::events::{self, Event};
-use super::report;
 use super::settings::{LogLevel, log, settings};
 use super::state::active_books;
 use super::sys::monotonic_ns;
@@ -191,7 +190,7 @@ fn start(books: &Books, pid: u32) -> Observer {
     let now = monotonic_ns();
     let started_unix_ms =
         unix_ms().saturating_sub(now.saturating_sub(books.started_ns) / 1_000_000);
-    let program = report::program_name();
+    let program = super::sys::program_name();
     let trace = cfg
         .trace
         .as_deref()
@@ -215,7 +214,7 @@ fn start(books: &Books, pid: u32) -> Observer {
         gpuguard_version: env!("CARGO_PKG_VERSION").into(),
         pid,
         program,
-        argv: report::argv(),
+        argv: super::sys::argv(),
         start_ticks: status::process_start_ticks(Path::new("/proc"), pid).unwrap_or(0),
         started_unix_ms,
         report_dir: settings().dir.to_string_lossy().into_owned(),

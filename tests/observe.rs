@@ -410,3 +410,72 @@ fn c_api_sets_caps_at_run_time_and_trims_on_request() {
     assert_eq!(trims[0].0, PathBuf::from(path));
     assert_eq!(trims[0].1["trim"]["trigger"], "api");
 }
+
+/// The outermost frame of the site of each live allocation, by size.
+fn outer_frames(rep: &Value) -> std::collections::BTreeMap<u64, String> {
+    let sites = rep["sites"].as_array().unwrap();
+    rep["live"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            let id = e["site"].as_u64().unwrap();
+            let site = sites.iter().find(|s| s["id"].as_u64() == Some(id)).unwrap();
+            let frames = site["frames"].as_array().unwrap();
+            let last = frames.last().unwrap().as_str().unwrap().to_string();
+            (e["bytes"].as_u64().unwrap(), last)
+        })
+        .collect()
+}
+
+#[test]
+fn tags_label_the_sites_of_what_a_thread_allocates() {
+    let r = run("gg_obs", &["tags"], &[], true);
+    r.assert_ok();
+    for (label, rc) in [
+        ("push_train", 0),
+        ("push_eval", 0),
+        ("pop_eval", 0),
+        ("pop_train", 0),
+        ("pop_none", -1),
+        ("push_null", -1),
+        ("push_thread", 0),
+        ("pop_thread", 0),
+    ] {
+        assert_eq!(r.rc(label), Some(rc), "{label}\n{}", r.describe());
+    }
+    let (_, rep) = core_support::exit_report(&r);
+    let outer = outer_frames(&rep);
+    assert_eq!(outer[&(3 * MIB)], "tag: train", "{outer:#?}");
+    assert_eq!(outer[&(5 * MIB)], "tag: eval", "the innermost tag");
+    assert!(!outer[&(7 * MIB)].starts_with("tag: "), "{outer:#?}");
+    assert_eq!(outer[&(11 * MIB)], "tag: eval", "another thread's own tag");
+}
+
+/// `scripts/examples/ctypes_api.py`, the C API through Python's ctypes, on the sim.
+#[test]
+fn ctypes_example_uses_the_c_api() {
+    let script = common::manifest_dir().join("scripts/examples/ctypes_api.py");
+    let r = run(s(&common::python()), &[s(&script)], &[], true);
+    assert!(r.status.success(), "{}", r.describe());
+    let out = &r.stdout;
+    for want in [
+        "gpuguard 0.1.0",
+        "set_cap 0",
+        "over_cap refused",
+        "current 10485760 denied 1",
+    ] {
+        assert!(out.lines().any(|l| l == want), "{want}\n{}", r.describe());
+    }
+    let trim = out.lines().find(|l| l.starts_with("trim ")).unwrap();
+    assert!(trim.ends_with(".trim.json"), "{trim}");
+    let (_, rep) = core_support::exit_report(&r);
+    let outer = outer_frames(&rep);
+    assert!(
+        outer.get(&(6 * MIB)).is_some_and(|f| f == "tag: eval"),
+        "{outer:#?}"
+    );
+    // Without gpuguard: one line, status 1.
+    let bare = run(s(&common::python()), &[s(&script)], &[], false);
+    assert_eq!(bare.status.code(), Some(1), "{}", bare.describe());
+}

@@ -3,7 +3,7 @@
 
 use super::lifecycle::books;
 use super::state::{active_books, shielded};
-use super::{control, real, report};
+use super::{control, real, report, tags};
 use gpuguard_core::ledger::MAX_DEVICES;
 use std::ffi::{CStr, c_char, c_int};
 
@@ -214,5 +214,35 @@ pub extern "C" fn gpuguard_set_cap(device: c_int, bytes: u64) -> c_int {
         Some(true) => 1,
         Some(false) => 0,
         None => -1,
+    }
+}
+
+/// Pushes a phase label on the calling thread: allocations it makes until the
+/// matching `gpuguard_pop_tag` carry the innermost label (their sites end in a
+/// `tag: <label>` frame). Returns 0, or -1 for NULL, or when refused (64 deep, 65536
+/// distinct labels). Labels longer than 256 bytes are cut.
+///
+/// # Safety
+/// `tag` is NULL or a C string.
+#[cfg_attr(not(test), unsafe(no_mangle))]
+pub unsafe extern "C" fn gpuguard_push_tag(tag: *const c_char) -> c_int {
+    if tag.is_null() {
+        return -1;
+    }
+    // SAFETY: the caller passes a C string.
+    let name = unsafe { CStr::from_ptr(tag) }.to_string_lossy();
+    match shielded(|| tags::push(&name)) {
+        Some(true) => 0,
+        _ => -1,
+    }
+}
+
+/// Pops the calling thread's innermost phase label. Returns 0, or -1 when the thread
+/// has none.
+#[cfg_attr(not(test), unsafe(no_mangle))]
+pub extern "C" fn gpuguard_pop_tag() -> c_int {
+    match shielded(tags::pop) {
+        Some(true) => 0,
+        _ => -1,
     }
 }

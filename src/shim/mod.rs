@@ -14,8 +14,9 @@
 // finds no circle):
 // - `sys`, `real`, `table`, `wake`: the C library, the real CUDA functions, the list
 //   of hooked functions, the helper thread's doorbell; no state of gpuguard's.
-// - `line`, `events`, `control`: heap-free log lines (a threshold crossing), what the
-//   timeline learns from reports and warnings, the C API's requests to the helper.
+// - `line`, `events`, `control`, `tags`: heap-free log lines (a threshold crossing),
+//   what the timeline learns from reports and warnings, the C API's requests to the
+//   helper, the threads' phase labels.
 // - `settings`, `unwind`, `python::api`, `python::frames`: configuration and log
 //   lines; stack capture; the CPython functions, and the Python frames hooks read.
 // - `books`, `caps`: the process's books and the cap logic on them.
@@ -44,6 +45,7 @@ mod state;
 mod symbolize;
 mod sys;
 mod table;
+mod tags;
 mod track;
 mod trim;
 mod unwind;

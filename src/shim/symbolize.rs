@@ -60,6 +60,12 @@ fn program_name() -> String {
 /// a site starts at the caller.
 pub(crate) fn symbolize(pc: usize, tables: &Tables) -> FrameInfo {
     use super::python::frames;
+    if super::tags::is_tag(pc) {
+        return FrameInfo {
+            text: super::tags::text(pc),
+            internal: false,
+        };
+    }
     if frames::is_python(pc) {
         return FrameInfo {
             text: match frames::text(pc) {

@@ -151,6 +151,7 @@ pub(super) fn after_fork_in_child() {
     observe::after_fork_in_child();
     events::after_fork_in_child();
     control::after_fork_in_child();
+    super::tags::after_fork_in_child();
 }
 
 /// When the Python side is (re)installed after activation: soon (a framework may

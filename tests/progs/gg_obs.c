@@ -9,6 +9,8 @@
  */
 #include "gg_common.h"
 
+#include <pthread.h>
+
 #define MiB (1ULL << 20)
 
 typedef int (*gg_trim_fn)(uint32_t, char *, size_t);
@@ -162,7 +164,55 @@ static int mode_capi(int argc, char **argv)
     return 0;
 }
 
+/* ---- tags: 3 MiB under "train", 5 MiB under "eval" inside it, 7 MiB untagged,
+ * 11 MiB under "eval" in another thread; all left behind ---- */
+typedef int (*gg_push_fn)(const char *);
+typedef int (*gg_pop_fn)(void);
+
+static void *tagged_thread(void *arg)
+{
+    (void)arg;
+    gg_push_fn push = (gg_push_fn)dlsym(RTLD_DEFAULT, "gpuguard_push_tag");
+    gg_pop_fn pop = (gg_pop_fn)dlsym(RTLD_DEFAULT, "gpuguard_pop_tag");
+    setup();
+    rc_line("push_thread", push("eval"));
+    CUdeviceptr p = dev_alloc(11 * MiB);
+    leak_line(p, 11 * MiB);
+    rc_line("pop_thread", pop());
+    return NULL;
+}
+
+static int mode_tags(int argc, char **argv)
+{
+    (void)argc; (void)argv;
+    gg_push_fn push = (gg_push_fn)dlsym(RTLD_DEFAULT, "gpuguard_push_tag");
+    gg_pop_fn pop = (gg_pop_fn)dlsym(RTLD_DEFAULT, "gpuguard_pop_tag");
+    if (!push || !pop) {
+        puts("GG absent");
+        return 0;
+    }
+    setup();
+    rc_line("push_train", push("train"));
+    CUdeviceptr a = dev_alloc(3 * MiB);
+    leak_line(a, 3 * MiB);
+    rc_line("push_eval", push("eval"));
+    CUdeviceptr b = dev_alloc(5 * MiB);
+    leak_line(b, 5 * MiB);
+    rc_line("pop_eval", pop());
+    rc_line("pop_train", pop());
+    rc_line("pop_none", pop());
+    rc_line("push_null", push(NULL));
+    CUdeviceptr c = dev_alloc(7 * MiB);
+    leak_line(c, 7 * MiB);
+    pthread_t t;
+    pthread_create(&t, NULL, tagged_thread, NULL);
+    pthread_join(t, NULL);
+    puts("OK");
+    return 0;
+}
+
 static const struct gg_mode g_modes[] = {
+    {"tags", mode_tags},
     {"trace", mode_trace},
     {"hold", mode_hold},
     {"warnloop", mode_warnloop},

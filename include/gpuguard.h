@@ -52,8 +52,9 @@ int gpuguard_write_report(const char *reason, char *path_out, size_t path_len);
  * does, and waits up to timeout_ms for the trim's report. Returns 0 when it is
  * written (its path copied into path_out as above; empty when it went to stderr), 1
  * on timeout (the trim still runs), -1 when gpuguard is disabled. Called from the
- * main thread of a Python process (which runs the framework part), the trim leaves
- * the framework caches alone: call e.g. torch.cuda.empty_cache() first. */
+ * main thread of a Python process (which would have to run the framework part), the
+ * trim runs in the calling thread and leaves the framework caches alone: call e.g.
+ * torch.cuda.empty_cache() first. */
 int gpuguard_trim(uint32_t timeout_ms, char *path_out, size_t path_len);
 
 /* Sets device `device`'s cap to `bytes` while the program runs (0 lifts it; above the

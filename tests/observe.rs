@@ -241,6 +241,39 @@ fn ps_lists_a_running_program_with_its_live_bytes_and_forgets_it_at_exit() {
 }
 
 #[test]
+fn a_forked_child_has_its_own_status_file() {
+    let held = start_held(&["fork_hold"], &[], "ps-fork");
+    let parent = held.child.id();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let live = |all: &[Value], pid: u32| {
+        all.iter()
+            .find(|p| p["pid"] == pid)
+            .map(|p| p["devices"][0]["live_bytes"].clone())
+    };
+    loop {
+        let all = ps_json(&held.runtime);
+        let child = all
+            .iter()
+            .filter_map(|p| p["pid"].as_u64())
+            .find(|p| *p != u64::from(parent));
+        if let Some(child) = child
+            && live(&all, parent) == Some((8 * MIB).into())
+            && live(&all, child as u32) == Some((4 * MIB).into())
+        {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "parent and child not listed: {all:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let runtime = held.runtime.clone();
+    held.finish();
+    assert!(ps_json(&runtime).is_empty(), "both files removed");
+}
+
+#[test]
 fn a_killed_programs_trace_still_loads_with_plot() {
     let dir = fresh_dir("killed-trace");
     let trace = dir.join("t.json");

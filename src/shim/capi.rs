@@ -3,7 +3,7 @@
 
 use super::lifecycle::books;
 use super::state::{active_books, shielded};
-use super::{control, real, report, tags};
+use super::{control, python, real, report, tags, worker};
 use gpuguard_core::ledger::MAX_DEVICES;
 use std::ffi::{CStr, c_char, c_int};
 
@@ -169,11 +169,22 @@ pub unsafe extern "C" fn gpuguard_trim(
     if shielded(books).flatten().is_none() {
         return -1;
     }
-    // The main thread of a Python process runs the trim's Python side; when it is the
-    // one waiting here, the trim leaves that side out.
+    // The main thread of a Python process runs the trim's Python side, and the helper
+    // may be waiting for it (a cap report's classification, a cap trim): from that
+    // thread the trim runs here, without the Python side.
     // SAFETY: plain system calls.
     let main = unsafe { libc::getpid() == libc::gettid() };
-    let Some(ticket) = control::ask_trim(main) else {
+    if main && python::present() {
+        return match shielded(|| worker::api_trim(true)) {
+            Some(path) => {
+                // SAFETY: as the caller promised.
+                unsafe { copy_path(&path.unwrap_or_default(), path_out, path_len) };
+                0
+            }
+            None => -1,
+        };
+    }
+    let Some(ticket) = control::ask_trim() else {
         return -1;
     };
     let wait = std::time::Duration::from_millis(u64::from(timeout_ms));

@@ -13,9 +13,6 @@ struct Trims {
     /// Tickets handed out, and the last one a finished trim answered.
     asked: u64,
     done: u64,
-    /// Some ticket not answered yet was taken by the process's main thread, which
-    /// waits for the answer (so the trim must not wait for the main thread).
-    main_waiting: bool,
     /// Where the last trim's report went (None: stderr, or no report).
     path: Option<PathBuf>,
 }
@@ -23,7 +20,6 @@ struct Trims {
 static TRIMS: Mutex<Trims> = Mutex::new(Trims {
     asked: 0,
     done: 0,
-    main_waiting: false,
     path: None,
 });
 static DONE: Condvar = Condvar::new();
@@ -35,37 +31,32 @@ fn lock() -> std::sync::MutexGuard<'static, Trims> {
 }
 
 /// Asks the helper thread for a trim; returns the ticket to wait on.
-pub(crate) fn ask_trim(from_main_thread: bool) -> Option<u64> {
+pub(crate) fn ask_trim() -> Option<u64> {
     if BROKEN.load(Acquire) {
         return None;
     }
     let ticket = {
         let mut t = lock();
         t.asked += 1;
-        t.main_waiting |= from_main_thread;
         t.asked
     };
     wake::ring();
     Some(ticket)
 }
 
-/// For the helper thread: the newest ticket waiting, and whether the main thread
-/// waits on one of them.
-pub(crate) fn trim_wanted() -> Option<(u64, bool)> {
+/// For the helper thread: the newest ticket waiting.
+pub(crate) fn trim_wanted() -> Option<u64> {
     if BROKEN.load(Acquire) {
         return None;
     }
     let t = lock();
-    (t.asked > t.done).then_some((t.asked, t.main_waiting))
+    (t.asked > t.done).then_some(t.asked)
 }
 
 /// For the helper thread: the trim for every ticket up to `ticket` is done.
 pub(crate) fn trim_done(ticket: u64, path: Option<PathBuf>) {
     let mut t = lock();
     t.done = t.done.max(ticket);
-    if t.done >= t.asked {
-        t.main_waiting = false;
-    }
     t.path = path;
     drop(t);
     DONE.notify_all();
@@ -95,7 +86,6 @@ pub(crate) fn after_fork_in_child() {
         Ok(mut t) => {
             t.asked = 0;
             t.done = 0;
-            t.main_waiting = false;
             t.path = None;
         }
         Err(_) => BROKEN.store(true, Release),

@@ -99,14 +99,7 @@ pub(crate) fn tick() {
     let Some(mut guard) = lock() else {
         return;
     };
-    let pid = std::process::id();
-    if guard.as_ref().is_some_and(|o| o.pid != pid) {
-        // The parent's (a fork the hook below did not see): forget it unwritten.
-        if let Some(o) = guard.take() {
-            std::mem::forget(o);
-        }
-    }
-    let o = guard.get_or_insert_with(|| start(books, pid));
+    let o = this_process(&mut guard, books);
     if o.finished {
         return;
     }
@@ -142,14 +135,9 @@ pub(crate) fn on_exit() {
     let Some(mut guard) = lock() else {
         return;
     };
-    let pid = std::process::id();
-    if guard.as_ref().is_some_and(|o| o.pid != pid)
-        && let Some(o) = guard.take()
-    {
-        std::mem::forget(o);
-    }
     // A process that exits before the helper's first tick still leaves its trace.
-    let o = guard.get_or_insert_with(|| start(books, pid));
+    let o = this_process(&mut guard, books);
+    let pid = o.pid;
     if o.finished {
         return;
     }
@@ -179,6 +167,18 @@ pub(crate) fn after_fork_in_child() {
         }
         Err(_) => BROKEN.store(true, Release),
     }
+}
+
+/// This process's observer, started now if need be. One left from the parent of a
+/// fork (a fork the hook below did not see) is forgotten unwritten.
+fn this_process<'a>(slot: &'a mut Option<Observer>, books: &Books) -> &'a mut Observer {
+    let pid = std::process::id();
+    if slot.as_ref().is_some_and(|o| o.pid != pid)
+        && let Some(o) = slot.take()
+    {
+        std::mem::forget(o);
+    }
+    slot.get_or_insert_with(|| start(books, pid))
 }
 
 fn t_us(books: &Books, now_ns: u64) -> u64 {

@@ -223,8 +223,8 @@ fn run(fd: c_int) {
                 .flatten()
                 .unwrap_or_else(|| TRIM_REQUESTS.load(Relaxed));
         }
-        if let Some((ticket, main_waits)) = control::trim_wanted() {
-            let path = shielded(|| api_trim(main_waits)).flatten();
+        if let Some(ticket) = control::trim_wanted() {
+            let path = shielded(|| api_trim(false)).flatten();
             control::trim_done(ticket, path);
         }
         if monotonic_ns() >= install_due {
@@ -284,10 +284,11 @@ fn run(fd: c_int) {
     }
 }
 
-/// A trim asked through the C API (`gpuguard_trim`). When the program's main thread
-/// waits for it, the trim must not wait for that thread: the Python side (framework
-/// caches, the classification) is left out and CUDA pools are trimmed.
-fn api_trim(main_waits: bool) -> Option<std::path::PathBuf> {
+/// A trim asked through the C API (`gpuguard_trim`), on the helper thread, or on the
+/// calling thread when that is a Python process's main thread (`main_waits`): the
+/// trim must not wait for that thread then, so the Python side (framework caches,
+/// the classification) is left out and CUDA pools are trimmed.
+pub(crate) fn api_trim(main_waits: bool) -> Option<std::path::PathBuf> {
     let books = active_books()?;
     if main_waits && python::present() {
         let t = trim::perform_with(books, "api", false);

@@ -10,6 +10,7 @@
 #include "gg_common.h"
 
 #include <pthread.h>
+#include <sys/wait.h>
 
 #define MiB (1ULL << 20)
 
@@ -88,6 +89,34 @@ static int mode_hold(int argc, char **argv)
     setup();
     CUdeviceptr a = dev_alloc((size_t)mib * MiB);
     wait_stdin();
+    dev_free(a);
+    puts("OK");
+    return 0;
+}
+
+/* ---- fork_hold: the parent holds 8 MiB, a forked child 4 MiB of its own; both
+ * until stdin ends (CHILD <pid> names the child) ---- */
+static int mode_fork_hold(int argc, char **argv)
+{
+    (void)argc; (void)argv;
+    setup();
+    CUdeviceptr a = dev_alloc(8 * MiB);
+    fflush(stdout);
+    pid_t child = fork();
+    if (child == 0) {
+        CUdeviceptr p;
+        MUST(cuMemAlloc_v2(&p, 4 * MiB));
+        printf("CHILD %d\n", (int)getpid());
+        fflush(stdout);
+        char buf[64];
+        while (fread(buf, 1, sizeof buf, stdin) > 0) {
+        }
+        exit(0); /* its exit handler removes its status file */
+    }
+    sleep_ms(10);
+    wait_stdin();
+    int st;
+    waitpid(child, &st, 0);
     dev_free(a);
     puts("OK");
     return 0;
@@ -215,6 +244,7 @@ static const struct gg_mode g_modes[] = {
     {"tags", mode_tags},
     {"trace", mode_trace},
     {"hold", mode_hold},
+    {"fork_hold", mode_fork_hold},
     {"warnloop", mode_warnloop},
     {"warn_exit", mode_warn_exit},
     {"logevery", mode_logevery},

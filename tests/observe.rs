@@ -512,3 +512,20 @@ fn ctypes_example_uses_the_c_api() {
     let bare = run(s(&common::python()), &[s(&script)], &[], false);
     assert_eq!(bare.status.code(), Some(1), "{}", bare.describe());
 }
+
+#[test]
+fn a_status_directory_that_cannot_be_used_warns_once_and_the_program_runs() {
+    let r = run(
+        "gg_obs",
+        &["logevery", "1200"],
+        &[("XDG_RUNTIME_DIR", "/proc/no-such-dir")],
+        true,
+    );
+    r.assert_ok();
+    let lines: Vec<&str> = gg_stderr_lines(&r, r.pid)
+        .into_iter()
+        .filter(|l| l.contains("status file"))
+        .collect();
+    assert_eq!(lines.len(), 1, "{}", r.describe());
+    assert!(lines[0].contains("/proc/no-such-dir/gpuguard"), "{lines:?}");
+}

@@ -196,15 +196,24 @@ fn start(books: &Books, pid: u32) -> Observer {
         .as_deref()
         .and_then(|p| open_trace(p, pid, &program, started_unix_ms));
     events::set_wanted(trace.is_some());
-    let status_dir = match status::status_dir_here().and_then(|d| {
-        status::ensure_dir(&d)?;
-        Ok(d)
-    }) {
-        Ok(d) => Some(d),
+    let status_dir = match status::status_dir_here() {
+        Ok(d) => match status::ensure_dir(&d) {
+            Ok(()) => Some(d),
+            Err(e) => {
+                log(
+                    LogLevel::Warn,
+                    format_args!(
+                        "no status file for `gpuguard ps`: {}: {e}; running without it",
+                        d.display()
+                    ),
+                );
+                None
+            }
+        },
         Err(e) => {
             log(
                 LogLevel::Warn,
-                format_args!("no status file for `gpuguard ps`: {e}"),
+                format_args!("no status file for `gpuguard ps`: {e}; running without it"),
             );
             None
         }

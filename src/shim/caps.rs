@@ -217,6 +217,9 @@ impl Books {
     /// devices are measured only here, so between reports their figure is the last
     /// one measured.
     pub fn refresh_pools(&self, device: i32) {
+        // The device's current pool is measured even if the program never looked it
+        // up (`cuMemAllocAsync` draws from it unasked).
+        let _ = self.current_pool(device);
         for p in self.device_pools(device) {
             self.measure_pool(device, p);
         }

@@ -6,7 +6,7 @@ use super::books::Books;
 use super::settings::{self, LogLevel, Settings, log};
 use super::state::{self, active_books, shielded};
 use super::sys::write_stderr;
-use super::{python, real, report, unwind, worker};
+use super::{endings, python, real, report, unwind, wake, worker};
 use gpuguard_core::config::Config;
 use std::path::PathBuf;
 use std::sync::atomic::Ordering::*;
@@ -21,6 +21,7 @@ pub(crate) fn books() -> Option<&'static Books> {
 /// the capped devices checked.
 fn on_activation() {
     worker::signals_on_activation();
+    endings::install(&ending_signals());
     worker::start();
     if let Some(b) = active_books() {
         b.check_cap_devices();
@@ -93,11 +94,23 @@ extern "C" fn after_fork_in_child() {
     worker::after_fork_in_child();
 }
 
+/// The signals whose default action gpuguard turns into "final report, then the
+/// default action": SIGTERM, SIGINT, SIGHUP, less the report and trim signals.
+fn ending_signals() -> Vec<std::ffi::c_int> {
+    let cfg = &settings::settings().cfg;
+    endings::CANDIDATES
+        .iter()
+        .map(|(s, _)| *s)
+        .filter(|s| Some(*s) != cfg.report_signal && Some(*s) != cfg.trim_signal)
+        .collect()
+}
+
 /// The exit report: what is still live is the leak list.
 extern "C" fn at_exit() {
     if let Some(books) = active_books() {
-        // A refusal the helper thread had no time to report still gets its report.
-        if worker::claim_cap_report(books) {
+        // A refusal the helper thread cannot report (it is not running) still gets
+        // its report, before the exit report.
+        if !wake::running() && !report::exit_written() && worker::claim_cap_report(books) {
             shielded(|| report::write_report("cap"));
         }
         report::write_exit_report(python::at_exit_answer);

@@ -14,6 +14,8 @@
 // finds no circle):
 // - `sys`, `real`, `table`, `wake`: the C library, the real CUDA functions, the list
 //   of hooked functions, the helper thread's doorbell; no state of gpuguard's.
+// - `endings`: the end of a process (ending signals' handler, waiting for the helper
+//   thread to finish what it was asked before the exit report).
 // - `settings`, `unwind`, `python::api`, `python::frames`: configuration and log
 //   lines; stack capture; the CPython functions, and the Python frames hooks read.
 // - `books`, `caps`: the process's books and the cap logic on them.
@@ -27,6 +29,7 @@
 mod books;
 pub mod capi;
 mod caps;
+mod endings;
 pub mod hooks;
 mod lifecycle;
 mod python;

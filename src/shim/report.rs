@@ -6,7 +6,7 @@ use super::books::Books;
 use super::settings::{LogLevel, log, settings};
 use super::state::{active_books, shielded};
 use super::sys::{self, write_stderr};
-use super::{real, table};
+use super::{endings, real, table};
 use gpuguard_core::classify::Answer;
 use gpuguard_core::report::{ReportConfig, TrimReport, human_bytes};
 use gpuguard_core::reporter::{self, FrameInfo, ReportInput};
@@ -168,20 +168,50 @@ fn demangle(name: &str) -> String {
 #[derive(Default)]
 pub(crate) struct Extra {
     pub trim: Option<gpuguard_core::report::TrimReport>,
+    /// The signal ending the process, for its final report.
+    pub ending: Option<gpuguard_core::report::Ending>,
 }
 
 /// Set once the exit report is written (from Python's `atexit` in a Python process,
 /// else from the C-level exit handler), so it is written once.
 static EXIT_WRITTEN: AtomicBool = AtomicBool::new(false);
 
+/// How long the exit waits for the helper thread to finish what it was asked for.
+const SETTLE_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// The exit report, the first time this is asked for in the process, with the
 /// frameworks' account `at_exit_answer` gives (what Python's `atexit` handed over).
 pub(crate) fn write_exit_report(at_exit_answer: impl FnOnce() -> Option<String>) {
+    write_final_report(None, at_exit_answer);
+}
+
+/// The exit report, marked with the signal ending the process if one is. Reports
+/// already asked for are written first (bounded); none is written after it.
+pub(crate) fn write_final_report(
+    ending: Option<c_int>,
+    at_exit_answer: impl FnOnce() -> Option<String>,
+) {
+    if active_books().is_none() || EXIT_WRITTEN.load(Acquire) {
+        return;
+    }
+    endings::settle(SETTLE_WAIT);
     if let Some(books) = active_books()
         && !EXIT_WRITTEN.swap(true, AcqRel)
     {
-        shielded(|| write(books, "exit", Extra::default(), at_exit_answer()));
+        let extra = Extra {
+            ending: ending.map(|signal| gpuguard_core::report::Ending {
+                signal,
+                name: endings::name(signal).to_string(),
+            }),
+            ..Extra::default()
+        };
+        shielded(|| write(books, "exit", extra, at_exit_answer()));
     }
+}
+
+/// Whether the exit report was written (or is being written).
+pub(crate) fn exit_written() -> bool {
+    EXIT_WRITTEN.load(Acquire)
 }
 
 /// In a forked child: the parent's exit report is not the child's.
@@ -213,6 +243,13 @@ pub(crate) fn write(
         }
     });
     let _guard = books.report_lock.lock().unwrap_or_else(|e| e.into_inner());
+    if reason != "exit" && EXIT_WRITTEN.load(Acquire) {
+        // The exit report is the last one of the process; a trim is still said.
+        if let Some(t) = &extra.trim {
+            announce(t, None);
+        }
+        return None;
+    }
     let s = settings();
     let seq = books.seq.fetch_add(1, Relaxed) + 1;
     let pid = std::process::id();
@@ -254,6 +291,7 @@ pub(crate) fn write(
     };
     let mut report = reporter::build(&input);
     report.trim = extra.trim;
+    report.ending = extra.ending;
     let recorded = classes.is_some_and(|c| gpuguard_core::classify::apply(&mut report, c));
     gpuguard_core::classify::python_sites_from_stacks(&mut report, recorded);
     let name = reporter::file_name(&program, s.launch.rank, pid, seq, reason);

@@ -16,6 +16,11 @@ pub(crate) fn ring() {
     }
 }
 
+/// Whether a helper thread has a doorbell (it was started and not lost to a fork).
+pub(crate) fn running() -> bool {
+    WAKE_FD.load(Acquire) >= 0
+}
+
 /// The helper thread's eventfd, set when it starts.
 pub(crate) fn set(fd: c_int) {
     WAKE_FD.store(fd, Release);

@@ -9,7 +9,7 @@ use super::report::{self, Extra};
 use super::settings::{LogLevel, log, settings};
 use super::state::{active_books, shielded};
 use super::sys::monotonic_ns;
-use super::{trim, wake};
+use super::{endings, trim, wake};
 use gpuguard_core::report::human_bytes;
 use std::ffi::{c_int, c_void};
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering::*};
@@ -148,6 +148,7 @@ pub(super) fn after_fork_in_child() {
     TRIM_REQUESTS.store(0, Relaxed);
     report::after_fork_in_child();
     python::after_fork_in_child();
+    endings::after_fork_in_child();
 }
 
 /// When the Python side is (re)installed after activation: soon (a framework may
@@ -181,6 +182,8 @@ fn run(fd: c_int) {
         .map(|ms| ms.saturating_mul(1_000_000));
     // The thread starts at activation: the first snapshot is one interval after it.
     let mut next_snapshot = every_ns.map(|e| monotonic_ns().saturating_add(e));
+    endings::helper_started();
+    let mut settled = endings::settle_asked();
     loop {
         let cap_waiting = active_books().is_some_and(|b| b.cap_pending.load(Acquire));
         let mut timeout_ms: u64 = if cap_waiting { 100 } else { 1000 };
@@ -205,18 +208,23 @@ fn run(fd: c_int) {
             let mut v: u64 = 0;
             libc::read(fd, &mut v as *mut u64 as *mut c_void, 8);
         }
-        let now = REPORT_REQUESTS.load(Relaxed);
-        if now != handled {
-            handled = now;
-            shielded(|| write_report("signal", Extra::default()));
+        // The process is ending (exit, or a signal whose default ends it): what was
+        // asked is finished first, then the final report.
+        let asked = endings::settle_asked();
+        let ending = endings::pending();
+        if asked != settled || ending.is_some() {
+            if !report::exit_written() {
+                answer_requests(&mut handled, &mut trims_handled);
+            }
+            if let Some(sig) = ending {
+                report::write_final_report(Some(sig), python::at_exit_answer);
+                endings::finished();
+            }
+            settled = asked;
+            endings::settled(asked);
+            continue;
         }
-        if TRIM_REQUESTS.load(Relaxed) != trims_handled {
-            let base = trims_handled;
-            // Signals that come while it runs are answered by it too.
-            trims_handled = shielded(|| trim_now("signal", Some(base)))
-                .flatten()
-                .unwrap_or_else(|| TRIM_REQUESTS.load(Relaxed));
-        }
+        answer_requests(&mut handled, &mut trims_handled);
         if monotonic_ns() >= install_due {
             installs += 1;
             shielded(install_python);
@@ -248,9 +256,6 @@ fn run(fd: c_int) {
         }
         if let Some(books) = active_books() {
             let auto = shielded(|| thresholds(books)).unwrap_or(None);
-            if claim_cap_report(books) {
-                shielded(|| write_report("cap", Extra::default()));
-            }
             let auto = auto.or_else(|| books.cap_trim_wanted.swap(false, AcqRel).then_some("cap"));
             if let Some(trigger) = auto {
                 // At most one automatic trim per GPUGUARD_TRIM_INTERVAL: a job at its
@@ -270,6 +275,28 @@ fn run(fd: c_int) {
                 }
             }
         }
+    }
+}
+
+/// Answers what was asked of the helper thread: a report signal (one report for any
+/// number of them), trim signals (merged into one trim), a cap refusal's report.
+fn answer_requests(handled: &mut u64, trims_handled: &mut u64) {
+    let now = REPORT_REQUESTS.load(Relaxed);
+    if now != *handled {
+        *handled = now;
+        shielded(|| write_report("signal", Extra::default()));
+    }
+    if TRIM_REQUESTS.load(Relaxed) != *trims_handled {
+        let base = *trims_handled;
+        // Signals that come while it runs are answered by it too.
+        *trims_handled = shielded(|| trim_now("signal", Some(base)))
+            .flatten()
+            .unwrap_or_else(|| TRIM_REQUESTS.load(Relaxed));
+    }
+    if let Some(books) = active_books()
+        && claim_cap_report(books)
+    {
+        shielded(|| write_report("cap", Extra::default()));
     }
 }
 
@@ -295,7 +322,13 @@ fn trim_now(trigger: &str, base: Option<u64>) -> Option<u64> {
         t.merged = now.saturating_sub(b).max(1);
         now
     });
-    write_report("trim", Extra { trim: Some(t) });
+    write_report(
+        "trim",
+        Extra {
+            trim: Some(t),
+            ..Extra::default()
+        },
+    );
     answered
 }
 

@@ -178,6 +178,7 @@ pub fn build(input: &ReportInput<'_>) -> Report {
         config: input.config.clone(),
         denial: input.denial.clone(),
         trim: None,
+        ending: None,
         classification: Vec::new(),
         python_sites: Vec::new(),
     }

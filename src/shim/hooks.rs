@@ -188,7 +188,10 @@ pub unsafe extern "C" fn dlsym(_handle: *mut c_void, _name: *const c_char) -> *m
 
 /// 0: not ours, forward to glibc (every name not starting `cu` or `nv` at once). 1: answer NULL. Otherwise the pointer to return.
 unsafe extern "C" fn dlsym_answer(handle: *mut c_void, name: *const c_char) -> usize {
-    if super::real::real_dlsym().is_none() || name.is_null() {
+    if super::real::real_dlsym().is_none() {
+        return 1; // no glibc `dlsym` to jump to: answer NULL rather than jump to 0
+    }
+    if name.is_null() {
         return 0;
     }
     // SAFETY: name is a C string from the caller; only two bytes read before the
@@ -198,7 +201,8 @@ unsafe extern "C" fn dlsym_answer(handle: *mut c_void, name: *const c_char) -> u
         if !((a == b'c' && b == b'u') || (a == b'n' && b == b'v')) {
             return 0;
         }
-        dlsym_swap(handle, CStr::from_ptr(name))
+        let name = CStr::from_ptr(name);
+        shielded(|| dlsym_swap(handle, name)).unwrap_or(0)
     }
 }
 

@@ -6,7 +6,7 @@ use super::books::Books;
 use super::settings::{self, LogLevel, Settings, log};
 use super::state::{self, active_books, shielded};
 use super::sys::write_stderr;
-use super::{endings, python, real, report, unwind, wake, worker};
+use super::{endings, fault, python, real, report, unwind, wake, worker};
 use gpuguard_core::config::Config;
 use std::path::PathBuf;
 use std::sync::atomic::Ordering::*;
@@ -14,12 +14,16 @@ use std::sync::atomic::Ordering::*;
 /// The books, activating gpuguard on first use. `None` once disabled.
 #[inline]
 pub(crate) fn books() -> Option<&'static Books> {
+    if worker::helper_missing() {
+        shielded(worker::retry);
+    }
     state::books_or_activate(on_activation)
 }
 
 /// Activation: the signal handlers put back in front, the helper thread started,
 /// the capped devices checked.
 fn on_activation() {
+    fault::point("activate");
     worker::signals_on_activation();
     endings::install(&ending_signals());
     worker::start();
@@ -36,6 +40,7 @@ fn on_load() {
 
 #[cfg_attr(test, allow(dead_code))]
 fn load() {
+    state::quiet_panics();
     let names: Vec<String> = std::env::vars_os()
         .filter_map(|(k, _)| k.into_string().ok())
         .filter(|k| k.starts_with("GPUGUARD_"))

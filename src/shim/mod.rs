@@ -12,6 +12,7 @@
 
 // The layers, each using only those listed before it (`rust-import-cycles.py`
 // finds no circle):
+// - `fault`: test-only fault injection (a constant `false` in production builds).
 // - `sys`, `real`, `table`, `wake`: the C library, the real CUDA functions, the list
 //   of hooked functions, the helper thread's doorbell; no state of gpuguard's.
 // - `endings`: the end of a process (ending signals' handler, waiting for the helper
@@ -30,6 +31,7 @@ mod books;
 pub mod capi;
 mod caps;
 mod endings;
+mod fault;
 pub mod hooks;
 mod lifecycle;
 mod python;

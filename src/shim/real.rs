@@ -19,6 +19,9 @@ pub(crate) static GPUGUARD_REAL_DLSYM: AtomicUsize = AtomicUsize::new(0);
 /// Resolves glibc's `dlsym` by version, since `dlsym(RTLD_NEXT, "dlsym")` would go
 /// through ourselves.
 pub(crate) fn real_dlsym() -> Option<DlsymFn> {
+    if super::fault::hit("no-dlsym") {
+        return None;
+    }
     let mut p = GPUGUARD_REAL_DLSYM.load(Acquire);
     if p == 0 {
         for v in [c"GLIBC_2.34", c"GLIBC_2.2.5"] {

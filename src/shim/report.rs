@@ -6,7 +6,7 @@ use super::books::Books;
 use super::settings::{LogLevel, log, settings};
 use super::state::{active_books, shielded};
 use super::sys::{self, write_stderr};
-use super::{endings, real, table};
+use super::{endings, fault, real, table};
 use gpuguard_core::classify::Answer;
 use gpuguard_core::report::{ReportConfig, TrimReport, human_bytes};
 use gpuguard_core::reporter::{self, FrameInfo, ReportInput};
@@ -243,6 +243,7 @@ pub(crate) fn write(
         }
     });
     let _guard = books.report_lock.lock().unwrap_or_else(|e| e.into_inner());
+    fault::point("report");
     if reason != "exit" && EXIT_WRITTEN.load(Acquire) {
         // The exit report is the last one of the process; a trim is still said.
         if let Some(t) = &extra.trim {

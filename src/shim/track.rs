@@ -9,7 +9,7 @@ use super::real::{DRIVER, is_own_code};
 use super::settings::config;
 use super::state::{active_books, shielded};
 use super::sys::monotonic_ns;
-use super::unwind;
+use super::{fault, unwind};
 use gpuguard_core::ledger::{Key, Kind, NO_SITE, Record};
 use std::cell::{Cell, UnsafeCell};
 use std::ffi::{c_int, c_void};
@@ -280,6 +280,7 @@ fn record(
     device: i32,
     reserved: bool,
 ) {
+    fault::point("record");
     let label = claim_for_runtime(t, api);
     let rec = Record {
         bytes: made.bytes,
@@ -355,6 +356,40 @@ fn admit(t: &ThreadState, api: u8, kind: Kind, plan: &Plan) -> Option<Admission>
     Some(Admission::Refused)
 }
 
+/// What a hook answers when gpuguard failed inside the real call's own closure (it
+/// cannot tell whether the call happened): `CUDA_ERROR_UNKNOWN`.
+const UNKNOWN: c_int = 999;
+
+/// Runs a hook's whole body under one catch: `body` gets the real call (to make
+/// exactly once, through the given closure). If gpuguard's logic panics, gpuguard
+/// is off for the process and the real call's code is returned, the call made now
+/// if it had not been yet.
+#[inline]
+fn guarded(
+    call: impl FnOnce() -> c_int,
+    body: impl FnOnce(&mut dyn FnMut() -> c_int) -> c_int,
+) -> c_int {
+    let mut call = Some(call);
+    let mut rc: Option<c_int> = None;
+    let out = shielded(|| {
+        let mut real = || match call.take() {
+            Some(c) => {
+                let r = c();
+                rc = Some(r);
+                r
+            }
+            None => rc.unwrap_or(UNKNOWN),
+        };
+        body(&mut real)
+    });
+    match (out, rc, call) {
+        (Some(r), _, _) => r,
+        (None, Some(r), _) => r,
+        (None, None, Some(c)) => c(),
+        (None, None, None) => UNKNOWN,
+    }
+}
+
 /// A driver allocation: reservation against the cap, real call, then the record (or
 /// the reservation given back).
 #[inline]
@@ -369,20 +404,19 @@ pub(crate) fn driver_alloc(
         return call();
     };
     let t = scope.0;
-    let (books, ctx, dev, reserved) = match shielded(|| admit(t, api, kind, &plan)).flatten() {
-        Some(Admission::Admitted {
-            books,
-            ctx,
-            dev,
-            reserved,
-        }) => (books, ctx, dev, reserved),
-        Some(Admission::Refused) => return OUT_OF_MEMORY,
-        None => return call(), // gpuguard is off: the call goes through untouched
-    };
-    let host = kind.is_host();
-    let rc = call();
-    let mut result = rc;
-    shielded(|| {
+    guarded(call, |real| {
+        let (books, ctx, dev, reserved) = match admit(t, api, kind, &plan) {
+            Some(Admission::Admitted {
+                books,
+                ctx,
+                dev,
+                reserved,
+            }) => (books, ctx, dev, reserved),
+            Some(Admission::Refused) => return OUT_OF_MEMORY,
+            None => return real(), // gpuguard is off: the call goes through untouched
+        };
+        let host = kind.is_host();
+        let rc = real();
         let ledger = &books.ledger;
         let m = if rc == SUCCESS { made() } else { None };
         let Some(m) = m else {
@@ -390,7 +424,7 @@ pub(crate) fn driver_alloc(
             if rc != SUCCESS {
                 ledger.failed(dev, host);
             }
-            return;
+            return rc;
         };
         if m.bytes > reserved && !ledger.reserve(dev, host, m.bytes - reserved) {
             // The driver rounded past the estimate and the cap has no room for the
@@ -400,8 +434,7 @@ pub(crate) fn driver_alloc(
                 DRIVER.free(m.key.value);
             }
             books.refused(dev, m.bytes, label_for(t, api), capture_site_in(books, t));
-            result = OUT_OF_MEMORY;
-            return;
+            return OUT_OF_MEMORY;
         }
         if m.bytes < reserved {
             ledger.unreserve(dev, host, reserved - m.bytes);
@@ -424,11 +457,11 @@ pub(crate) fn driver_alloc(
                     label_for(t, api),
                     capture_site_in(books, t),
                 );
-                result = OUT_OF_MEMORY;
+                return OUT_OF_MEMORY;
             }
         }
-    });
-    result
+        rc
+    })
 }
 
 /// A driver free. The record leaves the books before the real free, so an address the
@@ -442,29 +475,29 @@ pub(crate) fn driver_free(key: Key, call: impl FnOnce() -> c_int) -> c_int {
     if key.value == 0 {
         return call();
     }
-    let taken = shielded(|| {
-        let books = books()?;
+    guarded(call, |real| {
+        let Some(books) = books() else {
+            return real();
+        };
         claim_for_runtime(scope.0, 0);
-        Some((books, books.ledger.take(key)))
-    })
-    .flatten();
-    let rc = call();
-    shielded(|| match taken {
-        Some((books, Some(rec))) => {
-            if rc == SUCCESS {
-                books.ledger.confirm_free(&rec);
-                books.after_free(rec.device.into(), rec.kind);
-            } else {
-                books.ledger.restore(key, rec);
+        let taken = books.ledger.take(key);
+        let rc = real();
+        match taken {
+            Some(rec) => {
+                if rc == SUCCESS {
+                    books.ledger.confirm_free(&rec);
+                    books.after_free(rec.device.into(), rec.kind);
+                } else {
+                    books.ledger.restore(key, rec);
+                }
             }
+            // Counted only when the driver accepted it: memory gpuguard never saw
+            // allocated. A rejected free (double free, bogus pointer) is the program's.
+            None if rc == SUCCESS => books.ledger.unknown_free(key, ctx_device().1),
+            None => {}
         }
-        // Counted only when the driver accepted it: memory gpuguard never saw
-        // allocated. A rejected free (double free, bogus pointer) is the program's.
-        Some((books, None)) if rc == SUCCESS => books.ledger.unknown_free(key, ctx_device().1),
-        Some((_, None)) => {}
-        None => {}
-    });
-    rc
+        rc
+    })
 }
 
 /// A context or device teardown that frees everything in it at once.

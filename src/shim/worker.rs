@@ -108,7 +108,16 @@ pub(super) fn signals_on_activation() {
     install_signal_handler();
 }
 
+/// Set while the helper thread should run but could not be started: hooks retry.
+static HELPER_MISSING: AtomicBool = AtomicBool::new(false);
+/// Failed starts so far, and when the next try is due (monotonic ns).
+static START_FAILURES: AtomicU64 = AtomicU64::new(0);
+static NEXT_START_NS: AtomicU64 = AtomicU64::new(0);
+static START_WARNED: AtomicBool = AtomicBool::new(false);
+
 /// Starts the helper thread, with every signal blocked so they go to the program.
+/// If it cannot be started, a later hook tries again (backing off), and requests
+/// asked meanwhile are answered once it runs.
 pub(super) fn start() {
     if THREAD_RUNNING.swap(true, AcqRel) {
         return;
@@ -117,28 +126,70 @@ pub(super) fn start() {
     // (the new thread inherits the blocked mask).
     unsafe {
         let fd = libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK);
-        wake::set(fd);
         let mut all: libc::sigset_t = std::mem::zeroed();
         let mut old: libc::sigset_t = std::mem::zeroed();
         libc::sigfillset(&mut all);
         libc::pthread_sigmask(libc::SIG_BLOCK, &all, &mut old);
-        let spawned = std::thread::Builder::new()
-            .name("gpuguard".into())
-            .spawn(move || run(fd));
+        let spawned = if fd < 0 || (super::fault::hit("spawn") && START_FAILURES.load(Relaxed) == 0)
+        {
+            Err(std::io::Error::other("no eventfd"))
+        } else {
+            std::thread::Builder::new()
+                .name("gpuguard".into())
+                .spawn(move || run(fd))
+        };
         libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
-        if spawned.is_err() {
-            THREAD_RUNNING.store(false, Release);
-            log(
-                LogLevel::Warn,
-                format_args!("could not start the helper thread; signal reports are off"),
-            );
+        match spawned {
+            Ok(_) => {
+                wake::set(fd);
+                // Ring once: what was asked before it ran is answered now.
+                wake::ring();
+                HELPER_MISSING.store(false, Release);
+            }
+            Err(e) => {
+                if fd >= 0 {
+                    libc::close(fd);
+                }
+                let n = START_FAILURES.fetch_add(1, Relaxed);
+                let backoff_ms = 20u64 << n.min(9);
+                NEXT_START_NS.store(
+                    monotonic_ns().saturating_add(backoff_ms * 1_000_000),
+                    Relaxed,
+                );
+                THREAD_RUNNING.store(false, Release);
+                HELPER_MISSING.store(true, Release);
+                if !START_WARNED.swap(true, Relaxed) {
+                    log(
+                        LogLevel::Warn,
+                        format_args!(
+                            "could not start the helper thread ({e}); trying again at later CUDA calls"
+                        ),
+                    );
+                }
+            }
         }
+    }
+}
+
+/// Whether the helper thread could not be started (a hook then calls `retry`).
+#[inline]
+pub(crate) fn helper_missing() -> bool {
+    HELPER_MISSING.load(Relaxed)
+}
+
+/// Starts the helper thread again if the backoff since the last failure is over.
+#[cold]
+pub(crate) fn retry() {
+    if monotonic_ns() >= NEXT_START_NS.load(Relaxed) {
+        start();
     }
 }
 
 pub(super) fn after_fork_in_child() {
     // The parent's thread does not exist here; the eventfd is the parent's too.
     THREAD_RUNNING.store(false, Release);
+    HELPER_MISSING.store(false, Relaxed);
+    START_FAILURES.store(0, Relaxed);
     let fd = wake::take();
     if fd >= 0 {
         // SAFETY: closing our own descriptor in the child.

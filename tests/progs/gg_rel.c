@@ -203,7 +203,41 @@ static int mode_allocs(int argc, char **argv)
     return 0;
 }
 
+/* dlsym_probe: no CUDA; one dlsym of a libc name. */
+static int mode_dlsym_probe(int argc, char **argv)
+{
+    (void)argc; (void)argv;
+    void *p = dlsym(RTLD_DEFAULT, "printf");
+    printf("DLSYM %s\n", p ? "found" : "null");
+    puts("OK");
+    return 0;
+}
+
+/* retry_helper: a report signal after the first CUDA call, then allocations (each
+ * a CUDA call gpuguard sees) until the signal's report is there (at most 20 s). */
+static int mode_retry_helper(int argc, char **argv)
+{
+    (void)argc; (void)argv;
+    setup(0);
+    leak(1 * MiB);
+    raise(SIGUSR1);
+    int got = 0;
+    for (int i = 0; i < 20000 && !got; i++) {
+        CUdeviceptr p;
+        MUST(cuMemAlloc_v2(&p, 65536));
+        MUST(cuMemFree_v2(p));
+        got = has_report("signal");
+        struct timespec ts = {0, 1000000};
+        nanosleep(&ts, NULL);
+    }
+    printf("SIGREPORT %d\n", got);
+    puts("OK");
+    return 0;
+}
+
 static const struct gg_mode g_modes[] = {
+    {"dlsym_probe", mode_dlsym_probe},
+    {"retry_helper", mode_retry_helper},
     {"ending", mode_ending},
     {"wait", mode_wait},
     {"own_term", mode_own_term},

@@ -221,3 +221,21 @@ fn a_trim_measures_a_pool_the_program_never_looked_up() {
     assert_eq!(trim["devices"][0]["after_bytes"], 0, "{trim:#}");
     assert_eq!(trim["released_bytes"], 16 * MIB, "{trim:#}");
 }
+
+/// A hook that runs before gpuguard's constructor (another library's constructor
+/// allocating) reads the same settings the constructor does: the cap and the report
+/// directory hold from the first call.
+#[test]
+fn a_hook_before_the_constructor_sees_the_settings() {
+    let r = gg_run("gg_early", &[], &[("GPUGUARD_CAP", "16MiB")]);
+    r.assert_ok();
+    assert_eq!(r.rc("early"), Some(0), "{}", r.describe());
+    assert_eq!(
+        r.rc("big"),
+        Some(2),
+        "the cap refuses 64 MiB\n{}",
+        r.describe()
+    );
+    let (_, rep) = exit_report(&r);
+    assert_eq!(live_set(&rep), leak_set(r.out()), "{rep:#}");
+}

@@ -3,12 +3,9 @@
 //! (the child starts INERT with fresh books) and exit (the exit report).
 
 use super::books::Books;
-use super::settings::{self, LogLevel, Settings, log};
+use super::settings::{self, LogLevel, log};
 use super::state::{self, active_books, shielded};
-use super::sys::write_stderr;
 use super::{endings, fault, python, real, report, unwind, wake, worker};
-use gpuguard_core::config::Config;
-use std::path::PathBuf;
 use std::sync::atomic::Ordering::*;
 
 /// The books, activating gpuguard on first use. `None` once disabled.
@@ -41,37 +38,8 @@ fn on_load() {
 #[cfg_attr(test, allow(dead_code))]
 fn load() {
     state::quiet_panics();
-    let names: Vec<String> = std::env::vars_os()
-        .filter_map(|(k, _)| k.into_string().ok())
-        .filter(|k| k.starts_with("GPUGUARD_"))
-        .collect();
-    let parsed = Config::parse(names.iter().map(String::as_str), |k| {
-        std::env::var_os(k).map(|v| v.to_string_lossy().into_owned())
-    });
-    let cfg = match parsed {
-        Ok(c) => c,
-        Err(e) => {
-            write_stderr(format!("gpuguard[{}]: {e}\n", std::process::id()).as_bytes());
-            // SAFETY: stopping before the program starts, as documented.
-            unsafe { libc::_exit(2) };
-        }
-    };
-    let dir = match &cfg.dir {
-        Some(d) => d.clone(),
-        None => std::env::current_dir().unwrap_or_else(|_| PathBuf::from(".")),
-    };
-    let ptds_default = std::env::var_os("CUDA_API_PER_THREAD_DEFAULT_STREAM")
-        .is_some_and(|v| v != "0" && !v.is_empty());
-    let launch = gpuguard_core::config::Launch::detect(
-        |k| std::env::var_os(k).map(|v| v.to_string_lossy().into_owned()),
-        hostname,
-    );
-    settings::install(Settings {
-        cfg,
-        dir,
-        ptds_default,
-        launch,
-    });
+    // Read now if no hook read it first (the same settings either way).
+    let _ = settings::settings();
     real::find_own_range();
     let _ = real::real_dlsym();
     worker::install_signal_handler();
@@ -80,16 +48,6 @@ fn load() {
         libc::pthread_atfork(None, None, Some(after_fork_in_child));
         libc::atexit(at_exit);
     }
-}
-
-fn hostname() -> Option<String> {
-    let mut buf = [0u8; 256];
-    // SAFETY: gethostname writes at most buf.len() bytes into buf.
-    if unsafe { libc::gethostname(buf.as_mut_ptr() as *mut libc::c_char, buf.len()) } != 0 {
-        return None;
-    }
-    let end = buf.iter().position(|b| *b == 0).unwrap_or(buf.len());
-    Some(String::from_utf8_lossy(&buf[..end]).into_owned())
 }
 
 /// The child forgets the parent's allocations; it starts INERT and gets fresh books

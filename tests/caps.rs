@@ -1219,8 +1219,10 @@ fn gpuguard_run_refuses_a_malformed_cap() {
     assert_eq!(r.status.code(), Some(2), "{}", r.describe());
     assert_eq!(r.stdout, "", "{}", r.describe());
     assert!(
-        r.stderr.contains("GPUGUARD_CAP") && r.stderr.contains("abc"),
-        "{}",
+        r.stderr.contains("--cap") && r.stderr.contains("abc"),
+        "the command names its own option\n{}",
         r.describe()
     );
+    // Refused before starting anything: the program wrote no line.
+    assert!(!r.stderr.contains("OK"), "{}", r.describe());
 }

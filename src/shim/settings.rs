@@ -29,15 +29,16 @@ pub(crate) fn settings() -> &'static Settings {
 /// The settings from the environment. Malformed settings stop the process before
 /// the program starts, as documented.
 fn from_env() -> Settings {
-    let names: Vec<String> = std::env::vars_os()
-        .filter_map(|(k, _)| k.into_string().ok())
-        .filter(|k| k.starts_with("GPUGUARD_"))
-        .collect();
-    let parsed = Config::parse(names.iter().map(String::as_str), |k| {
-        std::env::var_os(k).map(|v| v.to_string_lossy().into_owned())
-    });
-    let cfg = match parsed {
-        Ok(c) => c,
+    // Values are read as bytes: a report directory keeps its exact name.
+    let cfg = match Config::from_env() {
+        Ok(p) => {
+            if p.config.log >= LogLevel::Warn {
+                for w in &p.warnings {
+                    write_stderr(format!("gpuguard[{}]: {w}\n", std::process::id()).as_bytes());
+                }
+            }
+            p.config
+        }
         Err(e) => {
             write_stderr(format!("gpuguard[{}]: {e}\n", std::process::id()).as_bytes());
             // SAFETY: stopping before the program starts, as documented.

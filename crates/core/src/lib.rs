@@ -7,7 +7,9 @@
 //!   stacks), `vmm` (mappings of VMM handles);
 //! - `report` (the JSON model the library writes and the command reads), `reporter`
 //!   (ledger -> report -> file), `classify` (frameworks' blocks joined to a report),
-//!   `symbols` (ELF function names).
+//!   `symbols` (ELF function names);
+//! - `trace` (the memory timeline file, `GPUGUARD_TRACE`), `status` (the per-process
+//!   status files `gpuguard ps` lists).
 
 #![forbid(unsafe_code)]
 
@@ -18,5 +20,7 @@ pub mod ledger;
 pub mod report;
 pub mod reporter;
 pub mod sites;
+pub mod status;
 pub mod symbols;
+pub mod trace;
 pub mod vmm;

@@ -5,9 +5,12 @@ use crate::ledger::{Kind, Ledger, MAX_DEVICES, NO_SITE};
 use crate::report::{DeviceReport, HostReport, LiveAllocation, Report, ReportConfig, SCHEMA, Site};
 use crate::sites::SiteTable;
 use std::collections::HashMap;
-use std::io::Write;
-use std::os::unix::fs::OpenOptionsExt;
+use std::hash::{BuildHasher, Hasher, RandomState};
+use std::io::{ErrorKind, Write};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Mutex, OnceLock, TryLockError};
 
 /// One native frame as the symbolizer sees it.
 pub struct FrameInfo {
@@ -210,25 +213,65 @@ pub fn file_name(program: &str, rank: Option<u64>, pid: u32, seq: u64, reason: &
 }
 
 /// Writes `bytes` as `dir/name` so that a reader never sees a partial file: a private
-/// temporary (mode 0600, created new, never through a symlink) renamed into place.
+/// temporary (see `write_atomic_with`) renamed into place.
 pub fn write_atomic(dir: &Path, name: &str, bytes: &[u8]) -> std::io::Result<PathBuf> {
     write_atomic_with(dir, name, |w| w.write_all(bytes))
 }
 
 /// As `write_atomic`, with the content streamed by `fill` through a buffer (a report
 /// with a million live allocations is never held whole in memory).
+///
+/// The temporary file has a name of its own (`temp_file_name`: host, pid, a sequence
+/// number and 64 random bits), is created new (`O_EXCL`: never through a symlink or
+/// onto anything already there) with mode 0600, and a fresh name is tried when one is
+/// taken, so nothing placed in the directory by someone else can block a report. The
+/// rename replaces a symlink at `dir/name` rather than writing through it. The first
+/// report a process writes into a directory first removes the temporaries that writers
+/// killed mid-write left there (`remove_stale_temps`).
 pub fn write_atomic_with(
     dir: &Path,
     name: &str,
     fill: impl FnOnce(&mut dyn Write) -> std::io::Result<()>,
 ) -> std::io::Result<PathBuf> {
-    let tmp = dir.join(format!(".{name}.tmp"));
-    let f = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-        .open(&tmp)?;
+    clean_once(dir);
+    let pid = std::process::id();
+    write_atomic_named(dir, name, fill, || {
+        temp_file_name(pid, TEMP_SEQ.fetch_add(1, Relaxed), random_u64())
+    })
+}
+
+/// How many names are tried before giving up: each is 64 random bits, so only someone
+/// who can read this process's memory could have taken them all.
+const TEMP_ATTEMPTS: usize = 32;
+
+static TEMP_SEQ: AtomicU64 = AtomicU64::new(1);
+
+/// `write_atomic_with`, the temporary's names coming from `next_name`.
+fn write_atomic_named(
+    dir: &Path,
+    name: &str,
+    fill: impl FnOnce(&mut dyn Write) -> std::io::Result<()>,
+    mut next_name: impl FnMut() -> String,
+) -> std::io::Result<PathBuf> {
+    let (tmp, f) = {
+        let mut attempt = 0;
+        loop {
+            let tmp = dir.join(next_name());
+            let opened = std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+                .open(&tmp);
+            match opened {
+                Ok(f) => break (tmp, f),
+                Err(e) if e.kind() == ErrorKind::AlreadyExists && attempt + 1 < TEMP_ATTEMPTS => {
+                    attempt += 1;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    };
     let mut w = std::io::BufWriter::with_capacity(1 << 20, f);
     let written = fill(&mut w).and_then(|_| w.flush());
     drop(w);
@@ -243,6 +286,125 @@ pub fn write_atomic_with(
         return Err(e);
     }
     Ok(dest)
+}
+
+const TEMP_PREFIX: &str = ".gpuguard-";
+const TEMP_SUFFIX: &str = ".tmp";
+
+/// A temporary report file's name: `.gpuguard-<host>-<pid>-<seq>-<random>.tmp`, where
+/// `<host>` is 8 hex digits hashed from this machine's host name (so a report directory
+/// shared between machines never has one machine judge another's writers) and
+/// `<random>` 16 hex digits.
+pub fn temp_file_name(pid: u32, seq: u64, random: u64) -> String {
+    format!(
+        "{TEMP_PREFIX}{:08x}-{pid}-{seq}-{random:016x}{TEMP_SUFFIX}",
+        host_tag()
+    )
+}
+
+/// The writer pid of a temporary file name made by `temp_file_name` on this machine;
+/// `None` for any other name, including another machine's temporaries.
+pub fn temp_file_writer(file_name: &str) -> Option<u32> {
+    let body = file_name
+        .strip_prefix(TEMP_PREFIX)?
+        .strip_suffix(TEMP_SUFFIX)?;
+    let mut parts = body.split('-');
+    let (host, pid, seq, random) = (parts.next()?, parts.next()?, parts.next()?, parts.next()?);
+    let hex = |s: &str, n: usize| s.len() == n && s.bytes().all(|b| b.is_ascii_hexdigit());
+    let dec = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    let ok = parts.next().is_none()
+        && hex(host, 8)
+        && u32::from_str_radix(host, 16) == Ok(host_tag())
+        && dec(pid)
+        && dec(seq)
+        && hex(random, 16);
+    if ok { pid.parse().ok() } else { None }
+}
+
+/// 32 bits of FNV-1a over this machine's host name (its UTS namespace's, as `uname`
+/// says), read once.
+fn host_tag() -> u32 {
+    static TAG: OnceLock<u32> = OnceLock::new();
+    *TAG.get_or_init(|| {
+        let name = std::fs::read("/proc/sys/kernel/hostname").unwrap_or_default();
+        let name = name.trim_ascii_end();
+        name.iter().fold(0x811c_9dc5u32, |h, &b| {
+            (h ^ u32::from(b)).wrapping_mul(0x0100_0193)
+        })
+    })
+}
+
+/// 64 bits nobody outside this process can predict: std's hasher keys come from the
+/// operating system's random source once per process, and the time and a counter make
+/// each value new.
+fn random_u64() -> u64 {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let mut h = RandomState::new().build_hasher();
+    h.write_u64(COUNTER.fetch_add(1, Relaxed));
+    h.write_u32(std::process::id());
+    if let Ok(t) = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH) {
+        h.write_u128(t.as_nanos());
+    }
+    h.finish()
+}
+
+/// Runs `remove_stale_temps` for `dir` the first time this process writes there. The
+/// list of directories is only ever held for a moment; if it stays taken (held by a
+/// thread when the process forked), the cleaning is left to a later report rather
+/// than waited for.
+fn clean_once(dir: &Path) {
+    static CLEANED: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
+    let mut tries = 0;
+    let mut cleaned = loop {
+        match CLEANED.try_lock() {
+            Ok(guard) => break guard,
+            Err(TryLockError::Poisoned(p)) => break p.into_inner(),
+            Err(_) if tries < 1000 => {
+                tries += 1;
+                std::thread::yield_now();
+            }
+            Err(_) => return,
+        }
+    };
+    if cleaned.iter().any(|d| d == dir) {
+        return;
+    }
+    cleaned.push(dir.to_path_buf());
+    drop(cleaned);
+    remove_stale_temps(dir);
+}
+
+/// Removes from `dir` the temporary report files whose writer died mid-write: names
+/// made by `temp_file_name` on this machine, regular files owned by this user, whose
+/// writer pid has no `/proc/<pid>`. Nothing else is touched; without `/proc` nothing
+/// is. Returns how many were removed.
+pub fn remove_stale_temps(dir: &Path) -> usize {
+    let Ok(me) = std::fs::metadata("/proc/self") else {
+        return 0;
+    };
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    let mut removed = 0;
+    for entry in entries.flatten() {
+        let file_name = entry.file_name();
+        let Some(pid) = file_name.to_str().and_then(temp_file_writer) else {
+            continue;
+        };
+        let ours = entry
+            .metadata() // of the entry itself, never a symlink's target
+            .is_ok_and(|m| m.file_type().is_file() && m.uid() == me.uid());
+        let writer_gone = || {
+            matches!(
+                std::fs::symlink_metadata(format!("/proc/{pid}")),
+                Err(e) if e.kind() == ErrorKind::NotFound
+            )
+        };
+        if ours && writer_gone() && std::fs::remove_file(entry.path()).is_ok() {
+            removed += 1;
+        }
+    }
+    removed
 }
 
 #[cfg(test)]
@@ -360,6 +522,208 @@ mod tests {
             file_name("a/b c", None, 1, 1, "x"),
             "gpuguard.a_b_c.1.1.x.json"
         );
+    }
+
+    /// A fresh, empty directory for one test.
+    fn scratch(tag: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("gg-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    /// A pid that no process has: a child that has been waited for.
+    fn dead_pid() -> u32 {
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let pid = child.id();
+        child.wait().unwrap();
+        assert!(!Path::new(&format!("/proc/{pid}")).exists());
+        pid
+    }
+
+    fn names(dir: &Path) -> Vec<String> {
+        let mut v: Vec<String> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        v.sort();
+        v
+    }
+
+    #[test]
+    fn anything_placed_at_a_temporary_name_is_passed_over() {
+        use std::os::unix::fs::symlink;
+        let dir = scratch("squat");
+        let victim = dir.join("victim");
+        std::fs::write(&victim, b"keep").unwrap();
+        // Someone who can write the directory took the names tried first: a file, a
+        // symlink to a file of theirs, a dangling symlink, a directory.
+        let taken = ["t-file", "t-link", "t-dangling", "t-dir"];
+        std::fs::write(dir.join("t-file"), b"theirs").unwrap();
+        symlink(&victim, dir.join("t-link")).unwrap();
+        symlink(dir.join("nowhere"), dir.join("t-dangling")).unwrap();
+        std::fs::create_dir(dir.join("t-dir")).unwrap();
+        let mut tried = Vec::new();
+        let mut pending = taken
+            .iter()
+            .map(|t| t.to_string())
+            .chain(["t-free".to_string()]);
+        let p = write_atomic_named(
+            &dir,
+            "r.json",
+            |w| w.write_all(b"{}"),
+            || {
+                let n = pending.next().unwrap();
+                tried.push(n.clone());
+                n
+            },
+        )
+        .unwrap();
+        assert_eq!(tried, ["t-file", "t-link", "t-dangling", "t-dir", "t-free"]);
+        assert_eq!(std::fs::read(&p).unwrap(), b"{}");
+        assert_eq!(std::fs::read(&victim).unwrap(), b"keep");
+        assert_eq!(std::fs::read(dir.join("t-file")).unwrap(), b"theirs");
+        assert!(
+            !dir.join("nowhere").exists(),
+            "a dangling symlink was followed"
+        );
+        assert_eq!(
+            names(&dir),
+            [
+                "r.json",
+                "t-dangling",
+                "t-dir",
+                "t-file",
+                "t-link",
+                "victim"
+            ]
+        );
+
+        // With every name taken the write fails (bounded), leaving nothing behind.
+        let e = write_atomic_named(&dir, "s.json", |w| w.write_all(b"{}"), || "t-file".into())
+            .unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::AlreadyExists);
+        assert!(!dir.join("s.json").exists());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn plausible_temporary_names_do_not_block_reports() {
+        use std::os::unix::fs::symlink;
+        let dir = scratch("plausible");
+        let victim = dir.join("victim");
+        std::fs::write(&victim, b"keep").unwrap();
+        let name = "gpuguard.prog.42.1.exit.json";
+        let pid = std::process::id();
+        let seq = TEMP_SEQ.load(Relaxed);
+        // The fixed name earlier versions used, and this process's next names with
+        // guessable random parts.
+        let mut squat = vec![format!(".{name}.tmp")];
+        for s in seq..seq + 64 {
+            for r in [0, 1, u64::MAX, u64::from(pid), s] {
+                squat.push(temp_file_name(pid, s, r));
+            }
+        }
+        for (i, n) in squat.iter().enumerate() {
+            if i % 2 == 0 {
+                symlink(&victim, dir.join(n)).unwrap();
+            } else {
+                std::fs::write(dir.join(n), b"theirs").unwrap();
+            }
+        }
+        let p = write_atomic(&dir, name, b"{\"ok\":1}").unwrap();
+        assert_eq!(std::fs::read(&p).unwrap(), b"{\"ok\":1}");
+        assert_eq!(std::fs::read(&victim).unwrap(), b"keep");
+        // Two writers of the same report name at once both succeed.
+        std::thread::scope(|s| {
+            for _ in 0..2 {
+                s.spawn(|| {
+                    for _ in 0..50 {
+                        write_atomic(&dir, "same.json", &[b'x'; 4096]).unwrap();
+                    }
+                });
+            }
+        });
+        assert_eq!(std::fs::read(dir.join("same.json")).unwrap(), [b'x'; 4096]);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn temporary_names_are_unique_and_recognised() {
+        let pid = std::process::id();
+        let n = temp_file_name(pid, 7, 0xabc);
+        assert!(
+            n.starts_with(".gpuguard-") && n.ends_with(&format!("-{pid}-7-0000000000000abc.tmp"))
+        );
+        assert_eq!(temp_file_writer(&n), Some(pid));
+        let all: std::collections::HashSet<u64> = (0..1000).map(|_| random_u64()).collect();
+        assert_eq!(all.len(), 1000);
+        let other_host = format!(
+            ".gpuguard-{:08x}-{pid}-7-0000000000000abc.tmp",
+            host_tag() ^ 1
+        );
+        for other in [
+            other_host.as_str(),
+            ".gpuguard.prog.42.1.exit.json.tmp",
+            "gpuguard.prog.42.1.exit.json",
+            &n[1..],
+            &n[..n.len() - 4],
+            &n.replace("-7-", "-x-"),
+            &n.replace("-7-", "--"),
+            &n.replace(".tmp", "-1.tmp"),
+            &n.replace("0000000000000abc", "abc"),
+        ] {
+            assert_eq!(temp_file_writer(other), None, "{other}");
+        }
+    }
+
+    #[test]
+    fn temporaries_of_dead_writers_are_removed_and_nothing_else() {
+        use std::os::unix::fs::symlink;
+        let dir = scratch("stale");
+        let dead = dead_pid();
+        let live = std::process::id();
+        let stale = temp_file_name(dead, 3, 1);
+        let stale_link = temp_file_name(dead, 4, 2);
+        let stale_dir = temp_file_name(dead, 5, 3);
+        let in_progress = temp_file_name(live, 3, 4);
+        let other_host = format!(
+            ".gpuguard-{:08x}-{dead}-3-0000000000000001.tmp",
+            host_tag() ^ 1
+        );
+        std::fs::write(dir.join(&stale), vec![b'x'; 1 << 20]).unwrap();
+        symlink("/etc/hostname", dir.join(&stale_link)).unwrap();
+        std::fs::create_dir(dir.join(&stale_dir)).unwrap();
+        for keep in [
+            in_progress.as_str(),
+            other_host.as_str(),
+            ".gpuguard.prog.42.1.exit.json.tmp",
+            "notes.tmp",
+        ] {
+            std::fs::write(dir.join(keep), b"x").unwrap();
+        }
+        let before = names(&dir);
+        assert_eq!(remove_stale_temps(&dir), 1);
+        let after = names(&dir);
+        assert_eq!(
+            before
+                .into_iter()
+                .filter(|n| *n != stale)
+                .collect::<Vec<_>>(),
+            after
+        );
+
+        // The first report written into a directory cleans it; later ones do not look.
+        std::fs::write(dir.join(&stale), b"x").unwrap();
+        write_atomic(&dir, "a.json", b"{}").unwrap();
+        assert!(!dir.join(&stale).exists(), "the first report cleans");
+        std::fs::write(dir.join(&stale), b"x").unwrap();
+        write_atomic(&dir, "b.json", b"{}").unwrap();
+        assert!(
+            dir.join(&stale).exists(),
+            "later reports do not list the directory"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

@@ -239,3 +239,24 @@ fn a_hook_before_the_constructor_sees_the_settings() {
     let (_, rep) = exit_report(&r);
     assert_eq!(live_set(&rep), leak_set(r.out()), "{rep:#}");
 }
+
+#[test]
+fn final_report_signals_none_leaves_the_default_action_alone() {
+    let arg = libc::SIGTERM.to_string();
+    let r = gg_run(
+        "gg_rel",
+        &["ending", &arg],
+        &[("GPUGUARD_FINAL_REPORT_SIGNALS", "none")],
+    );
+    assert_eq!(r.signal(), Some(libc::SIGTERM), "{}", r.describe());
+    assert!(exit_reports(&r).is_empty(), "{}", r.describe());
+    // Only SIGHUP asked for: SIGHUP keeps its report.
+    let arg = libc::SIGHUP.to_string();
+    let r = gg_run(
+        "gg_rel",
+        &["ending", &arg],
+        &[("GPUGUARD_FINAL_REPORT_SIGNALS", "HUP")],
+    );
+    assert_eq!(r.signal(), Some(libc::SIGHUP), "{}", r.describe());
+    assert_eq!(exit_reports(&r).len(), 1, "{}", r.describe());
+}

@@ -58,12 +58,13 @@ extern "C" fn after_fork_in_child() {
 }
 
 /// The signals whose default action gpuguard turns into "final report, then the
-/// default action": SIGTERM, SIGINT, SIGHUP, less the report and trim signals.
+/// default action": `GPUGUARD_FINAL_REPORT_SIGNALS` (SIGTERM, SIGINT, SIGHUP), less
+/// the report and trim signals.
 fn ending_signals() -> Vec<std::ffi::c_int> {
     let cfg = &settings::settings().cfg;
-    endings::CANDIDATES
+    cfg.final_report_signals
         .iter()
-        .map(|(s, _)| *s)
+        .copied()
         .filter(|s| Some(*s) != cfg.report_signal && Some(*s) != cfg.trim_signal)
         .collect()
 }

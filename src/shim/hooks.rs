@@ -695,23 +695,18 @@ unsafe fn mem_create(
 }
 
 unsafe fn mem_release(_api: u8, real: row::cuMemRelease::Real, handle: MemHandle) -> c_int {
-    if active_books().is_some_and(|b| b.vmm.is_mapped(handle)) {
-        // Still mapped: the memory lives until the last unmap; keep the record.
-        return track::observe(
-            || unsafe { real(handle) },
-            |books| {
-                books.vmm.released(handle);
-                Some(())
-            },
-        );
+    // One decision, under the VMM maps' own lock: still mapped (the memory lives until
+    // the last unmap, which frees the record), or freed now.
+    let deferred =
+        shielded(|| active_books().is_some_and(|b| b.vmm.released(handle))).unwrap_or(false);
+    if deferred {
+        let rc = unsafe { real(handle) };
+        if rc != SUCCESS {
+            shielded(|| active_books().map(|b| b.vmm.release_failed(handle)));
+        }
+        return rc;
     }
-    let rc = track::driver_free(Key::vmm(handle), || unsafe { real(handle) });
-    if rc == SUCCESS
-        && let Some(b) = active_books()
-    {
-        b.vmm.released(handle);
-    }
-    rc
+    track::driver_free(Key::vmm(handle), || unsafe { real(handle) })
 }
 
 unsafe fn mem_map(

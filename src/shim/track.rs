@@ -22,12 +22,16 @@ struct RuntimeFrame {
     api: u8,
     active: bool,
     seen: bool,
+    /// A runtime free takes the record before the real free; the driver free
+    /// beneath uses it (instead of looking the address up again).
+    taken: Option<(Key, Record)>,
 }
 
 const NO_FRAME: RuntimeFrame = RuntimeFrame {
     api: 0,
     active: false,
     seen: false,
+    taken: None,
 };
 
 /// Everything a hook keeps per thread, in one thread-local so a hook looks its thread
@@ -480,7 +484,7 @@ pub(crate) fn driver_free(key: Key, call: impl FnOnce() -> c_int) -> c_int {
             return real();
         };
         claim_for_runtime(scope.0, 0);
-        let taken = books.ledger.take(key);
+        let taken = take_from_runtime(scope.0, key).or_else(|| books.ledger.take(key));
         let rc = real();
         match taken {
             Some(rec) => {
@@ -548,22 +552,61 @@ pub(crate) fn pool_device(pool: *mut c_void) -> Option<i32> {
 
 /// A runtime allocation: the driver call beneath labels and counts it. If none was
 /// seen (a runtime that reached an unhooked driver pointer), it is recorded here, so
-/// nothing is lost and nothing counted twice.
+/// nothing is lost and nothing counted twice (insert-if-absent: one decision).
 pub(crate) fn runtime_alloc(
     api: u8,
     kind: Kind,
     call: impl FnOnce() -> c_int,
     made: impl FnOnce() -> Option<Made>,
 ) -> c_int {
-    let (rc, frame) = in_runtime_frame(api, call);
+    let (rc, frame) = in_runtime_frame(api, None, call);
     if rc == SUCCESS && !frame.seen {
         shielded(|| {
             let books = books()?;
             let m = made()?;
-            if books.ledger.get(&m.key).is_none() {
-                let t = thread();
-                let (ctx, dev) = ctx_device_in(t);
-                record(t, books, api, kind, m, ctx, dev, false);
+            let t = thread();
+            let (ctx, dev) = ctx_device_in(t);
+            books.note_device(dev);
+            let rec = Record {
+                bytes: m.bytes,
+                ctx,
+                t_ns: monotonic_ns(),
+                site: capture_site_in(books, t),
+                thread: thread_id(t),
+                device: dev.clamp(i16::MIN.into(), i16::MAX.into()) as i16,
+                kind,
+                api,
+            };
+            books.ledger.insert_if_absent(m.key, rec);
+            Some(())
+        });
+    }
+    rc
+}
+
+/// A runtime free; as above, the driver hook beneath does the work when it runs. The
+/// record is taken before the real free (so an address the driver hands to another
+/// thread at once is never confused with this one) and put back if the free failed.
+pub(crate) fn runtime_free(api: u8, key: Key, call: impl FnOnce() -> c_int) -> c_int {
+    let taken = if key.value != 0 {
+        shielded(|| {
+            active_books()
+                .and_then(|b| b.ledger.take(key))
+                .map(|r| (key, r))
+        })
+        .flatten()
+    } else {
+        None
+    };
+    let (rc, frame) = in_runtime_frame(api, taken, call);
+    if let Some((key, rec)) = frame.taken {
+        // The driver hook beneath did not take it over (an unhooked driver pointer).
+        shielded(|| {
+            let books = active_books()?;
+            if rc == SUCCESS {
+                books.ledger.confirm_free(&rec);
+            } else {
+                books.ledger.restore(key, rec);
             }
             Some(())
         });
@@ -571,26 +614,31 @@ pub(crate) fn runtime_alloc(
     rc
 }
 
-/// A runtime free; as above, the driver hook beneath does the work when it runs.
-pub(crate) fn runtime_free(api: u8, key: Key, call: impl FnOnce() -> c_int) -> c_int {
-    let (rc, frame) = in_runtime_frame(api, call);
-    if rc == SUCCESS && !frame.seen && key.value != 0 {
-        shielded(|| {
-            let books = active_books()?;
-            let rec = books.ledger.take(key)?;
-            books.ledger.confirm_free(&rec);
-            Some(())
-        });
+/// The record a runtime free in progress on this thread took for `key`, handed over
+/// to the driver free beneath it.
+fn take_from_runtime(t: &ThreadState, key: Key) -> Option<Record> {
+    let mut f = t.runtime.get();
+    match f.taken {
+        Some((k, rec)) if f.active && k == key => {
+            f.taken = None;
+            t.runtime.set(f);
+            Some(rec)
+        }
+        _ => None,
     }
-    rc
 }
 
-fn in_runtime_frame(api: u8, call: impl FnOnce() -> c_int) -> (c_int, RuntimeFrame) {
+fn in_runtime_frame(
+    api: u8,
+    taken: Option<(Key, Record)>,
+    call: impl FnOnce() -> c_int,
+) -> (c_int, RuntimeFrame) {
     let r = &thread().runtime;
     let prev = r.replace(RuntimeFrame {
         api,
         active: true,
         seen: false,
+        taken,
     });
     let rc = call();
     (rc, r.replace(prev))

@@ -323,9 +323,35 @@ impl Ledger {
         c.sub(bytes);
     }
 
+    /// A successful allocation whose bytes were not reserved, recorded only if the
+    /// address has no record yet: one decision under the map's lock, so two threads
+    /// recording the same allocation count it once. False when one was there.
+    pub fn insert_if_absent(&self, key: Key, rec: Record) -> bool {
+        match self.live.entry(key) {
+            dashmap::mapref::entry::Entry::Occupied(_) => return false,
+            dashmap::mapref::entry::Entry::Vacant(v) => {
+                v.insert(rec);
+            }
+        }
+        self.counters_for(&rec)
+            .current
+            .fetch_add(rec.bytes, Relaxed);
+        self.count_commit(&rec);
+        true
+    }
+
     /// The allocation went through: its bytes (already reserved) become a record.
     pub fn commit(&self, key: Key, rec: Record) {
-        let c = self.counters_for(&rec);
+        self.count_commit(&rec);
+        if let Some(old) = self.live.insert(key, rec) {
+            // The driver handed out an address we still hold: our books missed a free
+            // (an unhooked path). Drop the stale bytes so the counters stay true.
+            self.forget(&old);
+        }
+    }
+
+    fn count_commit(&self, rec: &Record) {
+        let c = self.counters_for(rec);
         // Read before writing: these lines are shared by every allocating thread.
         if c.seen.load(Relaxed) == 0 {
             c.seen.store(1, Relaxed);
@@ -337,11 +363,6 @@ impl Ledger {
         }
         if rec.kind == Kind::Pool {
             c.pool_live.fetch_add(rec.bytes, Relaxed);
-        }
-        if let Some(old) = self.live.insert(key, rec) {
-            // The driver handed out an address we still hold: our books missed a free
-            // (an unhooked path). Drop the stale bytes so the counters stay true.
-            self.forget(&old);
         }
     }
 
@@ -525,6 +546,26 @@ mod tests {
         assert_eq!(l.device(0).snapshot().current, 0);
         assert_eq!(l.host().snapshot().current, 0);
         assert_eq!(l.device(1).snapshot().current, 20);
+    }
+
+    #[test]
+    fn insert_if_absent_counts_once() {
+        let l = Arc::new(Ledger::new());
+        let wins: usize = (0..4)
+            .map(|_| {
+                let l = l.clone();
+                std::thread::spawn(move || {
+                    l.insert_if_absent(Key::device(9), rec(10, 0, Kind::Device))
+                })
+            })
+            .collect::<Vec<_>>()
+            .into_iter()
+            .filter(|_| true)
+            .map(|t| usize::from(t.join().unwrap()))
+            .sum();
+        assert_eq!(wins, 1);
+        let s = l.device(0).snapshot();
+        assert_eq!((s.current, s.allocs), (10, 1));
     }
 
     #[test]

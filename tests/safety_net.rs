@@ -138,3 +138,22 @@ fn a_helper_thread_that_could_not_start_is_started_again() {
         r.describe()
     );
 }
+
+/// Two different real pointers for one function through one lookup path (here
+/// `dlsym` on the driver and on a second copy of it): each gets a wrapper, so both
+/// allocations are in the books and under the cap.
+#[test]
+fn a_second_real_pointer_for_a_function_still_gets_a_wrapper() {
+    let dir = profile_dir()
+        .join("gg-tmp")
+        .join(format!("second-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let copy = dir.join("libcuda_second.so.1");
+    std::fs::copy(sim_dir().join("libcuda.so.1"), &copy).unwrap();
+    let r = gg_run("gg_rel", &["second_driver", copy.to_str().unwrap()], &[]);
+    r.assert_ok();
+    assert!(r.out().has_line("POINTERS different"), "{}", r.describe());
+    let gg = r.gg(0).unwrap();
+    assert_eq!(gg["allocs"], 2, "{}", r.describe());
+    assert_eq!(gg["current"], 3 << 20, "{}", r.describe());
+}

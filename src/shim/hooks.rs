@@ -7,7 +7,7 @@
 
 use super::books::Books;
 use super::lifecycle::books;
-use super::real::{Path, Slots};
+use super::real::{PER_PATH, Path, SLOTS_PER_ROW, Slots, path_base};
 use super::settings::config_ptds_default;
 use super::state::{active_books, shielded};
 use super::track::{self, Made, Plan, SUCCESS};
@@ -57,8 +57,31 @@ pub struct Entry {
     /// The per-thread-default-stream (`_ptsz`) variant of its base name.
     pub ptds: bool,
     pub slots: &'static Slots,
-    /// Wrappers by path: exported symbol, `dlsym`, `cuGetProcAddress`.
-    pub wrappers: [Wrapper; 3],
+    /// Wrappers by slot (`real::path_base`): the exported symbol, then `PER_PATH` for
+    /// `dlsym` and as many for `cuGetProcAddress`, each calling its slot's pointer.
+    pub wrappers: [Wrapper; SLOTS_PER_ROW],
+}
+
+impl Entry {
+    /// The wrapper of slot `i` of `path`.
+    fn wrapper(&self, path: Path, i: usize) -> *const c_void {
+        self.wrappers[path_base(path) + i].0
+    }
+}
+
+/// Real pointers handed out unhooked because every slot of their path was taken.
+static UNHOOKED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Counts a real pointer handed out unhooked (said once, at debug level).
+fn unhooked(name: &str) {
+    if UNHOOKED.fetch_add(1, std::sync::atomic::Ordering::Relaxed) == 0 {
+        super::settings::log(
+            super::settings::LogLevel::Debug,
+            format_args!(
+                "{name}: a lookup returned a real pointer past the {PER_PATH} this path keeps; handed out unhooked"
+            ),
+        );
+    }
 }
 
 #[derive(Clone, Copy)]
@@ -91,8 +114,8 @@ macro_rules! hooks {
                 };
 
                 #[inline(always)]
-                pub unsafe fn call(path: Path, $($arg: $ty),*) -> c_int {
-                    match SLOTS.get(path, NAME, Lib::$lib.soname()) {
+                pub unsafe fn call(slot: usize, $($arg: $ty),*) -> c_int {
+                    match SLOTS.get_at(slot, NAME, Lib::$lib.soname()) {
                         // SAFETY: the slot holds the real function of this row's signature.
                         Some(p) => unsafe {
                             let real = std::mem::transmute::<*mut c_void, Real>(p);
@@ -102,12 +125,12 @@ macro_rules! hooks {
                     }
                 }
 
-                pub unsafe extern "C" fn via_dlsym($($arg: $ty),*) -> c_int {
-                    unsafe { call(Path::Dlsym, $($arg),*) }
+                pub unsafe extern "C" fn via_dlsym<const I: usize>($($arg: $ty),*) -> c_int {
+                    unsafe { call(path_base(Path::Dlsym) + I, $($arg),*) }
                 }
 
-                pub unsafe extern "C" fn via_proc($($arg: $ty),*) -> c_int {
-                    unsafe { call(Path::Proc, $($arg),*) }
+                pub unsafe extern "C" fn via_proc<const I: usize>($($arg: $ty),*) -> c_int {
+                    unsafe { call(path_base(Path::Proc) + I, $($arg),*) }
                 }
             }
             )*
@@ -117,7 +140,7 @@ macro_rules! hooks {
             #[allow(non_snake_case, clippy::missing_safety_doc)]
             #[cfg_attr(not(test), unsafe(no_mangle))]
             pub unsafe extern "C" fn $name($($arg: $ty),*) -> c_int {
-                unsafe { row::$name::call(Path::Symbol, $($arg),*) }
+                unsafe { row::$name::call(0, $($arg),*) }
             }
         )*
 
@@ -131,8 +154,14 @@ macro_rules! hooks {
                 slots: &row::$name::SLOTS,
                 wrappers: [
                     Wrapper($name as *const c_void),
-                    Wrapper(row::$name::via_dlsym as *const c_void),
-                    Wrapper(row::$name::via_proc as *const c_void),
+                    Wrapper(row::$name::via_dlsym::<0> as *const c_void),
+                    Wrapper(row::$name::via_dlsym::<1> as *const c_void),
+                    Wrapper(row::$name::via_dlsym::<2> as *const c_void),
+                    Wrapper(row::$name::via_dlsym::<3> as *const c_void),
+                    Wrapper(row::$name::via_proc::<0> as *const c_void),
+                    Wrapper(row::$name::via_proc::<1> as *const c_void),
+                    Wrapper(row::$name::via_proc::<2> as *const c_void),
+                    Wrapper(row::$name::via_proc::<3> as *const c_void),
                 ],
             }
         ),*];
@@ -237,10 +266,12 @@ unsafe fn dlsym_swap(handle: *mut c_void, name: &CStr) -> usize {
             .is_some();
         return if present { real as usize } else { 1 };
     }
-    if entry.slots.offer(Path::Dlsym, real) {
-        entry.wrappers[Path::Dlsym as usize].0 as usize
-    } else {
-        real as usize
+    match entry.slots.offer(Path::Dlsym, real) {
+        Some(i) => entry.wrapper(Path::Dlsym, i) as usize,
+        None => {
+            unhooked(entry.name);
+            real as usize
+        }
     }
 }
 
@@ -308,10 +339,11 @@ unsafe fn swap_proc(symbol: *const c_char, pfn: *mut *mut c_void, version: c_int
             return;
         }
         let base = CStr::from_ptr(symbol).to_bytes();
-        if let Some(e) = proc_entry(base, version, flags, real)
-            && e.slots.offer(Path::Proc, real)
-        {
-            *pfn = e.wrappers[Path::Proc as usize].0 as *mut c_void;
+        if let Some(e) = proc_entry(base, version, flags, real) {
+            match e.slots.offer(Path::Proc, real) {
+                Some(i) => *pfn = e.wrapper(Path::Proc, i) as *mut c_void,
+                None => unhooked(e.name),
+            }
         }
     }
 }

@@ -235,7 +235,45 @@ static int mode_retry_helper(int argc, char **argv)
     return 0;
 }
 
+typedef CUresult (*alloc_fn)(CUdeviceptr *, size_t);
+typedef CUresult (*free_fn)(CUdeviceptr);
+
+/* second_driver PATH: cuMemAlloc_v2 looked up with dlsym in the loaded driver and in
+ * a second copy of it (PATH): two different real pointers for one function. One
+ * allocation through each, both leaked. */
+static int mode_second_driver(int argc, char **argv)
+{
+    if (argc < 2) return 2;
+    setup(0);
+    void *h1 = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+    void *h2 = dlopen(argv[1], RTLD_NOW | RTLD_LOCAL);
+    if (!h1 || !h2) {
+        fprintf(stderr, "dlopen: %s\n", dlerror());
+        return 3;
+    }
+    alloc_fn a1 = (alloc_fn)dlsym(h1, "cuMemAlloc_v2");
+    alloc_fn a2 = (alloc_fn)dlsym(h2, "cuMemAlloc_v2");
+    CUresult (*init2)(unsigned) = (CUresult(*)(unsigned))dlsym(h2, "cuInit");
+    CUresult (*retain2)(CUcontext *, CUdevice) =
+        (CUresult(*)(CUcontext *, CUdevice))dlsym(h2, "cuDevicePrimaryCtxRetain");
+    CUresult (*set2)(CUcontext) = (CUresult(*)(CUcontext))dlsym(h2, "cuCtxSetCurrent");
+    CUcontext c2;
+    MUST(init2(0));
+    MUST(retain2(&c2, 0));
+    MUST(set2(c2));
+    printf("POINTERS %s\n", a1 == a2 ? "same" : "different");
+    CUdeviceptr p, q;
+    MUST(a1(&p, 1 * MiB));
+    leak_line(p, 1 * MiB);
+    MUST(a2(&q, 2 * MiB));
+    leak_line(q, 2 * MiB);
+    print_gg();
+    puts("OK");
+    return 0;
+}
+
 static const struct gg_mode g_modes[] = {
+    {"second_driver", mode_second_driver},
     {"dlsym_probe", mode_dlsym_probe},
     {"retry_helper", mode_retry_helper},
     {"ending", mode_ending},

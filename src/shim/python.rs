@@ -258,6 +258,7 @@ pub(crate) fn at_exit_answer() -> Option<String> {
 static BROKEN: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 pub(super) fn after_fork_in_child() {
+    frames::after_fork_in_child();
     // The parent's queued call is not the child's; forget it. A lock held at the
     // fork would never be released here, so only try them.
     let ok = match (EXCHANGE.try_lock(), AT_EXIT.try_lock(), ANSWER.try_lock()) {

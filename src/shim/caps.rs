@@ -121,10 +121,7 @@ impl Books {
 
     pub fn remove_pool(&self, pool: u64) {
         if let Some((_, info)) = self.pools.remove(&pool) {
-            let c = self.ledger.device(info.device);
-            let _ = c
-                .pool_reserved
-                .fetch_update(Relaxed, Relaxed, |v| Some(v.saturating_sub(info.held)));
+            self.ledger.device(info.device).pool_reserved_sub(info.held);
         }
     }
 
@@ -165,12 +162,10 @@ impl Books {
             }
         };
         let c = self.ledger.device(device);
-        if held >= old {
-            c.pool_reserved.fetch_add(held - old, Relaxed);
-        } else {
-            let _ = c
-                .pool_reserved
-                .fetch_update(Relaxed, Relaxed, |v| Some(v.saturating_sub(old - held)));
+        if held > old {
+            c.pool_reserved_add(held - old);
+        } else if held < old {
+            c.pool_reserved_sub(old - held);
         }
     }
 

@@ -6,7 +6,10 @@
 
 use dashmap::DashMap;
 use std::hash::{BuildHasherDefault, Hasher};
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{
+    AtomicU64,
+    Ordering::{AcqRel, Acquire, Relaxed, Release},
+};
 
 /// Device ordinals gpuguard keeps counters for; records on higher ordinals are still
 /// kept and reported, only their counters are folded into the last slot.
@@ -170,8 +173,12 @@ pub struct DeviceCounters {
     /// Live bytes of stream-ordered pool blocks (part of `current`).
     pub pool_live: AtomicU64,
     /// What this device's pools hold from the driver, as last measured (capped
-    /// devices only): charged against the cap beyond the live blocks.
+    /// devices only): charged against the cap beyond the live blocks. Changed only
+    /// through `pool_reserved_add` / `pool_reserved_sub`.
     pub pool_reserved: AtomicU64,
+    /// Bumped whenever what pools hold beyond their live blocks may have changed, so a
+    /// reservation decided on an older figure is decided again.
+    pub pool_gen: AtomicU64,
 }
 
 /// A plain copy of the counters at one moment.
@@ -218,20 +225,57 @@ impl DeviceCounters {
 
     /// Reserves `bytes` before an allocation. On a capped device this is one
     /// compare-and-swap on `current`, so threads allocating at once can never take
-    /// the charge past the cap together. Uncapped: a plain add.
+    /// the charge past the cap together; what pools hold unused is part of the same
+    /// decision: a reservation made while that figure changed is undone and decided
+    /// again with the new one. Uncapped: a plain add.
     pub fn try_reserve(&self, bytes: u64) -> bool {
+        self.try_reserve_observed(bytes, &|| {})
+    }
+
+    /// `try_reserve`, calling `between` after the pools' figure is read (tests use it
+    /// to change the pools at that moment).
+    #[doc(hidden)]
+    pub fn try_reserve_observed(&self, bytes: u64, between: &dyn Fn()) -> bool {
         let limit = self.limit.load(Relaxed);
         if limit == 0 {
             self.current.fetch_add(bytes, Relaxed);
             return true;
         }
-        let excess = self.pool_excess();
-        self.current
-            .fetch_update(Relaxed, Relaxed, |c| {
-                let after = c.checked_add(bytes)?;
-                (after.saturating_add(excess) <= limit).then_some(after)
-            })
-            .is_ok()
+        for _ in 0..64 {
+            let generation = self.pool_gen.load(Acquire);
+            let excess = self.pool_excess();
+            between();
+            let ok = self
+                .current
+                .fetch_update(AcqRel, Relaxed, |c| {
+                    let after = c.checked_add(bytes)?;
+                    (after.saturating_add(excess) <= limit).then_some(after)
+                })
+                .is_ok();
+            if self.pool_gen.load(Acquire) == generation {
+                return ok;
+            }
+            // The pools changed while deciding: decide again with what they hold now.
+            if ok {
+                self.sub(bytes);
+            }
+        }
+        false
+    }
+
+    /// What the pools hold from the driver grew by `bytes` (a measurement).
+    pub fn pool_reserved_add(&self, bytes: u64) {
+        self.pool_reserved.fetch_add(bytes, Relaxed);
+        self.pool_gen.fetch_add(1, Release);
+    }
+
+    /// What the pools hold from the driver shrank by `bytes` (a measurement, a pool
+    /// destroyed).
+    pub fn pool_reserved_sub(&self, bytes: u64) {
+        let _ = self
+            .pool_reserved
+            .fetch_update(Relaxed, Relaxed, |v| Some(v.saturating_sub(bytes)));
+        self.pool_gen.fetch_add(1, Release);
     }
 
     pub fn snapshot(&self) -> CountersSnapshot {
@@ -363,6 +407,7 @@ impl Ledger {
         }
         if rec.kind == Kind::Pool {
             c.pool_live.fetch_add(rec.bytes, Relaxed);
+            c.pool_gen.fetch_add(1, Release);
         }
     }
 
@@ -374,6 +419,7 @@ impl Ledger {
             let _ = c
                 .pool_live
                 .fetch_update(Relaxed, Relaxed, |v| Some(v.saturating_sub(rec.bytes)));
+            c.pool_gen.fetch_add(1, Release);
         }
     }
 
@@ -602,6 +648,26 @@ mod tests {
         assert!(l.reserve(0, true, 1 << 40));
     }
 
+    /// A pool that grows while a reservation is being decided (between reading what
+    /// pools hold and the compare-and-swap) is part of the decision: live plus
+    /// pool-held never passes the cap through a reservation.
+    #[test]
+    fn a_pool_growing_during_a_reservation_is_part_of_it() {
+        let l = Ledger::new();
+        let d = l.device(0);
+        d.limit.store(100, Relaxed);
+        let grew = std::sync::atomic::AtomicBool::new(false);
+        let ok = d.try_reserve_observed(60, &|| {
+            if !grew.swap(true, Relaxed) {
+                d.pool_reserved_add(50);
+            }
+        });
+        assert!(!ok, "60 live + 50 held by pools would pass the cap of 100");
+        assert_eq!(d.current.load(Relaxed), 0);
+        assert!(d.try_reserve(50));
+        assert_eq!(d.charged(), 100);
+    }
+
     #[test]
     fn pool_excess_counts_against_the_cap() {
         let l = Ledger::new();
@@ -610,7 +676,7 @@ mod tests {
         assert!(l.reserve(0, false, 30));
         l.commit(Key::device(1), rec(30, 0, Kind::Pool));
         // The pool holds 80 from the driver for 30 live: 50 more are charged.
-        d.pool_reserved.store(80, Relaxed);
+        d.pool_reserved_add(80);
         assert_eq!(d.charged(), 80);
         assert!(!l.reserve(0, false, 21));
         assert!(l.reserve(0, false, 20));

@@ -32,22 +32,17 @@ Diagnostics, printed after RESULT (so a failure in them never loses the result):
       framework-level allocations per timed step: torch: memory_stats()
       allocation.all.allocated/freed; cupy: pool mallocs/frees counted by a hook over
       100 extra steps after the timing.
-  AB workload=W seg=K mode=off|on step_ms=Y   and   ABSUM ...
-      only under gpuguard with GG_BENCH_AB=K > 0: K pairs of segments of the same steps
-      in the same process with gpuguard's recorder off and on (torch-default: the
-      PyTorch recorder, 10 steps a segment; cupy: gpuguard's CuPy hook, 500 steps):
-      the recorder's own cost, without run-to-run noise.
 """
 import argparse
-import ctypes
 import os
 import random
-import statistics
 import sys
 import time
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "gpu", "lib"))
+import ggv  # noqa: E402  (scripts/gpu/lib/ggv.py: gpuguard's C API through ctypes)
+
 WAIT_S = float(os.environ.get("GG_BENCH_WAIT_S", "15"))
-AB = int(os.environ.get("GG_BENCH_AB", "0") or 0)
 
 
 def diag(fn, *a):
@@ -59,48 +54,17 @@ def diag(fn, *a):
         return None
 
 
-def ab_summary(name, res, seg_steps):
-    off, on = res["off"], res["on"]
-    ratios = [b / a for a, b in zip(off, on) if a]
-    if not off or not on:
-        return
-    mo, mn = statistics.median(off), statistics.median(on)
-    print(f"ABSUM workload={name} pairs={len(ratios)} seg_steps={seg_steps} off_ms={mo:.4f} "
-          f"on_ms={mn:.4f} cost_pct={100 * (mn / mo - 1):.2f} "
-          f"pair_cost_pct={','.join(f'{100 * (r - 1):.2f}' for r in ratios)} "
-          f"median_pair_cost_pct={100 * (statistics.median(ratios) - 1):.2f}", flush=True)
-
-
-class GGCounters(ctypes.Structure):
-    _fields_ = [
-        ("device", ctypes.c_int32),
-        ("reserved0", ctypes.c_uint32),
-        ("total_bytes", ctypes.c_uint64),
-        ("cap_bytes", ctypes.c_uint64),
-        ("current_bytes", ctypes.c_uint64),
-        ("peak_bytes", ctypes.c_uint64),
-        ("allocs", ctypes.c_uint64),
-        ("frees", ctypes.c_uint64),
-        ("failed", ctypes.c_uint64),
-        ("denied", ctypes.c_uint64),
-        ("unknown_frees", ctypes.c_uint64),
-    ]
-
-
 def gg_reader():
     """A function returning (allocs, frees) of device 0, or None without gpuguard."""
-    try:
-        fn = ctypes.CDLL(None).gpuguard_device_counters
-    except (AttributeError, OSError):
+    g = ggv.Guard()
+    if not g.present:
         return None
-    fn.argtypes = [ctypes.c_int, ctypes.POINTER(GGCounters)]
-    fn.restype = ctypes.c_int
 
     def read():
-        c = GGCounters()
-        if fn(0, ctypes.byref(c)) != 0:
+        c = g.counters(0)
+        if not c or "error" in c:
             return None
-        return c.allocs, c.frees
+        return c["allocs"], c["frees"]
 
     return read
 
@@ -219,30 +183,6 @@ def run_torch(args, gg):
         print(f"FWCALLS workload={name} steps={args.steps} "
               f"allocs={stats1.get(k_a, -1) - stats0.get(k_a, 0)} "
               f"frees={stats1.get(k_f, -1) - stats0.get(k_f, 0)}", flush=True)
-
-    def ab():
-        seg = lens[args.warmup:args.warmup + 10]
-        on_args = dict(enabled="state", context="state", stacks="python")
-        res = {"off": [], "on": []}
-        for k in range(AB):
-            for mode in (("off", "on") if k % 2 == 0 else ("on", "off")):
-                if mode == "off":
-                    torch.cuda.memory._record_memory_history(enabled=None)
-                else:
-                    torch.cuda.memory._record_memory_history(**on_args)
-                torch.cuda.synchronize()
-                t1 = time.perf_counter()
-                for t in seg:
-                    step(t)
-                torch.cuda.synchronize()
-                ms = (time.perf_counter() - t1) * 1e3 / len(seg)
-                res[mode].append(ms)
-                print(f"AB workload={name} seg={k} mode={mode} step_ms={ms:.4f}", flush=True)
-        torch.cuda.memory._record_memory_history(**on_args)
-        ab_summary(name, res, len(seg))
-
-    if gg and AB > 0 and state0 == "on":
-        diag(ab)
 
 
 # ---------------------------------------------------------------------------------------
@@ -376,34 +316,6 @@ def run_cupy(args, gg):
         print(f"FWCALLS workload=cupy steps={n} allocs={h.m} frees={h.f}", flush=True)
 
     diag(count)
-
-    def ab():
-        h = memory_hook.get_memory_hooks().get("gpuguard")
-        if h is None:
-            return
-        n = min(500, args.steps)
-        res = {"off": [], "on": []}
-        for k in range(AB):
-            for mode in (("off", "on") if k % 2 == 0 else ("on", "off")):
-                hs = memory_hook.get_memory_hooks()
-                if mode == "off" and "gpuguard" in hs:
-                    h.__exit__(None, None, None)
-                elif mode == "on" and "gpuguard" not in hs:
-                    h.__enter__()
-                cp.cuda.Device().synchronize()
-                t1 = time.perf_counter()
-                for i in range(args.warmup, args.warmup + n):
-                    step(i)
-                cp.cuda.Device().synchronize()
-                ms = (time.perf_counter() - t1) * 1e3 / n
-                res[mode].append(ms)
-                print(f"AB workload=cupy seg={k} mode={mode} step_ms={ms:.4f}", flush=True)
-        if "gpuguard" not in memory_hook.get_memory_hooks():
-            h.__enter__()
-        ab_summary("cupy", res, n)
-
-    if gg and AB > 0 and "gpuguard" in (state0 or ""):
-        diag(ab)
 
 
 def main():

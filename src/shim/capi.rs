@@ -1,8 +1,7 @@
 //! The C API declared in `include/gpuguard.h`, for programs that want to ask gpuguard
 //! directly (C, C++, Python's ctypes).
 
-use super::lifecycle::books;
-use super::state::{active_books, shielded};
+use super::state::{active_books, books, shielded};
 use super::{real, report};
 use gpuguard_core::ledger::MAX_DEVICES;
 use std::ffi::{CStr, c_char, c_int};

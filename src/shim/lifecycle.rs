@@ -2,22 +2,12 @@
 //! handlers), activation at the first tracked CUDA call (the helper thread), fork
 //! (the child starts INERT with fresh books) and exit (the exit report).
 
-use super::books::Books;
 use super::settings::{self, LogLevel, log};
 use super::state::{self, active_books, shielded};
 use super::{endings, fault, python, real, report, unwind, wake, worker};
 use std::sync::atomic::Ordering::*;
 
-/// The books, activating gpuguard on first use. `None` once disabled.
-#[inline]
-pub(crate) fn books() -> Option<&'static Books> {
-    if worker::helper_missing() {
-        shielded(worker::retry);
-    }
-    state::books_or_activate(on_activation)
-}
-
-/// Activation: the signal handlers put back in front, the helper thread started,
+/// Activation (registered with `state` at load, run at the first tracked CUDA call): the signal handlers put back in front, the helper thread started,
 /// the capped devices checked.
 fn on_activation() {
     fault::point("activate");
@@ -42,6 +32,9 @@ fn load() {
     let _ = settings::settings();
     real::find_own_range();
     let _ = real::real_dlsym();
+    // What the first tracked CUDA call starts (it may have come already, from
+    // another library's constructor: then it starts now).
+    state::on_activation(on_activation);
     worker::install_signal_handler();
     // SAFETY: registering plain extern "C" callbacks.
     unsafe {

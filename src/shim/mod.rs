@@ -10,26 +10,29 @@
 // on itself), so much of this module is unreachable there.
 #![cfg_attr(test, allow(dead_code))]
 
-// The layers, each using only those listed before it (`rust-import-cycles.py`
-// finds no circle):
-// - `fault`: test-only fault injection (a constant `false` in production builds).
-// - `sys`, `real`, `table`, `wake`: the C library, the real CUDA functions, the list
-//   of hooked functions, the helper thread's doorbell; no state of gpuguard's.
-// - `endings`: the end of a process (ending signals' handler, waiting for the helper
-//   thread to finish what it was asked before the exit report).
-// - `settings`, `unwind`, `python::api`, `python::frames`: configuration and log
-//   lines; stack capture; the CPython functions, and the Python frames hooks read.
-// - `books`, `caps`: the process's books and the cap logic on them.
-// - `state`: the lifecycle state and the books of the active process.
-// - `report`: building and writing reports.
-// - `python`, `trim`, `worker`: the bridge to the Python side, trims, the helper
-//   thread and its signals.
-// - `lifecycle`: load, activation (which starts the helper thread), fork, exit.
-// - `track`: what a hook does around the real call (the hot path).
-// - `hooks`, `capi`: the FFI surface (the exports).
+// The layers, lowest first; each module uses only those of the layers below it and,
+// in its own layer, those listed before it (`scripts/check-layers.py` checks it,
+// `docs/architecture.md` draws it; `rust-import-cycles.py` finds no circle):
+// - ffi: `fault`, `sys`, `cuda`, `wake`, `endings`, `real`, `table`: test-only fault
+//   injection (a constant `false` in production builds), the C library, the CUDA/NVML
+//   types and codes (cudarc's), the helper thread's doorbell, the end of a process
+//   (the ending signals' handler; waiting for the helper before the exit report), the
+//   real functions (per lookup path, and gpuguard's own typed driver calls), the list
+//   of hooked functions.
+// - base: `settings`, `unwind`, `python::api`, `python::frames`: configuration and
+//   log lines; stack capture; the CPython functions, and the Python frames hooks read.
+// - books: `books`, `caps`: the process's books and the cap logic on them.
+// - state: `state`: the lifecycle state, the books of the active process, and the
+//   activation action the service registers at load.
+// - track: `track`: what a hook does around the real call (the hot path).
+// - hooks: `hooks`: the exports, the table expanded into wrappers and handlers.
+// - service, beside the hot path (never imported by it, never importing it), reading
+//   the books: `report`, `python` (the bridge), `trim`, `worker`, `lifecycle`.
+// - capi: `capi`, the C API, at the top.
 mod books;
 pub mod capi;
 mod caps;
+mod cuda;
 mod endings;
 mod fault;
 pub mod hooks;

@@ -3,11 +3,10 @@
 //! No lock shared by all threads, no I/O, no formatting here.
 
 use super::books::Books;
-use super::lifecycle::books;
 use super::python::frames;
 use super::real::{DRIVER, is_own_code};
 use super::settings::config;
-use super::state::{active_books, shielded};
+use super::state::{active_books, books, shielded};
 use super::sys::monotonic_ns;
 use super::{fault, unwind};
 use gpuguard_core::ledger::{Key, Kind, NO_SITE, Record};
@@ -225,7 +224,7 @@ fn capture_site_in(books: &Books, t: &ThreadState) -> u32 {
 
 // ---- the hook bodies ---------------------------------------------------------------
 
-pub(crate) const SUCCESS: c_int = 0;
+pub(crate) use super::cuda::{OUT_OF_MEMORY, SUCCESS};
 
 /// What an allocation will take, known before the real call: the bytes (an upper
 /// estimate where the driver rounds, as for pitched memory) and the device when the
@@ -303,9 +302,6 @@ fn record(
         books.ledger.insert(made.key, rec);
     }
 }
-
-/// The API's own out-of-memory code: what a framework already handles.
-pub(crate) const OUT_OF_MEMORY: c_int = 2; // CUDA_ERROR_OUT_OF_MEMORY
 
 /// Stream-ordered pools take memory from the driver in chunks of (at least) this size;
 /// on a capped device a pool allocation reserves a whole chunk, so a pool that must

@@ -108,8 +108,6 @@ pub(super) fn signals_on_activation() {
     install_signal_handler();
 }
 
-/// Set while the helper thread should run but could not be started: hooks retry.
-static HELPER_MISSING: AtomicBool = AtomicBool::new(false);
 /// Failed starts so far, and when the next try is due (monotonic ns).
 static START_FAILURES: AtomicU64 = AtomicU64::new(0);
 static NEXT_START_NS: AtomicU64 = AtomicU64::new(0);
@@ -144,7 +142,7 @@ pub(super) fn start() {
                 wake::set(fd);
                 // Ring once: what was asked before it ran is answered now.
                 wake::ring();
-                HELPER_MISSING.store(false, Release);
+                wake::set_missing(false, retry);
             }
             Err(e) => {
                 if fd >= 0 {
@@ -157,7 +155,7 @@ pub(super) fn start() {
                     Relaxed,
                 );
                 THREAD_RUNNING.store(false, Release);
-                HELPER_MISSING.store(true, Release);
+                wake::set_missing(true, retry);
                 if !START_WARNED.swap(true, Relaxed) {
                     log(
                         LogLevel::Warn,
@@ -171,15 +169,10 @@ pub(super) fn start() {
     }
 }
 
-/// Whether the helper thread could not be started (a hook then calls `retry`).
-#[inline]
-pub(crate) fn helper_missing() -> bool {
-    HELPER_MISSING.load(Relaxed)
-}
-
-/// Starts the helper thread again if the backoff since the last failure is over.
+/// Starts the helper thread again if the backoff since the last failure is over
+/// (hooks call it through `wake::retry`).
 #[cold]
-pub(crate) fn retry() {
+fn retry() {
     if monotonic_ns() >= NEXT_START_NS.load(Relaxed) {
         start();
     }
@@ -188,7 +181,7 @@ pub(crate) fn retry() {
 pub(super) fn after_fork_in_child() {
     // The parent's thread does not exist here; the eventfd is the parent's too.
     THREAD_RUNNING.store(false, Release);
-    HELPER_MISSING.store(false, Relaxed);
+    wake::set_missing(false, retry);
     START_FAILURES.store(0, Relaxed);
     let fd = wake::take();
     if fd >= 0 {

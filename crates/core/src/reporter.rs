@@ -1,7 +1,7 @@
 //! Turns the ledger into a `Report` and writes it atomically. Safe Rust: everything the
 //! process must be asked (symbol names, device sizes) comes in as closures.
 
-use crate::ledger::{Kind, Ledger, MAX_DEVICES, NO_SITE};
+use crate::ledger::{Key, Kind, Ledger, MAX_DEVICES, NO_SITE, Record};
 use crate::report::{DeviceReport, HostReport, LiveAllocation, Report, ReportConfig, SCHEMA, Site};
 use crate::sites::SiteTable;
 use std::collections::HashMap;
@@ -41,18 +41,111 @@ pub struct ReportInput<'a> {
     pub launch: &'a crate::config::Launch,
 }
 
-pub fn build(input: &ReportInput<'_>) -> Report {
-    let ledger = input.ledger;
-    let mut live = ledger.live();
-    live.sort_unstable_by(|a, b| b.1.bytes.cmp(&a.1.bytes).then(a.0.value.cmp(&b.0.value)));
+/// One live allocation in the report's order, 40 bytes: what the report shows of a
+/// record (not its context), so writing the list needs no lookup in the ledger (a
+/// random access into a map of ~100 MB per entry) and shows one consistent moment.
+/// Ordered as the report lists them: largest first, then by space and address.
+#[derive(Clone, Copy, Debug)]
+struct LiveEntry {
+    /// `(MAX62 - bytes) << 2 | space`: no allocation comes near 2^62 bytes.
+    rank: u64,
+    value: u64,
+    t_ns: u64,
+    site: u32,
+    thread: u32,
+    device: i16,
+    kind: Kind,
+    api: u8,
+}
 
-    // Per device: live count and bytes by kind, from the records themselves. Plain
-    // arrays here: this loop runs once per live allocation.
+impl PartialEq for LiveEntry {
+    fn eq(&self, o: &Self) -> bool {
+        (self.rank, self.value) == (o.rank, o.value)
+    }
+}
+
+impl Eq for LiveEntry {}
+
+impl Ord for LiveEntry {
+    fn cmp(&self, o: &Self) -> std::cmp::Ordering {
+        (self.rank, self.value).cmp(&(o.rank, o.value))
+    }
+}
+
+impl PartialOrd for LiveEntry {
+    fn partial_cmp(&self, o: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(o))
+    }
+}
+
+const MAX62: u64 = u64::MAX >> 2;
+
+impl LiveEntry {
+    fn new(key: Key, r: &Record) -> LiveEntry {
+        LiveEntry {
+            rank: ((MAX62 - r.bytes.min(MAX62)) << 2) | key.space as u64,
+            value: key.value,
+            t_ns: r.t_ns,
+            site: r.site,
+            thread: r.thread,
+            device: r.device,
+            kind: r.kind,
+            api: r.api,
+        }
+    }
+
+    fn bytes(&self) -> u64 {
+        MAX62 - (self.rank >> 2)
+    }
+}
+
+/// The live allocations a report lists, in order, 40 bytes each: written by
+/// `write_json` (streamed) or turned into `Report::live` by `materialize`.
+pub struct LiveList {
+    entries: Vec<LiveEntry>,
+}
+
+impl LiveList {
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+}
+
+/// The whole report, `live` included (held in memory: fine for tests and small
+/// ledgers; a million live allocations take ~130 MB this way, see `build_parts`).
+pub fn build(input: &ReportInput<'_>) -> Report {
+    let (mut report, live) = build_parts(input);
+    materialize(&mut report, &live, input);
+    report
+}
+
+/// The report without its `live` list (empty), and that list as 40-byte entries in
+/// order (a million take 40 MB, a third of the ledger's own memory), which
+/// `write_json` streams into the file. One pass over the ledger; with `max_live` only
+/// that many entries are kept (a bounded heap).
+pub fn build_parts(input: &ReportInput<'_>) -> (Report, LiveList) {
+    let ledger = input.ledger;
+    let all_sites = input.sites.all();
+
+    // Per device: live count and bytes by kind, from the records themselves; per
+    // site: bytes and count. Plain arrays: this runs once per live allocation.
     let slot = |d: i32| (d.max(0) as usize).min(MAX_DEVICES - 1);
     let mut per_dev = vec![(0u64, [0u64; Kind::ALL.len()]); MAX_DEVICES];
     let mut host_live = 0u64;
-    let mut site_use: HashMap<u32, (u64, u64)> = HashMap::new();
-    for (_, r) in &live {
+    let mut site_use: Vec<(u64, u64)> = vec![(0, 0); all_sites.len()];
+    let cap = input.max_live.unwrap_or(usize::MAX);
+    let mut entries: Vec<LiveEntry> = Vec::new();
+    let mut heap: std::collections::BinaryHeap<LiveEntry> = std::collections::BinaryHeap::new();
+    let mut total = 0u64;
+    if input.max_live.is_none() {
+        entries.reserve(ledger.len() + 1024);
+    }
+    ledger.for_each_live(|k, r| {
+        total += 1;
         if r.kind == Kind::Host {
             host_live += 1;
         } else {
@@ -61,11 +154,27 @@ pub fn build(input: &ReportInput<'_>) -> Report {
             e.1[r.kind as usize] += r.bytes;
         }
         if r.site != NO_SITE {
-            let s = site_use.entry(r.site).or_default();
-            s.0 += r.bytes;
-            s.1 += 1;
+            let i = r.site as usize;
+            if i >= site_use.len() {
+                site_use.resize(i + 1, (0, 0));
+            }
+            site_use[i].0 += r.bytes;
+            site_use[i].1 += 1;
         }
+        let e = LiveEntry::new(k, r);
+        if input.max_live.is_none() {
+            entries.push(e);
+        } else if heap.len() < cap {
+            heap.push(e);
+        } else if heap.peek().is_some_and(|top| e < *top) {
+            heap.pop();
+            heap.push(e);
+        }
+    });
+    if input.max_live.is_some() {
+        entries = heap.into_vec();
     }
+    entries.sort_unstable();
 
     let mut device_ids = ledger.seen_devices();
     for (d, e) in per_dev.iter().enumerate() {
@@ -117,12 +226,13 @@ pub fn build(input: &ReportInput<'_>) -> Report {
     };
 
     // Sites: symbolize only those that hold live memory, each address once.
-    let all_sites = input.sites.all();
     let mut names: HashMap<usize, FrameInfo> = HashMap::new();
     let mut sites: Vec<Site> = site_use
         .iter()
-        .filter_map(|(&id, &(bytes, count))| {
-            let stack = all_sites.get(id as usize)?;
+        .enumerate()
+        .filter(|(_, u)| u.1 > 0)
+        .filter_map(|(id, &(bytes, count))| {
+            let stack = all_sites.get(id)?;
             for &pc in stack.iter() {
                 names.entry(pc).or_insert_with(|| (input.symbolize)(pc));
             }
@@ -130,7 +240,7 @@ pub fn build(input: &ReportInput<'_>) -> Report {
             // Trim gpuguard's and CUDA's own frames off the top, but never to nothing.
             let first_user = infos.iter().position(|f| !f.internal).unwrap_or(0);
             Some(Site {
-                id,
+                id: id as u32,
                 frames: infos[first_user..].iter().map(|f| f.text.clone()).collect(),
                 live_bytes: bytes,
                 live_count: count,
@@ -140,26 +250,9 @@ pub fn build(input: &ReportInput<'_>) -> Report {
     sites.sort_unstable_by(|a, b| b.live_bytes.cmp(&a.live_bytes).then(a.id.cmp(&b.id)));
 
     // Counters and sites above cover every allocation; the list keeps the largest.
-    let keep = input.max_live.unwrap_or(usize::MAX).min(live.len());
-    let live_omitted = (live.len() - keep) as u64;
-    live.truncate(keep);
-    let live = live
-        .into_iter()
-        .map(|(k, r)| LiveAllocation {
-            address: crate::report::Hex(k.value),
-            bytes: r.bytes,
-            device: r.device.into(),
-            kind: r.kind.name().into(),
-            api: (input.api_name)(r.api).into(),
-            thread: r.thread,
-            age_s: input.now_ns.saturating_sub(r.t_ns) as f64 / 1e9,
-            site: (r.site != NO_SITE).then_some(r.site),
-            owner: None,
-            in_use_bytes: None,
-        })
-        .collect();
+    let live_omitted = total.saturating_sub(entries.len() as u64);
 
-    Report {
+    let report = Report {
         schema: SCHEMA.to_string(),
         gpuguard_version: env!("CARGO_PKG_VERSION").to_string(),
         reason: input.reason.to_string(),
@@ -175,7 +268,7 @@ pub fn build(input: &ReportInput<'_>) -> Report {
         uptime_s: input.uptime_s,
         devices,
         host_pinned,
-        live,
+        live: Vec::new(),
         live_omitted,
         sites,
         config: input.config.clone(),
@@ -184,7 +277,166 @@ pub fn build(input: &ReportInput<'_>) -> Report {
         ending: None,
         classification: Vec::new(),
         python_sites: Vec::new(),
+    };
+    (report, LiveList { entries })
+}
+
+/// A list entry as the report model has it.
+fn live_allocation(input: &ReportInput<'_>, e: &LiveEntry) -> LiveAllocation {
+    LiveAllocation {
+        address: crate::report::Hex(e.value),
+        bytes: e.bytes(),
+        device: e.device.into(),
+        kind: e.kind.name().into(),
+        api: (input.api_name)(e.api).into(),
+        thread: e.thread,
+        age_s: input.now_ns.saturating_sub(e.t_ns) as f64 / 1e9,
+        site: (e.site != NO_SITE).then_some(e.site),
+        owner: None,
+        in_use_bytes: None,
     }
+}
+
+/// Appends `v` in decimal, two digits at a time.
+fn push_u64(buf: &mut Vec<u8>, mut v: u64) {
+    const PAIRS: &[u8; 200] = b"0001020304050607080910111213141516171819\
+        2021222324252627282930313233343536373839\
+        4041424344454647484950515253545556575859\
+        6061626364656667686970717273747576777879\
+        8081828384858687888990919293949596979899";
+    let mut d = [0u8; 20];
+    let mut i = d.len();
+    while v >= 100 {
+        let r = (v % 100) as usize * 2;
+        v /= 100;
+        i -= 2;
+        d[i..i + 2].copy_from_slice(&PAIRS[r..r + 2]);
+    }
+    if v >= 10 {
+        let r = v as usize * 2;
+        i -= 2;
+        d[i..i + 2].copy_from_slice(&PAIRS[r..r + 2]);
+    } else {
+        i -= 1;
+        d[i] = b'0' + v as u8;
+    }
+    buf.extend_from_slice(&d[i..]);
+}
+
+/// A name as a JSON string, escaped by serde only where it needs to be.
+fn json_str(s: &str) -> Vec<u8> {
+    serde_json::to_vec(s).unwrap_or_else(|_| b"\"\"".to_vec())
+}
+
+/// Writes `live[]` entries straight from ledger records: the fields and their order
+/// as `LiveAllocation`'s derived `Serialize` (a test holds the two equal), with the
+/// names (kinds, APIs) escaped once, not once per entry.
+struct LiveWriter<'a> {
+    input: &'a ReportInput<'a>,
+    kinds: Vec<Vec<u8>>,
+    apis: Vec<Option<Vec<u8>>>,
+}
+
+impl<'a> LiveWriter<'a> {
+    fn new(input: &'a ReportInput<'a>) -> Self {
+        LiveWriter {
+            input,
+            kinds: Kind::ALL.iter().map(|k| json_str(k.name())).collect(),
+            apis: vec![None; 256],
+        }
+    }
+
+    /// Appends the entry for `e`.
+    fn entry(&mut self, buf: &mut Vec<u8>, e: &LiveEntry) {
+        let r = e;
+        buf.extend_from_slice(b"{\"address\":\"0x");
+        let v = e.value;
+        let digits = (64 - v.leading_zeros()).div_ceil(4).max(1);
+        for i in (0..digits).rev() {
+            buf.push(b"0123456789abcdef"[((v >> (4 * i)) & 0xf) as usize]);
+        }
+        buf.extend_from_slice(b"\",\"bytes\":");
+        push_u64(buf, e.bytes());
+        buf.extend_from_slice(b",\"device\":");
+        if r.device < 0 {
+            buf.push(b'-');
+        }
+        push_u64(buf, r.device.unsigned_abs().into());
+        buf.extend_from_slice(b",\"kind\":");
+        buf.extend_from_slice(&self.kinds[r.kind as usize]);
+        buf.extend_from_slice(b",\"api\":");
+        let api_name = self.input.api_name;
+        let api = self.apis[r.api as usize].get_or_insert_with(|| json_str(api_name(r.api)));
+        buf.extend_from_slice(api);
+        buf.extend_from_slice(b",\"thread\":");
+        push_u64(buf, r.thread.into());
+        buf.extend_from_slice(b",\"age_s\":");
+        let age = self.input.now_ns.saturating_sub(r.t_ns) as f64 / 1e9;
+        if serde_json::to_writer(&mut *buf, &age).is_err() {
+            buf.push(b'0');
+        }
+        buf.extend_from_slice(b",\"site\":");
+        if r.site == NO_SITE {
+            buf.extend_from_slice(b"null}");
+        } else {
+            push_u64(buf, r.site.into());
+            buf.push(b'}');
+        }
+    }
+}
+
+/// Fills `report.live` from the list (for a framework classification, which annotates
+/// the entries, or a reader that wants the whole document).
+pub fn materialize(report: &mut Report, live: &LiveList, input: &ReportInput<'_>) {
+    report.live = live
+        .entries
+        .iter()
+        .map(|e| live_allocation(input, e))
+        .collect();
+}
+
+/// Writes `report` as compact JSON with its `live` list streamed from the ledger, one
+/// entry at a time (nothing the size of the list is built). A report whose `live` is
+/// already filled (`materialize`) is written as it is.
+pub fn write_json(
+    w: &mut dyn Write,
+    report: &Report,
+    live: &LiveList,
+    input: &ReportInput<'_>,
+) -> std::io::Result<()> {
+    if !report.live.is_empty() || live.entries.is_empty() {
+        return serde_json::to_writer(w, report).map_err(std::io::Error::other);
+    }
+    // Everything but the list is small: serialize it with `live` empty and write the
+    // entries where the empty list stands. `"live":[]` cannot occur inside a JSON
+    // string (its quotes would be escaped), so the first one is the field.
+    let head = serde_json::to_vec(report).map_err(std::io::Error::other)?;
+    const MARK: &[u8] = b"\"live\":[]";
+    let at = head
+        .windows(MARK.len())
+        .position(|x| x == MARK)
+        .ok_or_else(|| std::io::Error::other("report without a live field"))?
+        + MARK.len()
+        - 1;
+    w.write_all(&head[..at])?;
+    // Entries are formatted into a local buffer and handed on in large writes: one
+    // call through `dyn Write` per 256 KiB, not one per JSON token.
+    let mut buf: Vec<u8> = Vec::with_capacity(256 << 10);
+    let mut lw = LiveWriter::new(input);
+    let mut first = true;
+    for e in &live.entries {
+        if !first {
+            buf.push(b',');
+        }
+        first = false;
+        lw.entry(&mut buf, e);
+        if buf.len() >= 255 << 10 {
+            w.write_all(&buf)?;
+            buf.clear();
+        }
+    }
+    w.write_all(&buf)?;
+    w.write_all(&head[at..])
 }
 
 /// `gpuguard.<program>.<pid>.<seq>.<reason>.json`, or with a known rank
@@ -506,6 +758,74 @@ mod tests {
             ..input(&ledger, &sites)
         });
         assert_eq!((all.live.len(), all.live_omitted), (3, 0));
+    }
+
+    #[test]
+    fn streamed_report_reads_back_as_the_built_one() {
+        let ledger = Ledger::new();
+        let sites = SiteTable::new();
+        let s = sites.intern(&[1, 2, 100]);
+        let mut n = 0u64;
+        let mut put = |key: Key, bytes: u64, device: i16, kind: Kind, site: u32| {
+            n += 1;
+            ledger.insert(
+                key,
+                Record {
+                    bytes,
+                    ctx: 0,
+                    t_ns: n * 123_456_789,
+                    site,
+                    thread: n as u32,
+                    device,
+                    kind,
+                    api: (n % 3) as u8,
+                },
+            );
+        };
+        put(Key::device(0x1000), 10, 0, Kind::Device, s);
+        put(
+            Key::device(0xffff_ffff_ffff_fff0),
+            30,
+            1,
+            Kind::Pool,
+            NO_SITE,
+        );
+        put(Key::vmm(0x1000), 30, 0, Kind::Vmm, s);
+        put(Key::array(7), 30, 2, Kind::Array, s);
+        put(Key::host(0x1000), 5, -1, Kind::Host, NO_SITE);
+        put(Key::device(0), 1 << 40, 0, Kind::Managed, s);
+        for max_live in [None, Some(0), Some(2), Some(100)] {
+            let base = ReportInput {
+                max_live,
+                api_name: &|a| ["cuMemAlloc_v2", "we\"ird\\name\n", "cuMemCreate"][a as usize],
+                ..input(&ledger, &sites)
+            };
+            let built = build(&base);
+            let (report, live) = build_parts(&base);
+            assert!(report.live.is_empty());
+            let mut out = Vec::new();
+            write_json(&mut out, &report, &live, &base).unwrap();
+            let back: Report = serde_json::from_slice(&out).unwrap();
+            assert_eq!(back, built, "max_live {max_live:?}");
+            assert_eq!(
+                serde_json::to_string(&back).unwrap().len(),
+                out.len(),
+                "compact like serde's"
+            );
+            if max_live.is_none() {
+                // Largest first; ties by space, then address.
+                let order: Vec<(u64, String)> = back
+                    .live
+                    .iter()
+                    .map(|a| (a.bytes, a.address.to_string()))
+                    .collect();
+                assert_eq!(order[0].0, 1 << 40);
+                assert_eq!(
+                    order[1..4].iter().map(|o| o.1.as_str()).collect::<Vec<_>>(),
+                    ["0xfffffffffffffff0", "0x1000", "0x7"]
+                );
+            }
+        }
     }
 
     #[test]

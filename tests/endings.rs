@@ -130,49 +130,38 @@ fn assert_exit_last(r: &Run) -> Vec<(u64, String)> {
     all
 }
 
-#[test]
-fn a_trim_asked_just_before_exit_is_reported_before_the_exit_report() {
-    let r = gg_run(
-        "gg_rel",
-        &["ask_then_exit", &libc::SIGUSR2.to_string()],
-        &[],
-    );
+/// `gg_rel ARGS` asked for a `reason` report just before exiting: it is written,
+/// and before the exit report.
+fn asked_before_exit(args: &[&str], env: &[(&str, &str)], reason: &str) -> Run {
+    let r = gg_run("gg_rel", args, env);
     r.assert_ok();
     let all = assert_exit_last(&r);
     assert!(
-        all.iter().any(|(_, x)| x == "trim"),
+        all.iter().any(|(_, x)| x == reason),
         "{all:?}\n{}",
         r.describe()
     );
+    r
+}
+
+#[test]
+fn a_trim_asked_just_before_exit_is_reported_before_the_exit_report() {
+    asked_before_exit(&["ask_then_exit", &libc::SIGUSR2.to_string()], &[], "trim");
 }
 
 #[test]
 fn a_report_asked_just_before_exit_is_written_before_the_exit_report() {
-    let r = gg_run(
-        "gg_rel",
+    asked_before_exit(
         &["ask_then_exit", &libc::SIGUSR1.to_string()],
         &[],
-    );
-    r.assert_ok();
-    let all = assert_exit_last(&r);
-    assert!(
-        all.iter().any(|(_, x)| x == "signal"),
-        "{all:?}\n{}",
-        r.describe()
+        "signal",
     );
 }
 
 #[test]
 fn a_cap_refusal_just_before_exit_is_reported_before_the_exit_report() {
-    let r = gg_run("gg_rel", &["cap_then_exit"], &[("GPUGUARD_CAP", "8MiB")]);
-    r.assert_ok();
+    let r = asked_before_exit(&["cap_then_exit"], &[("GPUGUARD_CAP", "8MiB")], "cap");
     assert_eq!(r.rc("big"), Some(2), "{}", r.describe());
-    let all = assert_exit_last(&r);
-    assert!(
-        all.iter().any(|(_, x)| x == "cap"),
-        "{all:?}\n{}",
-        r.describe()
-    );
 }
 
 #[test]

@@ -542,30 +542,14 @@ impl Ledger {
         if c.capped() {
             c.charge.fetch_add(rec.bytes, Relaxed);
         }
-        if c.seen.load(Relaxed) == 0 {
-            c.seen.store(1, Relaxed);
-        }
-        c.stripe(rec.thread).allocs.fetch_add(1, Relaxed);
-        if rec.kind == Kind::Pool {
-            c.pool_add(rec.thread, rec.bytes);
-        }
-        c.add_live(rec.thread, rec.bytes);
+        c.count_commit(&rec);
         true
     }
 
     /// The allocation went through: its bytes (already reserved) become a record.
     #[inline]
     pub fn commit(&self, key: Key, rec: Record) {
-        let c = self.counters_for(&rec);
-        // Read before writing: this line is shared by every allocating thread.
-        if c.seen.load(Relaxed) == 0 {
-            c.seen.store(1, Relaxed);
-        }
-        c.stripe(rec.thread).allocs.fetch_add(1, Relaxed);
-        if rec.kind == Kind::Pool {
-            c.pool_add(rec.thread, rec.bytes);
-        }
-        c.add_live(rec.thread, rec.bytes);
+        self.counters_for(&rec).count_commit(&rec);
         if let Some(old) = self.map(key.space).insert(key.value, rec) {
             // The driver handed out an address we still hold: our books missed a free
             // (an unhooked path). Drop the stale bytes so the counters stay true.
@@ -707,6 +691,20 @@ impl DeviceCounters {
                 self.stripe(rec.thread).pool.fetch_sub(b, Relaxed);
             }
         }
+    }
+
+    /// A record made: counted, its bytes live.
+    #[inline]
+    fn count_commit(&self, rec: &Record) {
+        // Read before writing: this line is shared by every allocating thread.
+        if self.seen.load(Relaxed) == 0 {
+            self.seen.store(1, Relaxed);
+        }
+        self.stripe(rec.thread).allocs.fetch_add(1, Relaxed);
+        if rec.kind == Kind::Pool {
+            self.pool_add(rec.thread, rec.bytes);
+        }
+        self.add_live(rec.thread, rec.bytes);
     }
 
     #[inline]

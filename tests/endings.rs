@@ -50,7 +50,8 @@ fn sigterm_sigint_sighup_by_default_action_leave_the_exit_report() {
 #[test]
 fn timeout_s_term_leaves_the_report_and_the_status() {
     let prog = sim_dir().join("gg_rel").display().to_string();
-    let args = ["--preserve-status", "-s", "TERM", "2", &prog, "wait"];
+    // The delay only has to cover start-up and the first CUDA call (milliseconds).
+    let args = ["--preserve-status", "-s", "TERM", "4", &prog, "wait"];
     let r = gg_run("/usr/bin/timeout", &args, &[]);
     let bare = bare_run("/usr/bin/timeout", &args, &[]);
     // `timeout --preserve-status` exits as a shell reports a signal: 128 + 15.

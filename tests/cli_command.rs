@@ -700,3 +700,56 @@ fn control_characters_from_reports_are_escaped() {
         );
     }
 }
+
+/// The pid a user sees is `gpuguard run`'s: a report or trim signal sent to it
+/// reaches the command, which answers with its report and keeps running.
+#[test]
+fn run_passes_report_signals_on_to_the_command() {
+    use std::io::{BufRead, BufReader, Write};
+    shim();
+    let dir = scratch("run-forward");
+    // The command's first CUDA call activates gpuguard; READY says it happened.
+    let script = "import ctypes, sys\n\
+                  rt = ctypes.CDLL('libcudart.so.13')\n\
+                  p = ctypes.c_void_p()\n\
+                  assert rt.cudaMalloc(ctypes.byref(p), 1 << 20) == 0\n\
+                  print('READY', flush=True)\n\
+                  sys.stdin.readline()\n";
+    let mut child = command(&["run", "--dir", s(&dir), "--", "python3", "-c", script])
+        .env("LD_LIBRARY_PATH", sim_dir())
+        .env("GPUGUARD_PYTHON", "off")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("start gpuguard run");
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert_eq!(line.trim(), "READY");
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGUSR1) };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let signal_report = || {
+        std::fs::read_dir(&dir)
+            .unwrap()
+            .flatten()
+            .any(|e| e.file_name().to_string_lossy().ends_with(".signal.json"))
+    };
+    while !signal_report() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no signal report from the command"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    child.stdin.take().unwrap().write_all(b"\n").unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

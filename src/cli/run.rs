@@ -136,16 +136,27 @@ extern "C" fn forward_signal(sig: libc::c_int) {
 
 /// While CMD runs, gpuguard outlives it to write the summary: Ctrl-C and Ctrl-\
 /// reach CMD from the terminal and are ignored here (as `system(3)` does); a
-/// TERM or HUP sent to gpuguard alone (a job scheduler stopping it) goes on to CMD.
+/// TERM or HUP sent to gpuguard alone (a job scheduler stopping it) goes on to CMD,
+/// and so do the report and trim signals (`kill -USR1 <pid of gpuguard run>` asks
+/// CMD for a report, as the pid a user sees first).
 fn guard_signals(child: u32) {
     CHILD.store(child as i32, Ordering::Relaxed);
     let forward = forward_signal as extern "C" fn(libc::c_int) as libc::sighandler_t;
+    // The signals CMD's library listens to, as its environment sets them.
+    let cfg = gpuguard_core::config::Config::from_env()
+        .map(|p| p.config)
+        .unwrap_or_default();
+    let passed_on = [libc::SIGTERM, libc::SIGHUP, libc::SIGUSR1, libc::SIGUSR2]
+        .into_iter()
+        .chain(cfg.report_signal)
+        .chain(cfg.trim_signal);
     // SAFETY: installing dispositions; the handler only calls kill(2).
     unsafe {
         libc::signal(libc::SIGINT, libc::SIG_IGN);
         libc::signal(libc::SIGQUIT, libc::SIG_IGN);
-        libc::signal(libc::SIGTERM, forward);
-        libc::signal(libc::SIGHUP, forward);
+        for sig in passed_on {
+            libc::signal(sig, forward);
+        }
     }
 }
 

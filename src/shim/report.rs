@@ -290,7 +290,13 @@ pub(crate) fn write(
         max_live: s.cfg.max_live,
         launch: &s.launch,
     };
-    let mut report = reporter::build(&input);
+    // The live list stays compact (sorted entries) and is streamed into the file;
+    // it is built as report objects only where something needs them: a framework's
+    // blocks joined by address, or the stderr fallback.
+    let (mut report, live) = reporter::build_parts(&input);
+    if classes.is_some() {
+        reporter::materialize(&mut report, &live, &input);
+    }
     report.trim = extra.trim;
     report.ending = extra.ending;
     let recorded = classes.is_some_and(|c| gpuguard_core::classify::apply(&mut report, c));
@@ -299,7 +305,7 @@ pub(crate) fn write(
     let headline = headline(&report);
     // Compact JSON, streamed to the file: `gpuguard show` is for reading it.
     let written = reporter::write_atomic_with(&s.dir, &name, |w| {
-        serde_json::to_writer(&mut *w, &report).map_err(std::io::Error::other)?;
+        reporter::write_json(w, &report, &live, &input)?;
         w.write_all(b"\n")
     });
     match written {
@@ -330,6 +336,9 @@ pub(crate) fn write(
                 LogLevel::Warn,
                 format_args!("report ({reason}) follows: {headline}"),
             );
+            if report.live.is_empty() {
+                reporter::materialize(&mut report, &live, &input);
+            }
             let mut json = serde_json::to_vec_pretty(&report).unwrap_or_default();
             json.push(b'\n');
             write_stderr(&json);

@@ -20,7 +20,7 @@ from pathlib import Path
 # the layers this one may use). A module may also use the modules listed before it
 # in its own layer.
 LAYERS = [
-    ("ffi", ["sys", "cuda", "wake", "real", "table"], []),
+    ("ffi", ["fault", "sys", "cuda", "wake", "endings", "real", "table"], []),
     ("base", ["line", "events", "control", "tags", "settings", "unwind", "python::api",
               "python::frames"], ["ffi"]),
     ("books", ["books", "caps"], ["ffi", "base"]),

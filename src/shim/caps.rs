@@ -149,10 +149,7 @@ impl Books {
 
     pub fn remove_pool(&self, pool: u64) {
         if let Some((_, info)) = self.pools.remove(&pool) {
-            let c = self.ledger.device(info.device);
-            let _ = c
-                .pool_reserved
-                .fetch_update(Relaxed, Relaxed, |v| Some(v.saturating_sub(info.held)));
+            self.ledger.device(info.device).pool_reserved_sub(info.held);
         }
     }
 
@@ -193,12 +190,10 @@ impl Books {
             }
         };
         let c = self.ledger.device(device);
-        if held >= old {
-            c.pool_reserved.fetch_add(held - old, Relaxed);
-        } else {
-            let _ = c
-                .pool_reserved
-                .fetch_update(Relaxed, Relaxed, |v| Some(v.saturating_sub(old - held)));
+        if held > old {
+            c.pool_reserved_add(held - old);
+        } else if held < old {
+            c.pool_reserved_sub(old - held);
         }
     }
 
@@ -245,6 +240,9 @@ impl Books {
     /// devices are measured only here, so between reports their figure is the last
     /// one measured.
     pub fn refresh_pools(&self, device: i32) {
+        // The device's current pool is measured even if the program never looked it
+        // up (`cuMemAllocAsync` draws from it unasked).
+        let _ = self.current_pool(device);
         for p in self.device_pools(device) {
             self.measure_pool(device, p);
         }

@@ -12,7 +12,7 @@
 
 use super::books::Books;
 use super::cuda::*;
-use super::real::{Path, Slots, fn_at};
+use super::real::{PER_PATH, Path, SLOTS_PER_ROW, Slots, fn_at, path_base};
 use super::settings::config_ptds_default;
 use super::state::{active_books, books, shielded};
 use super::track::{self, Made, Plan};
@@ -58,8 +58,31 @@ pub struct Entry {
     /// The per-thread-default-stream (`_ptsz`) variant of its base name.
     pub ptds: bool,
     pub slots: &'static Slots,
-    /// Wrappers by path: exported symbol, `dlsym`, `cuGetProcAddress`.
-    pub wrappers: [Wrapper; 3],
+    /// Wrappers by slot (`real::path_base`): the exported symbol, then `PER_PATH` for
+    /// `dlsym` and as many for `cuGetProcAddress`, each calling its slot's pointer.
+    pub wrappers: [Wrapper; SLOTS_PER_ROW],
+}
+
+impl Entry {
+    /// The wrapper of slot `i` of `path`.
+    fn wrapper(&self, path: Path, i: usize) -> *const c_void {
+        self.wrappers[path_base(path) + i].0
+    }
+}
+
+/// Real pointers handed out unhooked because every slot of their path was taken.
+static UNHOOKED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Counts a real pointer handed out unhooked (said once, at debug level).
+fn unhooked(name: &str) {
+    if UNHOOKED.fetch_add(1, Relaxed) == 0 {
+        super::settings::log(
+            super::settings::LogLevel::Debug,
+            format_args!(
+                "{name}: a lookup returned a real pointer past the {PER_PATH} this path keeps; handed out unhooked"
+            ),
+        );
+    }
 }
 
 #[derive(Clone, Copy)]
@@ -98,8 +121,8 @@ macro_rules! hooks {
                 }
 
                 #[inline(always)]
-                pub unsafe fn call(path: Path, $($arg: $ty),*) -> c_int {
-                    match SLOTS.get(path, NAME, Lib::$lib.soname()) {
+                pub unsafe fn call(slot: usize, $($arg: $ty),*) -> c_int {
+                    match SLOTS.get_at(slot, NAME, Lib::$lib.soname()) {
                         // SAFETY: the slot holds the real function looked up by this
                         // row's name, whose signature is `Real`.
                         Some(p) => unsafe {
@@ -109,12 +132,12 @@ macro_rules! hooks {
                     }
                 }
 
-                pub unsafe extern "C" fn via_dlsym($($arg: $ty),*) -> c_int {
-                    unsafe { call(Path::Dlsym, $($arg),*) }
+                pub unsafe extern "C" fn via_dlsym<const I: usize>($($arg: $ty),*) -> c_int {
+                    unsafe { call(path_base(Path::Dlsym) + I, $($arg),*) }
                 }
 
-                pub unsafe extern "C" fn via_proc($($arg: $ty),*) -> c_int {
-                    unsafe { call(Path::Proc, $($arg),*) }
+                pub unsafe extern "C" fn via_proc<const I: usize>($($arg: $ty),*) -> c_int {
+                    unsafe { call(path_base(Path::Proc) + I, $($arg),*) }
                 }
             }
             )*
@@ -124,7 +147,7 @@ macro_rules! hooks {
             #[allow(non_snake_case, clippy::missing_safety_doc)]
             #[cfg_attr(not(test), unsafe(no_mangle))]
             pub unsafe extern "C" fn $name($($arg: $ty),*) -> c_int {
-                unsafe { row::$name::call(Path::Symbol, $($arg),*) }
+                unsafe { row::$name::call(0, $($arg),*) }
             }
         )*
 
@@ -138,8 +161,14 @@ macro_rules! hooks {
                 slots: &row::$name::SLOTS,
                 wrappers: [
                     Wrapper($name as *const c_void),
-                    Wrapper(row::$name::via_dlsym as *const c_void),
-                    Wrapper(row::$name::via_proc as *const c_void),
+                    Wrapper(row::$name::via_dlsym::<0> as *const c_void),
+                    Wrapper(row::$name::via_dlsym::<1> as *const c_void),
+                    Wrapper(row::$name::via_dlsym::<2> as *const c_void),
+                    Wrapper(row::$name::via_dlsym::<3> as *const c_void),
+                    Wrapper(row::$name::via_proc::<0> as *const c_void),
+                    Wrapper(row::$name::via_proc::<1> as *const c_void),
+                    Wrapper(row::$name::via_proc::<2> as *const c_void),
+                    Wrapper(row::$name::via_proc::<3> as *const c_void),
                 ],
             }
         ),*];
@@ -264,7 +293,10 @@ pub unsafe extern "C" fn dlsym(_handle: *mut c_void, _name: *const c_char) -> *m
 
 /// 0: not ours, forward to glibc (every name not starting `cu` or `nv` at once). 1: answer NULL. Otherwise the pointer to return.
 unsafe extern "C" fn dlsym_answer(handle: *mut c_void, name: *const c_char) -> usize {
-    if super::real::real_dlsym().is_none() || name.is_null() {
+    if super::real::real_dlsym().is_none() {
+        return 1; // no glibc `dlsym` to jump to: answer NULL rather than jump to 0
+    }
+    if name.is_null() {
         return 0;
     }
     // SAFETY: name is a C string from the caller; only two bytes read before the
@@ -274,7 +306,8 @@ unsafe extern "C" fn dlsym_answer(handle: *mut c_void, name: *const c_char) -> u
         if !((a == b'c' && b == b'u') || (a == b'n' && b == b'v')) {
             return 0;
         }
-        dlsym_swap(handle, CStr::from_ptr(name))
+        let name = CStr::from_ptr(name);
+        shielded(|| dlsym_swap(handle, name)).unwrap_or(0)
     }
 }
 
@@ -309,10 +342,12 @@ unsafe fn dlsym_swap(handle: *mut c_void, name: &CStr) -> usize {
             .is_some();
         return if present { real as usize } else { 1 };
     }
-    if entry.slots.offer(Path::Dlsym, real) {
-        entry.wrappers[Path::Dlsym as usize].0 as usize
-    } else {
-        real as usize
+    match entry.slots.offer(Path::Dlsym, real) {
+        Some(i) => entry.wrapper(Path::Dlsym, i) as usize,
+        None => {
+            unhooked(entry.name);
+            real as usize
+        }
     }
 }
 
@@ -394,10 +429,11 @@ unsafe fn swap_answer(symbol: *const c_char, pfn: *mut *mut c_void, version: c_i
             return;
         }
         let base = CStr::from_ptr(symbol).to_bytes();
-        if let Some(e) = proc_entry(base, version, flags, real)
-            && e.slots.offer(Path::Proc, real)
-        {
-            *pfn = e.wrappers[Path::Proc as usize].0 as *mut c_void;
+        if let Some(e) = proc_entry(base, version, flags, real) {
+            match e.slots.offer(Path::Proc, real) {
+                Some(i) => *pfn = e.wrapper(Path::Proc, i) as *mut c_void,
+                None => unhooked(e.name),
+            }
         }
     }
 }
@@ -433,23 +469,18 @@ unsafe fn mem_release(
     real: row::cuMemRelease::Real,
     handle: CUmemGenericAllocationHandle,
 ) -> c_int {
-    if active_books().is_some_and(|b| b.vmm.is_mapped(handle)) {
-        // Still mapped: the memory lives until the last unmap; keep the record.
-        return track::observe(
-            || unsafe { real(handle) },
-            |books| {
-                books.vmm.released(handle);
-                Some(())
-            },
-        );
+    // One decision, under the VMM maps' own lock: still mapped (the memory lives until
+    // the last unmap, which frees the record), or freed now.
+    let deferred =
+        shielded(|| active_books().is_some_and(|b| b.vmm.released(handle))).unwrap_or(false);
+    if deferred {
+        let rc = unsafe { real(handle) };
+        if rc != SUCCESS {
+            shielded(|| active_books().map(|b| b.vmm.release_failed(handle)));
+        }
+        return rc;
     }
-    let rc = track::driver_free(Key::vmm(handle), || unsafe { real(handle) });
-    if rc == SUCCESS
-        && let Some(b) = active_books()
-    {
-        b.vmm.released(handle);
-    }
-    rc
+    track::driver_free(Key::vmm(handle), || unsafe { real(handle) })
 }
 
 unsafe fn ctx_destroy(_api: u8, real: row::cuCtxDestroy_v2::Real, ctx: CUcontext) -> c_int {
@@ -689,7 +720,7 @@ mod tests {
     }
 
     #[test]
-    fn every_row_has_three_distinct_wrappers() {
+    fn every_row_has_distinct_wrappers() {
         let mut all = HashSet::new();
         for e in TABLE {
             for w in &e.wrappers {

@@ -26,6 +26,9 @@ pub(crate) static GPUGUARD_REAL_DLSYM: AtomicUsize = AtomicUsize::new(0);
 /// Resolves glibc's `dlsym` by version, since `dlsym(RTLD_NEXT, "dlsym")` would go
 /// through ourselves.
 pub(crate) fn real_dlsym() -> Option<DlsymFn> {
+    if super::fault::hit("no-dlsym") {
+        return None;
+    }
     let mut p = GPUGUARD_REAL_DLSYM.load(Acquire);
     if p == 0 {
         for v in [c"GLIBC_2.34", c"GLIBC_2.2.5"] {
@@ -60,32 +63,52 @@ pub enum Path {
     Proc = 2,
 }
 
-/// The real pointers of one hooked function, one per path.
+/// Wrappers (and real-pointer slots) each lookup path has per hooked function: a
+/// path may offer different real pointers for one function (two copies of a driver,
+/// a lookup answering per request), and each must still get a wrapper of its own.
+pub const PER_PATH: usize = 4;
+/// Slots per function: the symbol's, then `PER_PATH` for `dlsym`, then for
+/// `cuGetProcAddress`.
+pub const SLOTS_PER_ROW: usize = 1 + 2 * PER_PATH;
+
+/// The first slot of a path.
+pub const fn path_base(path: Path) -> usize {
+    match path {
+        Path::Symbol => 0,
+        Path::Dlsym => 1,
+        Path::Proc => 1 + PER_PATH,
+    }
+}
+
+/// The real pointers of one hooked function: the symbol's, and up to `PER_PATH` per
+/// lookup path.
 pub struct Slots {
-    real: [AtomicPtr<c_void>; 3],
+    real: [AtomicPtr<c_void>; SLOTS_PER_ROW],
 }
 
 impl Slots {
     pub const fn new() -> Slots {
         Slots {
-            real: [
-                AtomicPtr::new(std::ptr::null_mut()),
-                AtomicPtr::new(std::ptr::null_mut()),
-                AtomicPtr::new(std::ptr::null_mut()),
-            ],
+            real: [const { AtomicPtr::new(std::ptr::null_mut()) }; SLOTS_PER_ROW],
         }
     }
 
-    /// The real function for `path`. The symbol path resolves itself on first use
-    /// (the next definition after gpuguard, or the loaded library's own); the others
-    /// were filled when their pointer was handed out.
+    /// The real function for `path`'s first slot (see `get_at`).
     #[inline]
     pub fn get(&self, path: Path, name: &CStr, soname: &CStr) -> Option<*mut c_void> {
-        let p = self.real[path as usize].load(Acquire);
+        self.get_at(path_base(path), name, soname)
+    }
+
+    /// The real function of slot `i`. The symbol's slot (0) resolves itself on first
+    /// use (the next definition after gpuguard, or the loaded library's own); the
+    /// others were filled when their pointer was handed out.
+    #[inline]
+    pub fn get_at(&self, i: usize, name: &CStr, soname: &CStr) -> Option<*mut c_void> {
+        let p = self.real.get(i)?.load(Acquire);
         if !p.is_null() {
             return Some(p);
         }
-        if path != Path::Symbol {
+        if i != 0 {
             return None;
         }
         let p = resolve_next(name, soname)?;
@@ -93,14 +116,19 @@ impl Slots {
         Some(p)
     }
 
-    /// Keeps `real` for `path` if the slot is empty or holds the same pointer. False
-    /// when another pointer is already there: then the caller gets `real` unhooked.
-    pub fn offer(&self, path: Path, real: *mut c_void) -> bool {
-        match self.real[path as usize].compare_exchange(std::ptr::null_mut(), real, AcqRel, Acquire)
-        {
-            Ok(_) => true,
-            Err(cur) => cur == real,
-        }
+    /// Keeps `real` in a slot of `path` (one already holding it, or a free one):
+    /// which one, counted from the path's first. `None` when every slot of the path
+    /// holds another pointer: then the caller gets `real` unhooked.
+    pub fn offer(&self, path: Path, real: *mut c_void) -> Option<usize> {
+        let base = path_base(path);
+        let n = if path == Path::Symbol { 1 } else { PER_PATH };
+        (0..n).find(|&i| {
+            match self.real[base + i].compare_exchange(std::ptr::null_mut(), real, AcqRel, Acquire)
+            {
+                Ok(_) => true,
+                Err(cur) => cur == real,
+            }
+        })
     }
 
     /// Forget every pointer (a child after fork keeps them: same mappings).

@@ -7,11 +7,12 @@ use super::settings::{LogLevel, log, settings};
 use super::state::{active_books, shielded};
 use super::symbolize::{Tables, symbolize};
 use super::sys::{self, write_stderr};
-use super::{events, table};
+use super::{endings, events, fault, table};
 use gpuguard_core::classify::Answer;
 use gpuguard_core::report::{ReportConfig, TrimReport, human_bytes};
 use gpuguard_core::reporter::{self, FrameInfo, ReportInput};
 use std::cell::RefCell;
+use std::ffi::c_int;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering::*};
 
@@ -27,20 +28,50 @@ fn unix_ms() -> u64 {
 #[derive(Default)]
 pub(crate) struct Extra {
     pub trim: Option<gpuguard_core::report::TrimReport>,
+    /// The signal ending the process, for its final report.
+    pub ending: Option<gpuguard_core::report::Ending>,
 }
 
 /// Set once the exit report is written (from Python's `atexit` in a Python process,
 /// else from the C-level exit handler), so it is written once.
 static EXIT_WRITTEN: AtomicBool = AtomicBool::new(false);
 
+/// How long the exit waits for the helper thread to finish what it was asked for.
+const SETTLE_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// The exit report, the first time this is asked for in the process, with the
 /// frameworks' account `at_exit_answer` gives (what Python's `atexit` handed over).
 pub(crate) fn write_exit_report(at_exit_answer: impl FnOnce() -> Option<String>) {
+    write_final_report(None, at_exit_answer);
+}
+
+/// The exit report, marked with the signal ending the process if one is. Reports
+/// already asked for are written first (bounded); none is written after it.
+pub(crate) fn write_final_report(
+    ending: Option<c_int>,
+    at_exit_answer: impl FnOnce() -> Option<String>,
+) {
+    if active_books().is_none() || EXIT_WRITTEN.load(Acquire) {
+        return;
+    }
+    endings::settle(SETTLE_WAIT);
     if let Some(books) = active_books()
         && !EXIT_WRITTEN.swap(true, AcqRel)
     {
-        shielded(|| write(books, "exit", Extra::default(), at_exit_answer()));
+        let extra = Extra {
+            ending: ending.map(|signal| gpuguard_core::report::Ending {
+                signal,
+                name: endings::name(signal).to_string(),
+            }),
+            ..Extra::default()
+        };
+        shielded(|| write(books, "exit", extra, at_exit_answer()));
     }
+}
+
+/// Whether the exit report was written (or is being written).
+pub(crate) fn exit_written() -> bool {
+    EXIT_WRITTEN.load(Acquire)
 }
 
 /// In a forked child: the parent's exit report is not the child's.
@@ -72,6 +103,14 @@ pub(crate) fn write(
         }
     });
     let _guard = books.report_lock.lock().unwrap_or_else(|e| e.into_inner());
+    fault::point("report");
+    if reason != "exit" && EXIT_WRITTEN.load(Acquire) {
+        // The exit report is the last one of the process; a trim is still said.
+        if let Some(t) = &extra.trim {
+            announce(t, None);
+        }
+        return None;
+    }
     let s = settings();
     let seq = books.seq.fetch_add(1, Relaxed) + 1;
     let pid = std::process::id();
@@ -119,6 +158,7 @@ pub(crate) fn write(
         reporter::materialize(&mut report, &live, &input);
     }
     report.trim = extra.trim;
+    report.ending = extra.ending;
     let recorded = classes.is_some_and(|c| gpuguard_core::classify::apply(&mut report, c));
     for d in &report.devices {
         if let (Some(u), Some(c)) = (d.in_use_bytes, d.cached_bytes) {

@@ -28,6 +28,9 @@ static ACTION_RAN: AtomicBool = AtomicBool::new(false);
 #[inline]
 pub(crate) fn books() -> Option<&'static Books> {
     if STATE.load(Acquire) == ACTIVE {
+        if super::wake::helper_missing() {
+            shielded(super::wake::retry);
+        }
         active_books()
     } else {
         activate()
@@ -83,6 +86,7 @@ fn activate() -> Option<&'static Books> {
             .is_ok()
         {
             if STATE.load(Acquire) == INERT {
+                quiet_panics();
                 BOOKS.store(Box::into_raw(Box::new(Books::new())), Release);
                 STATE.store(ACTIVE, Release);
                 fence(SeqCst);
@@ -103,9 +107,16 @@ pub(crate) fn shielded<R>(f: impl FnOnce() -> R) -> Option<R> {
         Ok(r) => Some(r),
         Err(_) => {
             if STATE.swap(DISABLED, AcqRel) != DISABLED {
+                let what = PANIC_TEXT
+                    .try_lock()
+                    .ok()
+                    .and_then(|mut t| t.take())
+                    .unwrap_or_default();
                 log(
                     LogLevel::Warn,
-                    format_args!("internal error; tracking is off for the rest of this process"),
+                    format_args!(
+                        "internal error ({what}); tracking is off for the rest of this process, every CUDA call goes straight through"
+                    ),
                 );
             }
             None
@@ -122,4 +133,21 @@ pub(crate) fn forget_after_fork() {
     if STATE.load(Acquire) == ACTIVE {
         STATE.store(INERT, Release);
     }
+}
+
+/// The text of the last panic in gpuguard, for its one message.
+static PANIC_TEXT: std::sync::Mutex<Option<String>> = std::sync::Mutex::new(None);
+
+/// Panics in gpuguard print nothing themselves: `shielded` says it once, in one
+/// line. (The hook belongs to gpuguard's own copy of the Rust runtime, never the
+/// program's.)
+pub(crate) fn quiet_panics() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        std::panic::set_hook(Box::new(|info| {
+            if let Ok(mut t) = PANIC_TEXT.try_lock() {
+                *t = Some(info.to_string().replace('\n', " "));
+            }
+        }));
+    });
 }

@@ -33,6 +33,7 @@ pub const PROGRAMS: &[&str] = &[
     "gg_cap",
     "gg_nvml",
     "gg_obs",
+    "gg_rel",
 ];
 
 pub fn manifest_dir() -> PathBuf {
@@ -291,7 +292,17 @@ fn compile_all(cc: &OsString, out: &Path) {
     std::os::unix::fs::symlink("libnvidia-ml.so.1", out.join("libnvidia-ml.so"))
         .expect("symlink libnvidia-ml.so");
 
-    let programs: [(&str, &[&str]); 7] = [
+    // A library whose constructor calls CUDA (before gpuguard's constructor runs).
+    let mut a = lib(&[
+        "-Wl,-soname,libgg_early.so".into(),
+        format!("-L{}", out.display()).into(),
+        "-o".into(),
+        o("libgg_early.so"),
+    ]);
+    a.extend([progs.join("gg_early_lib.c").into(), "-lcuda".into()]);
+    cc_run(a);
+
+    let programs: [(&str, &[&str]); 9] = [
         ("gg", &["-lcuda", "-lcudart", "-ldl", "-lpthread"]),
         ("gg_dl", &["-ldl", "-lpthread"]),
         ("gg_rt", &["-lcudart", "-ldl", "-lpthread"]),
@@ -302,6 +313,8 @@ fn compile_all(cc: &OsString, out: &Path) {
         ),
         ("gg_nvml", &["-lnvidia-ml", "-ldl"]),
         ("gg_obs", &["-lcuda", "-ldl", "-lpthread"]),
+        ("gg_rel", &["-lcuda", "-lcudart", "-ldl", "-lpthread"]),
+        ("gg_early", &["-lgg_early", "-lcuda", "-ldl"]),
     ];
     for (name, libs) in programs {
         let mut a = link(&[]);

@@ -60,6 +60,35 @@ pub struct Config {
     /// Interval of the memory line on stderr (`GPUGUARD_LOG_EVERY`), in
     /// milliseconds; `None` (the default) off.
     pub log_every_ms: Option<u64>,
+    /// Signals whose default action (ending the process) gpuguard precedes with the
+    /// final exit report (`GPUGUARD_FINAL_REPORT_SIGNALS`): SIGTERM, SIGINT, SIGHUP by
+    /// default; empty when off.
+    pub final_report_signals: Vec<i32>,
+}
+
+/// The signals `GPUGUARD_FINAL_REPORT_SIGNALS` may name, and their short names.
+pub const FINAL_REPORT_SIGNALS: [(i32, &str); 3] = [
+    (libc::SIGTERM, "TERM"),
+    (libc::SIGINT, "INT"),
+    (libc::SIGHUP, "HUP"),
+];
+
+/// `TERM,INT,HUP` (any subset, `SIG` prefix and case free), or `none`/`off`.
+pub fn parse_final_report_signals(v: &str) -> Option<Vec<i32>> {
+    let t = v.trim();
+    if t.eq_ignore_ascii_case("none") || t.eq_ignore_ascii_case("off") {
+        return Some(Vec::new());
+    }
+    let mut out = Vec::new();
+    for word in t.split(',') {
+        let w = word.trim().to_ascii_uppercase();
+        let w = w.strip_prefix("SIG").unwrap_or(&w);
+        let (sig, _) = FINAL_REPORT_SIGNALS.iter().find(|(_, n)| *n == w)?;
+        if !out.contains(sig) {
+            out.push(*sig);
+        }
+    }
+    Some(out)
 }
 
 impl Default for Config {
@@ -80,6 +109,7 @@ impl Default for Config {
             python_recorders: false,
             trace: None,
             log_every_ms: None,
+            final_report_signals: FINAL_REPORT_SIGNALS.iter().map(|(s, _)| *s).collect(),
         }
     }
 }
@@ -120,6 +150,7 @@ pub const KNOWN_VARS: &[&str] = &[
     "GPUGUARD_PYTHON",
     "GPUGUARD_TRACE",
     "GPUGUARD_LOG_EVERY",
+    "GPUGUARD_FINAL_REPORT_SIGNALS",
 ];
 
 /// A configuration, and what parsing noticed without refusing it.
@@ -276,6 +307,10 @@ impl Config {
             cfg.snapshot_every_ms =
                 parse_interval_ms(&v).ok_or_else(|| refuse("GPUGUARD_SNAPSHOT_EVERY", &v))?;
         }
+        if let Some(v) = vars.text("GPUGUARD_FINAL_REPORT_SIGNALS")? {
+            cfg.final_report_signals = parse_final_report_signals(&v)
+                .ok_or_else(|| refuse("GPUGUARD_FINAL_REPORT_SIGNALS", &v))?;
+        }
         Ok(cfg)
     }
 }
@@ -322,6 +357,9 @@ fn accepted(var: &str) -> String {
         "GPUGUARD_REPORT_SIGNAL" | "GPUGUARD_TRIM_SIGNAL" => accepted_signals(),
         "GPUGUARD_TRIM_INTERVAL" => "an interval with a unit (500ms, 5s, 2m; at least 1ms)".into(),
         "GPUGUARD_PYTHON" => "on, lines or off".into(),
+        "GPUGUARD_FINAL_REPORT_SIGNALS" => {
+            "a comma list of TERM, INT, HUP (the default: all three), or none".into()
+        }
         "GPUGUARD_CAP" => crate::cap::ACCEPTED.into(),
         "GPUGUARD_WARN_AT" | "GPUGUARD_TRIM_AT" => {
             "a fraction of the cap in (0, 1] (0.8 or 80%), or off".into()
@@ -1049,5 +1087,20 @@ mod launch_tests {
         assert_eq!(both.rank, Some(9));
         // A malformed rank is not a rank.
         assert_eq!(detect(&[("RANK", "x")]), Launch::default());
+    }
+
+    #[test]
+    fn final_report_signals_parse() {
+        assert_eq!(
+            Config::default().final_report_signals,
+            vec![libc::SIGTERM, libc::SIGINT, libc::SIGHUP]
+        );
+        assert_eq!(parse_final_report_signals("none"), Some(vec![]));
+        assert_eq!(
+            parse_final_report_signals("sigterm, HUP,TERM"),
+            Some(vec![libc::SIGTERM, libc::SIGHUP])
+        );
+        assert_eq!(parse_final_report_signals("USR1"), None);
+        assert_eq!(parse_final_report_signals(""), None);
     }
 }

@@ -8,7 +8,7 @@ use dashmap::DashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::atomic::{
     AtomicI64, AtomicU64,
-    Ordering::{AcqRel, Relaxed, Release},
+    Ordering::{AcqRel, Acquire, Relaxed, Release},
 };
 
 /// Device ordinals gpuguard keeps counters for; records on higher ordinals are still
@@ -210,8 +210,12 @@ pub struct DeviceCounters {
     /// an uncapped one, the stripes hold them (see `pool_live_bytes`).
     pub pool_live: AtomicU64,
     /// What this device's pools hold from the driver, as last measured: charged
-    /// against a cap beyond the live blocks.
+    /// against a cap beyond the live blocks. Changed through `pool_reserved_add` /
+    /// `pool_reserved_sub`.
     pub pool_reserved: AtomicU64,
+    /// Bumped whenever what pools hold beyond their live blocks may have changed (on
+    /// a capped device), so a reservation decided on an older figure is decided again.
+    pub pool_gen: AtomicU64,
     stripes: [Stripe; STRIPES],
 }
 
@@ -305,20 +309,58 @@ impl DeviceCounters {
 
     /// Reserves `bytes` before an allocation. On a capped device this is one
     /// compare-and-swap on `charge`, so threads allocating at once can never take
-    /// the charge past the cap together. Uncapped: nothing to do.
+    /// the charge past the cap together; what pools hold unused is part of the same
+    /// decision: a reservation made while that figure changed is undone and decided
+    /// again with the new one. Uncapped: nothing to do.
     #[inline]
     pub fn try_reserve(&self, bytes: u64) -> bool {
+        if self.limit.load(Relaxed) == 0 {
+            return true;
+        }
+        self.try_reserve_observed(bytes, &|| {})
+    }
+
+    /// `try_reserve` on a capped device, calling `between` after the pools' figure is
+    /// read (tests use it to change the pools at that moment).
+    #[doc(hidden)]
+    pub fn try_reserve_observed(&self, bytes: u64, between: &dyn Fn()) -> bool {
         let limit = self.limit.load(Relaxed);
         if limit == 0 {
             return true;
         }
-        let excess = self.pool_excess();
-        self.charge
-            .fetch_update(Relaxed, Relaxed, |c| {
-                let after = c.checked_add(bytes)?;
-                (after.saturating_add(excess) <= limit).then_some(after)
-            })
-            .is_ok()
+        for _ in 0..64 {
+            let generation = self.pool_gen.load(Acquire);
+            let excess = self.pool_excess();
+            between();
+            let ok = self
+                .charge
+                .fetch_update(AcqRel, Relaxed, |c| {
+                    let after = c.checked_add(bytes)?;
+                    (after.saturating_add(excess) <= limit).then_some(after)
+                })
+                .is_ok();
+            if self.pool_gen.load(Acquire) == generation {
+                return ok;
+            }
+            // The pools changed while deciding: decide again with what they hold now.
+            if ok {
+                saturating_sub(&self.charge, bytes);
+            }
+        }
+        false
+    }
+
+    /// What the pools hold from the driver grew by `bytes` (a measurement).
+    pub fn pool_reserved_add(&self, bytes: u64) {
+        self.pool_reserved.fetch_add(bytes, Relaxed);
+        self.pool_gen.fetch_add(1, Release);
+    }
+
+    /// What the pools hold from the driver shrank by `bytes` (a measurement, a pool
+    /// destroyed).
+    pub fn pool_reserved_sub(&self, bytes: u64) {
+        saturating_sub(&self.pool_reserved, bytes);
+        self.pool_gen.fetch_add(1, Release);
     }
 
     #[inline]
@@ -498,19 +540,28 @@ impl Ledger {
         self.counters(device, host).unreserve(bytes);
     }
 
+    /// A successful allocation whose bytes were not reserved, recorded only if the
+    /// address has no record yet: one decision under the map's lock, so two threads
+    /// recording the same allocation count it once. False when one was there.
+    pub fn insert_if_absent(&self, key: Key, rec: Record) -> bool {
+        match self.map(key.space).entry(key.value) {
+            dashmap::mapref::entry::Entry::Occupied(_) => return false,
+            dashmap::mapref::entry::Entry::Vacant(v) => {
+                v.insert(rec);
+            }
+        }
+        let c = self.counters_for(&rec);
+        if c.capped() {
+            c.charge.fetch_add(rec.bytes, Relaxed);
+        }
+        c.count_commit(&rec);
+        true
+    }
+
     /// The allocation went through: its bytes (already reserved) become a record.
     #[inline]
     pub fn commit(&self, key: Key, rec: Record) {
-        let c = self.counters_for(&rec);
-        // Read before writing: this line is shared by every allocating thread.
-        if c.seen.load(Relaxed) == 0 {
-            c.seen.store(1, Relaxed);
-        }
-        c.stripe(rec.thread).allocs.fetch_add(1, Relaxed);
-        if rec.kind == Kind::Pool {
-            c.pool_add(rec.thread, rec.bytes);
-        }
-        c.add_live(rec.thread, rec.bytes);
+        self.counters_for(&rec).count_commit(&rec);
         if let Some(old) = self.map(key.space).insert(key.value, rec) {
             // The driver handed out an address we still hold: our books missed a free
             // (an unhooked path). Drop the stale bytes so the counters stay true.
@@ -646,6 +697,7 @@ impl DeviceCounters {
         if rec.kind == Kind::Pool {
             if capped {
                 saturating_sub(&self.pool_live, rec.bytes);
+                self.pool_gen.fetch_add(1, Release);
             } else {
                 let b = rec.bytes.min(i64::MAX as u64) as i64;
                 self.stripe(rec.thread).pool.fetch_sub(b, Relaxed);
@@ -653,10 +705,25 @@ impl DeviceCounters {
         }
     }
 
+    /// A record made: counted, its bytes live.
+    #[inline]
+    fn count_commit(&self, rec: &Record) {
+        // Read before writing: this line is shared by every allocating thread.
+        if self.seen.load(Relaxed) == 0 {
+            self.seen.store(1, Relaxed);
+        }
+        self.stripe(rec.thread).allocs.fetch_add(1, Relaxed);
+        if rec.kind == Kind::Pool {
+            self.pool_add(rec.thread, rec.bytes);
+        }
+        self.add_live(rec.thread, rec.bytes);
+    }
+
     #[inline]
     fn pool_add(&self, thread: u32, bytes: u64) {
         if self.capped() {
             self.pool_live.fetch_add(bytes, Relaxed);
+            self.pool_gen.fetch_add(1, Release);
         } else {
             let b = bytes.min(i64::MAX as u64) as i64;
             self.stripe(thread).pool.fetch_add(b, Relaxed);
@@ -740,6 +807,44 @@ mod tests {
         assert_eq!(l.device(0).snapshot().current, 0);
         assert_eq!(l.host().snapshot().current, 0);
         assert_eq!(l.device(1).snapshot().current, 20);
+    }
+
+    #[test]
+    fn insert_if_absent_counts_once() {
+        let l = Arc::new(Ledger::new());
+        let wins: usize = (0..4)
+            .map(|_| {
+                let l = l.clone();
+                std::thread::spawn(move || {
+                    l.insert_if_absent(Key::device(9), rec(10, 0, Kind::Device))
+                })
+            })
+            .collect::<Vec<_>>()
+            .into_iter()
+            .map(|t| usize::from(t.join().unwrap()))
+            .sum();
+        assert_eq!(wins, 1);
+        let s = l.device(0).snapshot();
+        assert_eq!((s.current, s.allocs), (10, 1));
+    }
+
+    /// A pool that grows while a reservation is being decided (between reading what
+    /// pools hold and the compare-and-swap) is part of the decision: live plus
+    /// pool-held never passes the cap through a reservation.
+    #[test]
+    fn a_pool_growing_during_a_reservation_is_part_of_it() {
+        let l = Ledger::new();
+        let d = l.device(0);
+        d.limit.store(100, Relaxed);
+        let grew = std::sync::atomic::AtomicBool::new(false);
+        let ok = d.try_reserve_observed(60, &|| {
+            if !grew.swap(true, Relaxed) {
+                d.pool_reserved_add(50);
+            }
+        });
+        assert!(!ok, "60 live + 50 held by pools would pass the cap of 100");
+        assert!(d.try_reserve(50));
+        assert_eq!(d.charged(), 100);
     }
 
     #[test]

@@ -274,6 +274,7 @@ pub fn build_parts(input: &ReportInput<'_>) -> (Report, LiveList) {
         config: input.config.clone(),
         denial: input.denial.clone(),
         trim: None,
+        ending: None,
         classification: Vec::new(),
         python_sites: Vec::new(),
     };

@@ -11,7 +11,7 @@ use crate::shim::settings::{LogLevel, log};
 use gpuguard_core::sites::SiteTable;
 use std::collections::HashMap;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, AtomicI64, Ordering::*};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicPtr, Ordering::*};
 
 /// Marks a site entry as a Python frame: bit 63, the bytecode offset in bits 47
 /// to 62, the code object's address below (user addresses fit in 47 bits).
@@ -23,8 +23,27 @@ static ON: AtomicBool = AtomicBool::new(false);
 /// mode (1: interpreter frames, 2: frame objects), ts_off, ts_deref (-1: none),
 /// code_off, prev_off, instr_off, base.
 static LAYOUT: [AtomicI64; 7] = [const { AtomicI64::new(0) }; 7];
-/// Resolved entries: file:line in function, or None when the code was gone.
-static NAMES: Mutex<Option<HashMap<usize, Option<String>>>> = Mutex::new(None);
+type Names = Mutex<Option<HashMap<usize, Option<String>>>>;
+
+/// Resolved entries: file:line in function, or None when the code was gone. Behind
+/// a pointer, so a forked child whose copy was locked at the fork (by a thread that
+/// does not exist there) gets a fresh table instead of a lock nobody will release.
+static NAMES_AT: AtomicPtr<Names> = AtomicPtr::new(std::ptr::null_mut());
+static FIRST_NAMES: Names = Mutex::new(None);
+
+fn names() -> &'static Names {
+    // SAFETY: NAMES_AT is null or a leaked, never-freed table.
+    unsafe { NAMES_AT.load(Acquire).as_ref() }.unwrap_or(&FIRST_NAMES)
+}
+
+/// In a forked child: a table locked at the fork is replaced (its lock would never
+/// be released); its names are kept when it was free.
+pub(crate) fn after_fork_in_child() {
+    let locked = names().try_lock().is_err();
+    if locked {
+        NAMES_AT.store(Box::into_raw(Box::new(Mutex::new(None))), Release);
+    }
+}
 
 #[derive(serde::Deserialize)]
 struct Layout {
@@ -140,7 +159,7 @@ fn split(entry: usize) -> (usize, usize) {
 
 /// `file:line in function` for a resolved entry; None if not (yet) resolved.
 pub(crate) fn text(entry: usize) -> Option<String> {
-    lock(&NAMES).as_ref()?.get(&entry).cloned().flatten()
+    lock(names()).as_ref()?.get(&entry).cloned().flatten()
 }
 
 /// Python entries of the sites that have not been resolved yet.
@@ -148,7 +167,7 @@ pub(crate) fn unresolved(sites: &SiteTable) -> Vec<usize> {
     if !ON.load(Acquire) {
         return Vec::new();
     }
-    let names = lock(&NAMES);
+    let names = lock(names());
     let mut out: Vec<usize> = sites
         .all()
         .iter()
@@ -170,7 +189,7 @@ pub(super) fn resolved(json: &str) {
     let Ok(list) = serde_json::from_str::<Vec<(usize, usize, Option<String>)>>(json) else {
         return;
     };
-    let mut names = lock(&NAMES);
+    let mut names = lock(names());
     let m = names.get_or_insert_with(HashMap::new);
     for (addr, off, text) in list {
         let entry = PY_TAG | (off.min(OFFSET_MAX) << 47) | (addr & ADDR_MASK);

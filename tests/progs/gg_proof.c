@@ -7,7 +7,7 @@
  *   TRUTH dev=<d> allocs= frees= current=   the program's own books per device
  *   FORKED pid=<p> addr=<hex> bytes=<n>      a child that used CUDA and left that
  *   STRESS threads= ops= signals= forks= faults=
- * Usage: gg_proof faults | stress THREADS OPS SEED FORKS | helgrind
+ * Usage: gg_proof faults | stress THREADS OPS SEED FORKS [STORM] | helgrind
  */
 #include "gg_common.h"
 #include "cudart_sim.h"
@@ -222,11 +222,12 @@ static int mode_faults(int argc, char **argv)
     return 0;
 }
 
-/* ---- stress THREADS OPS SEED FORKS ---------------------------------------------
+/* ---- stress THREADS OPS SEED FORKS [STORM] -------------------------------------
  * THREADS workers (thread t on device t % 2) each run OPS/THREADS random operations
  * over six paths (symbol, dlsym, proc, runtime, pool, VMM with mapping) into a ring
  * of 16 slots, while a storm thread sends report (SIGUSR1) and trim (SIGUSR2)
- * signals to the process, and worker 0 forks FORKS children that use CUDA and exit.
+ * signals to the process (unless STORM is 0: without gpuguard they would end it),
+ * and worker 0 forks FORKS children that use CUDA and exit.
  * What the ring still holds at the end is left live (LEAK lines); the program's
  * own books per device are printed as TRUTH. */
 enum { S_SYMBOL, S_DLSYM, S_PROC, S_RUNTIME, S_POOL, S_VMM, S_COUNT };
@@ -252,7 +253,6 @@ static int g_forks_wanted;
 static int g_forks_done;
 static volatile int g_workers_done;
 static long g_signals_sent;
-static unsigned long long g_fault_seed;
 
 static unsigned long long next_rand(unsigned long long *s)
 {
@@ -377,6 +377,7 @@ static int mode_stress(int argc, char **argv)
     long ops = argc > 2 ? atol(argv[2]) : 60000;
     unsigned long long seed = argc > 3 ? strtoull(argv[3], NULL, 0) : 1;
     g_forks_wanted = argc > 4 ? atoi(argv[4]) : 2;
+    int with_storm = argc > 5 ? atoi(argv[5]) : 1;
     if (n < 1 || n > 64) n = 6;
     setup(0);
     lookups();
@@ -388,13 +389,12 @@ static int mode_stress(int argc, char **argv)
         w[t].ops = ops / n;
         w[t].rng = seed * 1000003ULL + (unsigned long long)t;
     }
-    (void)g_fault_seed;
     pthread_t st;
-    MUST(pthread_create(&st, NULL, storm, NULL));
+    if (with_storm) MUST(pthread_create(&st, NULL, storm, NULL));
     for (int t = 0; t < n; t++) MUST(pthread_create(&w[t].th, NULL, stress_worker, &w[t]));
     for (int t = 0; t < n; t++) pthread_join(w[t].th, NULL);
     __atomic_store_n(&g_workers_done, 1, __ATOMIC_RELEASE);
-    pthread_join(st, NULL);
+    if (with_storm) pthread_join(st, NULL);
     /* signals sent by kill() may still be pending in this thread's view: let them land */
     sleep_ms(50);
     unsigned long long allocs[MAX_DEV] = {0}, frees[MAX_DEV] = {0}, cur[MAX_DEV] = {0};

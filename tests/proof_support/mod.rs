@@ -33,10 +33,21 @@ fn build() -> PathBuf {
     if exe.exists() {
         return exe;
     }
-    let tmp = base.join(format!(".tmp-{}-{:?}", std::process::id(), std::thread::current().id()));
+    let tmp = base.join(format!(
+        ".tmp-{}-{:?}",
+        std::process::id(),
+        std::thread::current().id()
+    ));
     fs::create_dir_all(&tmp).expect("create build folder");
     let out = Command::new(std::env::var_os("CC").unwrap_or_else(|| "cc".into()))
-        .args(["-O1", "-g", "-Wall", "-Wextra", "-fno-omit-frame-pointer", "-rdynamic"])
+        .args([
+            "-O1",
+            "-g",
+            "-Wall",
+            "-Wextra",
+            "-fno-omit-frame-pointer",
+            "-rdynamic",
+        ])
         .arg(format!("-I{}", root.join("tests/sim").display()))
         .arg(format!("-L{}", sim.display()))
         .arg(format!("-Wl,-rpath,{}", sim.display()))

@@ -334,8 +334,21 @@ static void fork_child(struct worker *w)
         fflush(stdout);
         exit(0);
     }
-    int st;
-    if (waitpid(pid, &st, 0) != pid || !WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+    /* bounded: a child stuck (say on a lock held at the fork) is killed, so it
+     * cannot hold the test's pipes open forever */
+    int st = 0;
+    pid_t got = 0;
+    for (int waited = 0; waited < 30000 && (got = waitpid(pid, &st, WNOHANG)) == 0; waited += 5)
+        sleep_ms(5);
+    if (got == 0) {
+        kill(pid, SIGKILL);
+        waitpid(pid, &st, 0);
+        printf("CHILD_HUNG pid=%d\n", (int)pid);
+        fflush(stdout);
+        fprintf(stderr, "child %d did not end within 30 s: killed\n", (int)pid);
+        exit(3);
+    }
+    if (got != pid || !WIFEXITED(st) || WEXITSTATUS(st) != 0) {
         fprintf(stderr, "child %d ended badly (status %d)\n", (int)pid, st);
         exit(3);
     }
@@ -426,7 +439,12 @@ static int mode_stress(int argc, char **argv)
 
 /* ---- helgrind: a small multi-threaded run for a thread checker -----------------
  * 3 threads allocate and free through the linked symbol and the dlsym answer, on
- * both devices, while the main thread asks for one report by SIGUSR1. */
+ * both devices, while the main thread asks for a report by SIGUSR1 and waits for
+ * it to be written. With GG_PROOF_RACE=1 the threads also bump a plain global
+ * without a lock: a planted race the checker must report. */
+static long g_racy;
+static int g_plant_race;
+
 static void *hg_worker(void *arg)
 {
     int t = (int)(intptr_t)arg;
@@ -437,23 +455,43 @@ static void *hg_worker(void *arg)
         MUST(dl_alloc(&b, 8192));
         MUST(dl_free(a));
         MUST(cuMemFree_v2(b));
+        if (g_plant_race) g_racy++;
     }
     return NULL;
+}
+
+/* Whether GPUGUARD_DIR holds a report written for a signal. */
+static int signal_report_written(void)
+{
+    const char *dir = getenv("GPUGUARD_DIR");
+    DIR *d = dir ? opendir(dir) : NULL;
+    if (!d) return 0;
+    int found = 0;
+    for (struct dirent *e; !found && (e = readdir(d)) != NULL;)
+        found = strstr(e->d_name, ".signal.json") != NULL;
+    closedir(d);
+    return found;
 }
 
 static int mode_helgrind(int argc, char **argv)
 {
     (void)argc; (void)argv;
+    const char *plant = getenv("GG_PROOF_RACE");
+    g_plant_race = plant && strcmp(plant, "1") == 0;
     setup(0);
     lookups();
+    CUdeviceptr keep; /* the first tracked call: gpuguard is active from here on */
+    MUST(cuMemAlloc_v2(&keep, 1 * MiB));
+    leak_line(keep, 1 * MiB);
     pthread_t th[3];
     for (int t = 0; t < 3; t++) MUST(pthread_create(&th[t], NULL, hg_worker, (void *)(intptr_t)t));
     kill(getpid(), SIGUSR1);
     for (int t = 0; t < 3; t++) pthread_join(th[t], NULL);
-    sleep_ms(300); /* the report the signal asked for */
-    CUdeviceptr keep;
-    MUST(cuMemAlloc_v2(&keep, 1 * MiB));
-    leak_line(keep, 1 * MiB);
+    /* handshake: the report the signal asked for is on disk (bounded: 60 s) */
+    int waited = 0;
+    while (!signal_report_written() && waited < 60000) { sleep_ms(10); waited += 10; }
+    printf("SIGNAL_REPORT %s\n", signal_report_written() ? "yes" : "no");
+    printf("RACY %ld\n", g_racy);
     print_gg();
     print_sim();
     puts("OK");

@@ -480,6 +480,7 @@ static int mode_helgrind(int argc, char **argv)
     g_plant_race = plant && strcmp(plant, "1") == 0;
     setup(0);
     lookups();
+    MUST(cudaSetDevice(0)); /* the runtime initialised before any thread exists */
     CUdeviceptr keep; /* the first tracked call: gpuguard is active from here on */
     MUST(cuMemAlloc_v2(&keep, 1 * MiB));
     leak_line(keep, 1 * MiB);

@@ -15,6 +15,22 @@
  *                      sleeps this long before it gives the memory back, as a
  *                      slow free in a real driver: the memory is still held
  *                      meanwhile (default 0)
+ *   SIMCUDA_FAULTS     fault injection: comma-separated rules NAME=CODE@WHEN, where
+ *                      NAME is an export (cuMemAlloc_v2, cuMemFree_v2, cuMemCreate,
+ *                      cuMemAllocAsync_ptsz, ...) or * for every call that needs
+ *                      cuInit (counted together), CODE the CUresult to return, and
+ *                      WHEN one of
+ *                        N     the N-th call of NAME (from 1) fails
+ *                        N+    the N-th and every later call fail (a lost context)
+ *                        NxK   K calls from the N-th fail
+ *                        %P    each call fails with probability P percent, drawn from
+ *                              SIMCUDA_FAULT_SEED (default 1) and the call's number,
+ *                              so a run is reproducible whatever the thread timing
+ *                      A failing call changes nothing: no memory is taken or given
+ *                      back. Calls are counted after the cuInit check, before the
+ *                      arguments are checked. simcuda_set_faults() replaces the rules
+ *                      at run time (counting from then); simcuda_faults_injected()
+ *                      says how many calls failed so far.
  *
  * Accounting rules (what the books count, per device):
  *   cuMemAlloc, _v2, Pitch, Managed the requested bytes (pitch: pitch * height)
@@ -151,7 +167,10 @@ enum {
 };
 
 static unsigned long long g_calls[ID_COUNT];
-#define CALLED(fn) __atomic_fetch_add(&g_calls[ID_##fn], 1, __ATOMIC_RELAXED)
+/* The export being entered on this thread, for the fault check in REQUIRE_INIT. */
+static __thread int t_entered = -1;
+#define CALLED(fn) \
+    (t_entered = ID_##fn, __atomic_fetch_add(&g_calls[ID_##fn], 1, __ATOMIC_RELAXED))
 
 /* --------------------------------------------------------------------------
  * State
@@ -263,8 +282,9 @@ static void unlock(void) { pthread_mutex_unlock(&g_lock); }
 
 /* A fork while another thread holds the lock must not leave the child's
  * copy locked forever. */
-static void atfork_prepare(void) { lock(); }
-static void atfork_release(void) { unlock(); }
+static pthread_mutex_t g_fault_lock;
+static void atfork_prepare(void) { lock(); pthread_mutex_lock(&g_fault_lock); }
+static void atfork_release(void) { pthread_mutex_unlock(&g_fault_lock); unlock(); }
 
 static unsigned long long env_ull(const char *name, unsigned long long dflt)
 {
@@ -275,6 +295,113 @@ static unsigned long long env_ull(const char *name, unsigned long long dflt)
     return *end ? dflt : v;
 }
 
+/* ---- fault injection (SIMCUDA_FAULTS) ---- */
+#define MAX_FAULT_RULES 32
+#define FAULT_ANY (-2) /* rule NAME "*" */
+enum fault_when { F_AT, F_FROM, F_RANGE, F_PERCENT };
+struct fault_rule {
+    int id;                 /* export id, or FAULT_ANY */
+    CUresult code;
+    enum fault_when when;
+    unsigned long long n, k; /* F_AT/F_FROM/F_RANGE: N (and K); F_PERCENT: P */
+    unsigned long long base; /* calls of the target counted before the rule was set */
+};
+static pthread_mutex_t g_fault_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct fault_rule g_fault_rules[MAX_FAULT_RULES];
+static int g_nfault_rules;             /* read without the lock as a fast path */
+static unsigned long long g_fault_seed = 1;
+static unsigned long long g_fault_seen[ID_COUNT]; /* calls that reached the check */
+static unsigned long long g_fault_seen_any;
+static unsigned long long g_faults_injected;
+
+static int export_id(const char *name, size_t len); /* defined with the proc table */
+
+static unsigned long long splitmix64(unsigned long long x)
+{
+    x += 0x9e3779b97f4a7c15ULL;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+    return x ^ (x >> 31);
+}
+
+/* Parses SPEC into the rule table (replacing it). 0 on success. */
+static int faults_parse(const char *spec)
+{
+    struct fault_rule rules[MAX_FAULT_RULES];
+    int n = 0;
+    const char *p = spec;
+    while (*p) {
+        const char *end = p + strcspn(p, ",");
+        const char *eq = memchr(p, '=', (size_t)(end - p));
+        if (end == p) { p++; continue; }
+        if (!eq || n == MAX_FAULT_RULES) return -1;
+        struct fault_rule r = {0};
+        if (eq - p == 1 && *p == '*') r.id = FAULT_ANY;
+        else if ((r.id = export_id(p, (size_t)(eq - p))) < 0) return -1;
+        char *q;
+        long code = strtol(eq + 1, &q, 10);
+        if (q == eq + 1 || code <= 0) return -1;
+        r.code = (CUresult)code;
+        if (*q == '%') {
+            r.when = F_PERCENT;
+            r.n = strtoull(q + 1, &q, 10);
+            if (r.n > 100) return -1;
+        } else if (*q == '@') {
+            r.n = strtoull(q + 1, &q, 10);
+            if (r.n == 0) return -1;
+            r.when = F_AT;
+            if (*q == '+') { r.when = F_FROM; q++; }
+            else if (*q == 'x') { r.when = F_RANGE; r.k = strtoull(q + 1, &q, 10); }
+        } else {
+            return -1;
+        }
+        if (q != end) return -1;
+        r.base = r.id == FAULT_ANY ? __atomic_load_n(&g_fault_seen_any, __ATOMIC_RELAXED)
+                                   : __atomic_load_n(&g_fault_seen[r.id], __ATOMIC_RELAXED);
+        rules[n++] = r;
+        p = *end ? end + 1 : end;
+    }
+    pthread_mutex_lock(&g_fault_lock);
+    memcpy(g_fault_rules, rules, sizeof rules[0] * (size_t)n);
+    __atomic_store_n(&g_nfault_rules, n, __ATOMIC_RELEASE);
+    pthread_mutex_unlock(&g_fault_lock);
+    return 0;
+}
+
+static int rule_strikes(const struct fault_rule *r, unsigned long long call_no)
+{
+    if (call_no <= r->base) return 0;
+    unsigned long long i = call_no - r->base; /* from 1 */
+    switch (r->when) {
+    case F_AT: return i == r->n;
+    case F_FROM: return i >= r->n;
+    case F_RANGE: return i >= r->n && i - r->n < r->k;
+    case F_PERCENT:
+        return splitmix64(g_fault_seed ^ splitmix64((unsigned long long)r->id * 1000003ULL + i)) %
+                   100 < r->n;
+    }
+    return 0;
+}
+
+/* The code the entered export `id` must fail with now, or CUDA_SUCCESS. */
+static CUresult fault_check(int id)
+{
+    if (id < 0) return CUDA_SUCCESS;
+    unsigned long long mine = __atomic_add_fetch(&g_fault_seen[id], 1, __ATOMIC_RELAXED);
+    unsigned long long any = __atomic_add_fetch(&g_fault_seen_any, 1, __ATOMIC_RELAXED);
+    if (__atomic_load_n(&g_nfault_rules, __ATOMIC_ACQUIRE) == 0) return CUDA_SUCCESS;
+    CUresult rc = CUDA_SUCCESS;
+    pthread_mutex_lock(&g_fault_lock);
+    for (int i = 0; i < g_nfault_rules && rc == CUDA_SUCCESS; i++) {
+        const struct fault_rule *r = &g_fault_rules[i];
+        if (r->id == id && rule_strikes(r, mine)) rc = r->code;
+        else if (r->id == FAULT_ANY && rule_strikes(r, any)) rc = r->code;
+    }
+    pthread_mutex_unlock(&g_fault_lock);
+    if (rc != CUDA_SUCCESS) __atomic_fetch_add(&g_faults_injected, 1, __ATOMIC_RELAXED);
+    return rc;
+}
+
 static void load_config(void)
 {
     g_ndev = (int)env_ull("SIMCUDA_DEVICES", 2);
@@ -283,6 +410,12 @@ static void load_config(void)
     g_mem = (size_t)env_ull("SIMCUDA_MEM", (size_t)8 << 30);
     g_fail_next = (int)env_ull("SIMCUDA_FAIL_NEXT", 0);
     g_free_delay_ms = (unsigned)env_ull("SIMCUDA_FREE_DELAY_MS", 0);
+    g_fault_seed = env_ull("SIMCUDA_FAULT_SEED", 1);
+    const char *faults = getenv("SIMCUDA_FAULTS");
+    if (faults && *faults && faults_parse(faults) != 0) {
+        fprintf(stderr, "simcuda: bad SIMCUDA_FAULTS %s\n", faults);
+        abort(); /* a test that meant to inject faults must not run without them */
+    }
     for (int d = 0; d < MAX_DEVICES; d++) {
         g_primary[d] = (struct CUctx_st){CTX_MAGIC, d, 1, 0, 0};
         struct mempool *p = &g_default_pool[d];
@@ -300,11 +433,17 @@ static void config(void) { pthread_once(&g_once, load_config); }
 
 static int initialized(void) { return __atomic_load_n(&g_initialized, __ATOMIC_ACQUIRE); }
 
-/* Every call except a few (cuInit, versions, lookups, error strings) needs cuInit. */
+static CUresult fault_check(int id);
+
+/* Every call except a few (cuInit, versions, lookups, error strings) needs cuInit.
+ * The injected faults (SIMCUDA_FAULTS) strike here, before anything is changed. */
 #define REQUIRE_INIT()                                   \
     do {                                                 \
         config();                                        \
         if (!initialized()) return CUDA_ERROR_NOT_INITIALIZED; \
+        CUresult fault_ = fault_check(t_entered);        \
+        t_entered = -1;                                  \
+        if (fault_ != CUDA_SUCCESS) return fault_;       \
     } while (0)
 
 static int valid_dev(CUdevice d) { return d >= 0 && d < g_ndev; }
@@ -1768,6 +1907,7 @@ static const struct { CUresult code; const char *name, *text; } g_errors[] = {
     {400, "CUDA_ERROR_INVALID_HANDLE", "invalid resource handle"},
     {500, "CUDA_ERROR_NOT_FOUND", "named symbol not found"},
     {600, "CUDA_ERROR_NOT_READY", "device not ready"},
+    {700, "CUDA_ERROR_ILLEGAL_ADDRESS", "an illegal memory access was encountered"},
     {709, "CUDA_ERROR_CONTEXT_IS_DESTROYED", "context is destroyed"},
     {801, "CUDA_ERROR_NOT_SUPPORTED", "operation not supported"},
     {999, "CUDA_ERROR_UNKNOWN", "unknown error"},
@@ -1940,6 +2080,25 @@ int simcuda_device_count(void)
 {
     config();
     return g_ndev;
+}
+
+static int export_id(const char *name, size_t len)
+{
+    for (size_t i = 0; i < NPROCS; i++)
+        if (strlen(g_procs[i].export_name) == len && memcmp(g_procs[i].export_name, name, len) == 0)
+            return (int)i;
+    return -1;
+}
+
+int simcuda_set_faults(const char *spec)
+{
+    config();
+    return faults_parse(spec ? spec : "") == 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+unsigned long long simcuda_faults_injected(void)
+{
+    return __atomic_load_n(&g_faults_injected, __ATOMIC_RELAXED);
 }
 
 unsigned long long simcuda_calls(const char *name)

@@ -48,6 +48,7 @@ typedef struct CUuuid_st { char bytes[16]; } CUuuid;
 #define CUDA_ERROR_INVALID_HANDLE        400
 #define CUDA_ERROR_NOT_FOUND             500
 #define CUDA_ERROR_NOT_READY             600
+#define CUDA_ERROR_ILLEGAL_ADDRESS       700
 #define CUDA_ERROR_CONTEXT_IS_DESTROYED  709
 #define CUDA_ERROR_NOT_SUPPORTED         801
 #define CUDA_ERROR_UNKNOWN               999
@@ -283,6 +284,11 @@ unsigned long long simcuda_calls(const char *name);
 /* Allocates device memory on the sim's books without any cu* entry point, so an
  * interposer never sees it; freeing it with cuMemFree_v2 is an "unknown free". */
 int simcuda_untracked_alloc(int dev, size_t bytes, CUdeviceptr *dptr);
+/* Replaces the injected faults with SPEC (SIMCUDA_FAULTS syntax; "" clears them);
+ * rules count calls from now. CUDA_ERROR_INVALID_VALUE for a bad SPEC. */
+int simcuda_set_faults(const char *spec);
+/* Calls failed by injected faults so far. */
+unsigned long long simcuda_faults_injected(void);
 
 #ifdef __cplusplus
 }

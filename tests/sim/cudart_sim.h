@@ -25,6 +25,7 @@ typedef int cudaError_t;
 #define cudaErrorInvalidResourceHandle 400
 #define cudaErrorSymbolNotFound        500
 #define cudaErrorNotReady              600
+#define cudaErrorIllegalAddress        700
 #define cudaErrorContextIsDestroyed    709
 #define cudaErrorNotSupported          801
 #define cudaErrorUnknown               999

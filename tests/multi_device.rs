@@ -98,15 +98,35 @@ fn physical_uuids() -> Vec<String> {
 /// UUID. Each must answer `total`; the memory-info calls `free` too.
 fn assert_views(r: &Run, dev: u64, total: u64, free: u64) {
     let m = line_of(r, "MEMINFO", "dev", dev);
-    assert_eq!((m["rc"], m["total"], m["free"]), (0, total, free), "MEMINFO dev {dev}\n{}", r.describe());
+    assert_eq!(
+        (m["rc"], m["total"], m["free"]),
+        (0, total, free),
+        "MEMINFO dev {dev}\n{}",
+        r.describe()
+    );
     let m = line_of(r, "RTMEMINFO", "dev", dev);
-    assert_eq!((m["rc"], m["total"], m["free"]), (0, total, free), "RTMEMINFO dev {dev}\n{}", r.describe());
+    assert_eq!(
+        (m["rc"], m["total"], m["free"]),
+        (0, total, free),
+        "RTMEMINFO dev {dev}\n{}",
+        r.describe()
+    );
     let m = line_of(r, "TOTALMEM", "dev", dev);
-    assert_eq!((m["rc"], m["bytes"]), (0, total), "TOTALMEM dev {dev}\n{}", r.describe());
+    assert_eq!(
+        (m["rc"], m["bytes"]),
+        (0, total),
+        "TOTALMEM dev {dev}\n{}",
+        r.describe()
+    );
     let uuid = &ordinals(r)[dev as usize].1;
     for tag in ["NVML", "NVML2"] {
         let (t, f, _) = nvml_of(r, tag, uuid);
-        assert_eq!((t, f), (total, free), "{tag} of ordinal {dev} ({uuid})\n{}", r.describe());
+        assert_eq!(
+            (t, f),
+            (total, free),
+            "{tag} of ordinal {dev} ({uuid})\n{}",
+            r.describe()
+        );
     }
 }
 
@@ -130,7 +150,12 @@ fn each_device_refuses_at_its_own_cap() {
     assert_eq!(r.sim(1).unwrap()["live"], 8 * GIB);
     for (dev, cap) in [(0, 4 * GIB), (1, 8 * GIB)] {
         let gg = r.gg(dev).unwrap();
-        assert_eq!((gg["cap"], gg["denied"]), (cap, 1), "dev {dev}\n{}", r.describe());
+        assert_eq!(
+            (gg["cap"], gg["denied"]),
+            (cap, 1),
+            "dev {dev}\n{}",
+            r.describe()
+        );
         assert_views(&r, dev, cap, 0);
     }
     assert_counters_match_books(&r);
@@ -148,7 +173,11 @@ fn each_device_refuses_at_its_own_cap() {
     let d = &first["denial"];
     assert_eq!(d["device"], 0, "{d}");
     assert_eq!(d["api"], "cuMemAlloc_v2", "{d}");
-    assert_eq!((u(&d["bytes"]), u(&d["cap_bytes"])), (2 * GIB, 4 * GIB), "{d}");
+    assert_eq!(
+        (u(&d["bytes"]), u(&d["cap_bytes"])),
+        (2 * GIB, 4 * GIB),
+        "{d}"
+    );
     assert_eq!(u(&d["charged_bytes"]), 3 * GIB, "{d}");
 }
 
@@ -171,9 +200,42 @@ fn runtime_refusal_on_device_1_names_device_1() {
         .unwrap_or_else(|| panic!("no cap report\n{}", r.describe()));
     let d = &first["denial"];
     assert_eq!(d["device"], 1, "{d}");
-    assert_eq!((u(&d["bytes"]), u(&d["cap_bytes"])), (4 * GIB, 8 * GIB), "{d}");
+    assert_eq!(
+        (u(&d["bytes"]), u(&d["cap_bytes"])),
+        (4 * GIB, 8 * GIB),
+        "{d}"
+    );
     assert_views(&r, 1, 8 * GIB, 2 * GIB);
     assert_views(&r, 0, 4 * GIB, GIB);
+}
+
+/// The same caps through stream-ordered pools (a pool created on each device) and VMM
+/// (`cuMemCreate` with location 0 or 1), every call made with device 0's context
+/// current: each allocation is charged to the device that owns its memory, so device 1
+/// takes 100 MiB past device 0's 64 MiB cap and each refuses at its own.
+#[test]
+fn pools_and_vmm_refuse_at_their_own_devices_cap() {
+    let r = multi(
+        &[
+            "caps", "p1:100", "p1:40", "p0:40", "v1:26", "v1:4", "v0:24", "v0:2",
+        ],
+        &[("GPUGUARD_CAP", "0:64MiB,1:128MiB")],
+    );
+    r.assert_ok();
+    assert_eq!(tries(&r), [0, 2, 0, 0, 2, 0, 2], "{}", r.describe());
+    assert_eq!(r.gg(0).unwrap()["denied"], 1);
+    assert_eq!(r.gg(1).unwrap()["denied"], 2);
+    // Pool chunks are 2 MiB, so the sim holds exactly what was asked for.
+    assert_eq!(r.sim(0).unwrap()["live"], 64 * MIB);
+    assert_eq!(r.sim(1).unwrap()["live"], 126 * MIB);
+    assert_counters_match_books(&r);
+    let exit = assert_exit_report_matches(&r);
+    for (dev, pool) in [(0, 40 * MIB), (1, 100 * MIB)] {
+        let d = device_entry(&exit, dev).unwrap();
+        assert_eq!(u(&d["pool_reserved_bytes"]), pool, "{d}");
+    }
+    assert_views(&r, 0, 64 * MIB, 0);
+    assert_views(&r, 1, 128 * MIB, 2 * MIB);
 }
 
 /// Allocations on both devices by context, by pool owner (pools of each device used
@@ -208,7 +270,11 @@ fn books_on_both_devices_and_peer_copies_change_nothing() {
                 "dev {dev}: {d}"
             );
             if cap.is_some() {
-                assert_eq!(u(&d["pool_reserved_bytes"]), sim["pool_reserved"], "dev {dev}: {d}");
+                assert_eq!(
+                    u(&d["pool_reserved_bytes"]),
+                    sim["pool_reserved"],
+                    "dev {dev}: {d}"
+                );
             }
         }
         // Device 1 holds the pool-owner, VMM and runtime allocations made while
@@ -247,7 +313,11 @@ fn books_on_both_devices_and_peer_copies_change_nothing() {
         }
         let before = r.section("before_peer");
         for dev in 0..2 {
-            assert_eq!(before.gg(dev), r.gg(dev), "GG dev {dev} moved across the peer copies");
+            assert_eq!(
+                before.gg(dev),
+                r.gg(dev),
+                "GG dev {dev} moved across the peer copies"
+            );
             assert_eq!(before.sim(dev), r.sim(dev), "SIM dev {dev} moved");
         }
     }
@@ -268,7 +338,12 @@ fn one_visible_device_is_ordinal_0_with_its_cap() {
             &[("CUDA_VISIBLE_DEVICES", cvd), ("GPUGUARD_CAP", "0:4GiB")],
         );
         r.assert_ok();
-        assert_eq!(ordinals(&r), [(1, phys[1].clone())], "{cvd}\n{}", r.describe());
+        assert_eq!(
+            ordinals(&r),
+            [(1, phys[1].clone())],
+            "{cvd}\n{}",
+            r.describe()
+        );
         assert_eq!(tries(&r), [0, 2], "{cvd}\n{}", r.describe());
         assert_views(&r, 0, 4 * GIB, GIB);
         // Physical device 0: not visible, so neither capped nor used here.
@@ -320,7 +395,10 @@ fn uuid_named_cap_follows_the_physical_gpu() {
     for cvd in ["1,0", "0,1"] {
         let r = multi(
             &["view"],
-            &[("CUDA_VISIBLE_DEVICES", cvd), ("GPUGUARD_CAP", cap.as_str())],
+            &[
+                ("CUDA_VISIBLE_DEVICES", cvd),
+                ("GPUGUARD_CAP", cap.as_str()),
+            ],
         );
         r.assert_ok();
         let ord = ordinals(&r)
@@ -487,7 +565,10 @@ fn two_ranks_leak_on_rank_1_only() {
     }
     assert_eq!(of(0, p0, "trim").len(), 1, "{files:?}");
     assert!(of(1, p1, "trim").is_empty(), "{files:?}");
-    assert_eq!(files.len(), files.iter().filter(|p| file_name(p).contains(".r")).count());
+    assert_eq!(
+        files.len(),
+        files.iter().filter(|p| file_name(p).contains(".r")).count()
+    );
 
     let mut args: Vec<String> = vec!["show".into()];
     args.extend(files.iter().map(|p| p.display().to_string()));
@@ -497,10 +578,13 @@ fn two_ranks_leak_on_rank_1_only() {
     let ranks: Vec<&str> = text.lines().filter(|l| l.starts_with("  rank ")).collect();
     assert_eq!(ranks.len(), 2, "{text}");
     assert!(
-        ranks[0].starts_with(&format!("  rank 0/2 host ")) && ranks[0].contains(&format!("pid {p0} ")),
+        ranks[0].starts_with("  rank 0/2 host ") && ranks[0].contains(&format!("pid {p0} ")),
         "{text}"
     );
-    assert!(ranks[1].starts_with("  rank 1/2 host ") && ranks[1].contains(&format!("pid {p1} ")), "{text}");
+    assert!(
+        ranks[1].starts_with("  rank 1/2 host ") && ranks[1].contains(&format!("pid {p1} ")),
+        "{text}"
+    );
     // Each rank's memory is on its own device: 32 MiB of weights (+ 12 MiB leaked).
     assert!(ranks[0].contains("device 0 32.0 MiB live"), "{text}");
     assert!(ranks[1].contains("device 1 44.0 MiB live"), "{text}");
@@ -518,7 +602,10 @@ fn two_ranks_leak_on_rank_1_only() {
     let s1 = section(p1);
     assert!(s0.contains(&format!("(rank 0/2, pid {p0})")), "{s0}");
     assert!(s1.contains(&format!("(rank 1/2, pid {p1})")), "{s1}");
-    assert!(s0.contains("none: no call site's live bytes only grew"), "{s0}");
+    assert!(
+        s0.contains("none: no call site's live bytes only grew"),
+        "{s0}"
+    );
     assert!(!s0.contains("leaky_step"), "{s0}");
     let first_frame = s1
         .lines()

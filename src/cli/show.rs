@@ -276,7 +276,9 @@ fn render_suspected(out: &mut String, reports: &[&Report], top: usize) {
         let labels: Vec<String> = group.iter().map(|r| format!("#{}", r.seq)).collect();
         // A rank's process is named by its rank too: that is how its job knows it.
         let rank = group[0].rank.map_or(String::new(), |r| {
-            let of = group[0].world_size.map_or(String::new(), |w| format!("/{w}"));
+            let of = group[0]
+                .world_size
+                .map_or(String::new(), |w| format!("/{w}"));
             format!("rank {r}{of}, ")
         });
         put!(

@@ -111,37 +111,75 @@ static int mode_view(int argc, char **argv)
     return 0;
 }
 
-/* ---- caps [r]DEV:MiB...: allocations attempted in order, kept when they succeed;
- * an `r` prefix goes through the runtime (cudaSetDevice + cudaMalloc) ---- */
+/* ---- caps [r|p|v]DEV:MiB...: allocations attempted in order, kept when they
+ * succeed. No prefix: cuMemAlloc_v2 under DEV's context; r: the runtime
+ * (cudaSetDevice + cudaMalloc); p: cuMemAllocFromPoolAsync from a pool created on DEV,
+ * with device 0's context current; v: cuMemCreate with location DEV, device 0's
+ * context current (MiB even: the VMM granularity is 2 MiB) ---- */
+static CUmemoryPool g_pools[64];
+static CUstream g_stream0;
+
+static int try_alloc(char how, int dev, unsigned long long bytes, unsigned long long *p)
+{
+    if (how == 'r') {
+        void *q = NULL;
+        int rc = cudaSetDevice(dev);
+        if (rc == 0) rc = cudaMalloc(&q, bytes);
+        *p = (uintptr_t)q;
+        return rc;
+    }
+    if (how == 'p' || how == 'v') {
+        use(0);
+        if (how == 'p') {
+            if (!g_pools[dev]) {
+                CUmemPoolProps props;
+                memset(&props, 0, sizeof props);
+                props.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+                props.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+                props.location.id = dev;
+                MUST(cuMemPoolCreate(&g_pools[dev], &props));
+            }
+            if (!g_stream0) MUST(cuStreamCreate(&g_stream0, 0));
+            CUdeviceptr q = 0;
+            int rc = cuMemAllocFromPoolAsync(&q, bytes, g_pools[dev], g_stream0);
+            *p = q;
+            return rc;
+        }
+        CUmemAllocationProp prop;
+        memset(&prop, 0, sizeof prop);
+        prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+        prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+        prop.location.id = dev;
+        CUmemGenericAllocationHandle h = 0;
+        int rc = cuMemCreate(&h, bytes, &prop, 0);
+        *p = h;
+        return rc;
+    }
+    use(dev);
+    CUdeviceptr q = 0;
+    int rc = cuMemAlloc_v2(&q, bytes);
+    *p = q;
+    return rc;
+}
+
 static int mode_caps(int argc, char **argv)
 {
     setup_all();
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
-        int rt = a[0] == 'r';
-        if (rt) a++;
+        char how = (a[0] == 'r' || a[0] == 'p' || a[0] == 'v') ? *a++ : 'd';
         int dev = atoi(a);
         const char *colon = strchr(a, ':');
         unsigned long long bytes = colon ? strtoull(colon + 1, NULL, 10) * MiB : 0;
         unsigned long long p = 0;
-        int rc;
-        if (rt) {
-            void *q = NULL;
-            rc = cudaSetDevice(dev);
-            if (rc == 0) rc = cudaMalloc(&q, bytes);
-            p = (uintptr_t)q;
-        } else {
-            use(dev);
-            CUdeviceptr q = 0;
-            rc = cuMemAlloc_v2(&q, bytes);
-            p = q;
-        }
+        int rc = try_alloc(how, dev, bytes, &p);
         printf("TRY label=%s dev=%d bytes=%llu rc=%d\n", argv[i], dev, bytes, rc);
         if (rc == 0) {
-            alloc_line(p, bytes, dev, "device");
+            alloc_line(p, bytes, dev, how == 'p' ? "pool" : how == 'v' ? "vmm" : "device");
             leak_line(p, bytes);
         }
     }
+    if (g_stream0) MUST(cuStreamSynchronize(g_stream0));
     views();
     finish();
     return 0;

@@ -31,19 +31,6 @@ fn cli() -> &'static str {
     env!("CARGO_BIN_EXE_gpuguard")
 }
 
-/// `key=value` words of each line tagged `tag`, values as text.
-fn fields(out: Out<'_>, tag: &str) -> Vec<BTreeMap<String, String>> {
-    out.lines(tag)
-        .into_iter()
-        .map(|w| {
-            w.iter()
-                .filter_map(|kv| kv.split_once('='))
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect()
-        })
-        .collect()
-}
-
 /// The return codes of the `TRY` lines, in order.
 fn tries(r: &Run) -> Vec<i64> {
     fields(r.out(), "TRY")
@@ -97,20 +84,15 @@ fn physical_uuids() -> Vec<String> {
 /// memory info, `cuDeviceTotalMem`, and both NVML calls for the device with its
 /// UUID. Each must answer `total`; the memory-info calls `free` too.
 fn assert_views(r: &Run, dev: u64, total: u64, free: u64) {
-    let m = line_of(r, "MEMINFO", "dev", dev);
-    assert_eq!(
-        (m["rc"], m["total"], m["free"]),
-        (0, total, free),
-        "MEMINFO dev {dev}\n{}",
-        r.describe()
-    );
-    let m = line_of(r, "RTMEMINFO", "dev", dev);
-    assert_eq!(
-        (m["rc"], m["total"], m["free"]),
-        (0, total, free),
-        "RTMEMINFO dev {dev}\n{}",
-        r.describe()
-    );
+    for tag in ["MEMINFO", "RTMEMINFO"] {
+        let m = line_of(r, tag, "dev", dev);
+        assert_eq!(
+            (m["rc"], m["total"], m["free"]),
+            (0, total, free),
+            "{tag} dev {dev}\n{}",
+            r.describe()
+        );
+    }
     let m = line_of(r, "TOTALMEM", "dev", dev);
     assert_eq!(
         (m["rc"], m["bytes"]),
@@ -128,6 +110,16 @@ fn assert_views(r: &Run, dev: u64, total: u64, free: u64) {
             r.describe()
         );
     }
+}
+
+/// The `denial` of the run's first cap report.
+fn first_denial(r: &Run) -> Value {
+    let caps = reports_with_reason(r, "cap");
+    let (_, first) = caps
+        .iter()
+        .min_by_key(|(_, v)| u(&v["seq"]))
+        .unwrap_or_else(|| panic!("no cap report\n{}", r.describe()));
+    first["denial"].clone()
 }
 
 // ---- one process, two devices ------------------------------------------------------
@@ -165,12 +157,8 @@ fn each_device_refuses_at_its_own_cap() {
         assert_eq!((u(&d["cap_bytes"]), u(&d["denied"])), (cap, 1), "{d}");
     }
     // The first cap report names device 0's refused call.
-    let caps = reports_with_reason(&r, "cap");
-    let (_, first) = caps
-        .iter()
-        .min_by_key(|(_, v)| u(&v["seq"]))
-        .unwrap_or_else(|| panic!("no cap report\n{}", r.describe()));
-    let d = &first["denial"];
+    let first = first_denial(&r);
+    let d = &first;
     assert_eq!(d["device"], 0, "{d}");
     assert_eq!(d["api"], "cuMemAlloc_v2", "{d}");
     assert_eq!(
@@ -193,12 +181,8 @@ fn runtime_refusal_on_device_1_names_device_1() {
     assert_eq!(tries(&r), [0, 2, 0], "{}", r.describe());
     assert_eq!(r.gg(1).unwrap()["denied"], 1);
     assert_eq!(r.gg(0).unwrap()["denied"], 0);
-    let caps = reports_with_reason(&r, "cap");
-    let (_, first) = caps
-        .iter()
-        .min_by_key(|(_, v)| u(&v["seq"]))
-        .unwrap_or_else(|| panic!("no cap report\n{}", r.describe()));
-    let d = &first["denial"];
+    let first = first_denial(&r);
+    let d = &first;
     assert_eq!(d["device"], 1, "{d}");
     assert_eq!(
         (u(&d["bytes"]), u(&d["cap_bytes"])),

@@ -477,6 +477,19 @@ pub struct Alloc {
 #[derive(Debug, Clone, Copy)]
 pub struct Out<'a>(pub &'a str);
 
+/// `key=value` words of each line tagged `tag` in `out`, values as text.
+pub fn fields(out: Out<'_>, tag: &str) -> Vec<BTreeMap<String, String>> {
+    out.lines(tag)
+        .into_iter()
+        .map(|w| {
+            w.iter()
+                .filter_map(|kv| kv.split_once('='))
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        })
+        .collect()
+}
+
 pub fn parse_hex(s: &str) -> u64 {
     u64::from_str_radix(s.trim_start_matches("0x"), 16).unwrap_or_else(|_| panic!("bad hex {s:?}"))
 }

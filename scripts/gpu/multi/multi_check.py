@@ -75,8 +75,9 @@ CAPS_RANKS = os.environ.get("GGV_MULTI_RANK_CAPS", "0:20GiB,1:24GiB")
 
 # ---- running ---------------------------------------------------------------------------
 
-def run(cmd, run_dir, env, timeout, preload=None):
-    """Runs cmd with env added; stdout.log, stderr.log, rc.txt, reports/ in run_dir."""
+def start(cmd, run_dir, env, preload=None):
+    """Starts cmd with env added (and LD_PRELOAD=preload), GPUGUARD_DIR=run_dir/reports,
+    its output in run_dir/stdout.log and stderr.log; the command line in cmd.txt."""
     os.makedirs(os.path.join(run_dir, "reports"), exist_ok=True)
     e = dict(os.environ)
     e.pop("LD_PRELOAD", None)
@@ -86,27 +87,14 @@ def run(cmd, run_dir, env, timeout, preload=None):
         e["LD_PRELOAD"] = preload
     with open(os.path.join(run_dir, "cmd.txt"), "w") as f:
         f.write(" ".join("%s=%s" % kv for kv in sorted(env.items())) + " " + " ".join(cmd) + "\n")
-    with open(os.path.join(run_dir, "stdout.log"), "w") as so, open(os.path.join(run_dir, "stderr.log"), "w") as se:
-        try:
-            rc = subprocess.run(cmd, env=e, stdout=so, stderr=se, timeout=timeout).returncode
-        except subprocess.TimeoutExpired:
-            rc = 124
-    with open(os.path.join(run_dir, "rc.txt"), "w") as f:
-        f.write("%d\n" % rc)
-    return rc
-
-
-def start(cmd, run_dir, env, preload=None):
-    os.makedirs(os.path.join(run_dir, "reports"), exist_ok=True)
-    e = dict(os.environ)
-    e.pop("LD_PRELOAD", None)
-    e.update(env)
-    e["GPUGUARD_DIR"] = os.path.join(run_dir, "reports")
-    if preload:
-        e["LD_PRELOAD"] = preload
     so = open(os.path.join(run_dir, "stdout.log"), "w")
     se = open(os.path.join(run_dir, "stderr.log"), "w")
     return subprocess.Popen(cmd, env=e, stdout=so, stderr=se)
+
+
+def run(cmd, run_dir, env, timeout, preload=None):
+    """start, then finish: the exit status (124 after the timeout), also in rc.txt."""
+    return finish(start(cmd, run_dir, env, preload), run_dir, timeout)
 
 
 def finish(p, run_dir, timeout):

@@ -38,7 +38,10 @@ def main():
     dev = torch.device("cuda", local)
     mg.emit("config", pid=os.getpid(), rank=rank, local_rank=local, world_size=world, caps=mg.caps_of(),
             steps=steps, torch=torch.__version__, gpuguard=G.version)
-    dist.init_process_group("nccl", device_id=dev)
+    try:
+        dist.init_process_group("nccl", device_id=dev)
+    except TypeError:  # torch before 2.3: no device_id
+        dist.init_process_group("nccl")
     free, total = torch.cuda.mem_get_info(local)
     mg.emit("meminfo", rank=rank, device=local, free=free, total=total)
     torch.manual_seed(1234)

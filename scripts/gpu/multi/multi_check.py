@@ -38,7 +38,7 @@ PASS/FAIL line per check (rows of group "multi" in the suite's summary file).
   multi_check.py soak --dir D --lib LIB --summary F [--seconds S]
       run 4: soak_two.py guarded and bare at once, SIGUSR1/SIGUSR2 alternately every
       2-3 s to the guarded run between GGV_SOAK_READY and GGV_SOAK_STEPS_DONE. Checks:
-      exit (both 0), losses (bit-identical over the common steps, which are >= 90% of
+      exit (both 0), losses (bit-identical over the common steps, at least half of
       the longer run), books_dev<d> (gpuguard current_bytes vs memory_reserved(d) at the
       end: within 2 MiB PASS, a constant extra up to 512 MiB WARN), signals (report and
       trim reports written, every report valid JSON, the exit report last).
@@ -435,7 +435,7 @@ def judge_soak(run_dir, R):
     lb = ggv.read_text(os.path.join(b, "losses.txt")).split()
     n = min(len(lg), len(lb))
     diff = next((i for i in range(n) if lg[i] != lb[i]), None)
-    R.check("losses", n >= 10 and diff is None and n >= 0.9 * max(len(lg), len(lb)),
+    R.check("losses", n >= 10 and diff is None and n >= 0.5 * max(len(lg), len(lb)),
             "%d guarded / %d bare steps; first difference at %s" % (len(lg), len(lb), diff))
     end = (rg.get("end") or [{}])[0]
     for e in end.get("devices", []) or [{"device": 0}, {"device": 1}]:

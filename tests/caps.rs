@@ -19,19 +19,6 @@ fn cap_run(args: &[&str], env: &[(&str, &str)]) -> Run {
     gg_run("gg_cap", args, env)
 }
 
-/// `key=value` words of each line tagged `tag`, values as text.
-fn fields(out: Out<'_>, tag: &str) -> Vec<BTreeMap<String, String>> {
-    out.lines(tag)
-        .into_iter()
-        .map(|w| {
-            w.iter()
-                .filter_map(|kv| kv.split_once('='))
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect()
-        })
-        .collect()
-}
-
 fn num(m: &BTreeMap<String, String>, key: &str) -> u64 {
     m.get(key)
         .unwrap_or_else(|| panic!("no {key}= in {m:?}"))

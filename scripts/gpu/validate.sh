@@ -17,6 +17,10 @@
 #     soak       a training soak with report and trim signals, next to a bare twin
 #   soak-start, soak-wait   the soak in the background while the suites named between
 #                them run, e.g.  validate.sh soak-start core graph endings soak-wait
+#   multi        two GPUs, issue 15 runs 1-3 (scripts/gpu/multi/suite.sh): one process on
+#                two devices (PyTorch three modes, JAX, peer copies), CUDA_VISIBLE_DEVICES
+#                remapping, torchrun two ranks with a leak on rank 1
+#   multi-soak   two GPUs, issue 15 run 4: a soak on both GPUs (a call of its own)
 #   all          core caps trim-leaks bench-micro reliability (more than one 10-minute
 #                call: later suites are skipped when the shared budget is spent)
 #
@@ -64,6 +68,8 @@ for f in core caps trim_leaks bench_micro reliability; do
   # shellcheck disable=SC1090
   . "$ROOT/scripts/gpu/suites/$f.sh"
 done
+# shellcheck source=multi/suite.sh
+. "$ROOT/scripts/gpu/multi/suite.sh"
 
 SUITES=()
 [ $# -eq 0 ] && set -- core
@@ -71,7 +77,7 @@ for a in "$@"; do
   case $a in
     all) SUITES+=(core caps trim-leaks bench-micro graph endings soak) ;;
     reliability) SUITES+=(graph endings soak) ;;
-    core | cudarc | caps | trim-leaks | bench-micro | graph | endings | soak | soak-start | soak-wait) SUITES+=("$a") ;;
+    core | cudarc | caps | trim-leaks | bench-micro | graph | endings | soak | soak-start | soak-wait | multi | multi-soak) SUITES+=("$a") ;;
     -h | --help | help) usage; exit 0 ;;
     *) echo "unknown suite '$a'"; echo; usage; exit 2 ;;
   esac
@@ -105,6 +111,8 @@ main() {
       soak) soak_launch; soak_collect; dirs+=" soak" ;;
       soak-start) soak_launch; dirs+=" soak" ;;
       soak-wait) soak_collect ;;
+      multi) (suite_multi); dirs+=" multi" ;;
+      multi-soak) (suite_multi_soak); dirs+=" multi-soak" ;;
     esac
   done
   [ -n "${SOAK_PID:-}" ] && soak_collect

@@ -274,9 +274,16 @@ fn render_suspected(out: &mut String, reports: &[&Report], top: usize) {
     for group in processes(reports) {
         let grown = growing_sites(&group);
         let labels: Vec<String> = group.iter().map(|r| format!("#{}", r.seq)).collect();
+        // A rank's process is named by its rank too: that is how its job knows it.
+        let rank = group[0].rank.map_or(String::new(), |r| {
+            let of = group[0]
+                .world_size
+                .map_or(String::new(), |w| format!("/{w}"));
+            format!("rank {r}{of}, ")
+        });
         put!(
             out,
-            "\nsuspected leaks in {} (pid {}), across reports {}:",
+            "\nsuspected leaks in {} ({rank}pid {}), across reports {}:",
             clean(&group[0].program),
             group[0].pid,
             labels.join(", ")
@@ -539,6 +546,8 @@ struct JsonSite {
 struct JsonSuspect {
     program: String,
     pid: u32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    rank: Option<u64>,
     seqs: Vec<u64>,
     sites: Vec<JsonGrowth>,
 }
@@ -635,6 +644,7 @@ fn json_summary<'a>(named: &'a [(String, &'a Report)], args: &ShowArgs) -> JsonS
         .map(|group| JsonSuspect {
             program: group[0].program.clone(),
             pid: group[0].pid,
+            rank: group[0].rank,
             seqs: group.iter().map(|r| r.seq).collect(),
             sites: growing_sites(&group)
                 .iter()

@@ -341,6 +341,8 @@ impl Books {
     /// helper thread woken to write it (and to trim framework caches).
     pub fn refused(&self, device: i32, bytes: u64, api: u8, site: u32) {
         let c = self.ledger.device(device);
+        // A device whose only calls were refused is still in use: reports list it.
+        c.seen.store(1, Relaxed);
         c.denied.fetch_add(1, Relaxed);
         let d = Denial {
             device,

@@ -34,6 +34,7 @@ pub const PROGRAMS: &[&str] = &[
     "gg_nvml",
     "gg_obs",
     "gg_rel",
+    "gg_multi",
 ];
 
 pub fn manifest_dir() -> PathBuf {
@@ -302,7 +303,7 @@ fn compile_all(cc: &OsString, out: &Path) {
     a.extend([progs.join("gg_early_lib.c").into(), "-lcuda".into()]);
     cc_run(a);
 
-    let programs: [(&str, &[&str]); 9] = [
+    let programs: [(&str, &[&str]); 10] = [
         ("gg", &["-lcuda", "-lcudart", "-ldl", "-lpthread"]),
         ("gg_dl", &["-ldl", "-lpthread"]),
         ("gg_rt", &["-lcudart", "-ldl", "-lpthread"]),
@@ -315,6 +316,10 @@ fn compile_all(cc: &OsString, out: &Path) {
         ("gg_obs", &["-lcuda", "-ldl", "-lpthread"]),
         ("gg_rel", &["-lcuda", "-lcudart", "-ldl", "-lpthread"]),
         ("gg_early", &["-lgg_early", "-lcuda", "-ldl"]),
+        (
+            "gg_multi",
+            &["-lcuda", "-lcudart", "-lnvidia-ml", "-ldl", "-lpthread"],
+        ),
     ];
     for (name, libs) in programs {
         let mut a = link(&[]);
@@ -486,6 +491,19 @@ pub struct Alloc {
 /// for the line protocol.
 #[derive(Debug, Clone, Copy)]
 pub struct Out<'a>(pub &'a str);
+
+/// `key=value` words of each line tagged `tag` in `out`, values as text.
+pub fn fields(out: Out<'_>, tag: &str) -> Vec<BTreeMap<String, String>> {
+    out.lines(tag)
+        .into_iter()
+        .map(|w| {
+            w.iter()
+                .filter_map(|kv| kv.split_once('='))
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        })
+        .collect()
+}
 
 pub fn parse_hex(s: &str) -> u64 {
     u64::from_str_radix(s.trim_start_matches("0x"), 16).unwrap_or_else(|_| panic!("bad hex {s:?}"))

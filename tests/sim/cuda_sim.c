@@ -8,7 +8,14 @@
  * device; tests compare an interposer's counters against them.
  *
  * Configuration (read once, at first use):
- *   SIMCUDA_DEVICES    number of devices (default 2, max 64)
+ *   SIMCUDA_DEVICES    number of physical devices (default 2, max 64)
+ *   CUDA_VISIBLE_DEVICES  as the real driver reads it: a comma list of physical
+ *                      indices or UUIDs ("GPU-..." or a unique prefix of one); the
+ *                      process's ordinal i is the i-th device named. The list ends
+ *                      at the first entry that names no device or one named
+ *                      already; an empty value hides every device. Unset: all of
+ *                      them, in physical order. UUIDs and the PCI bus id follow the
+ *                      physical device; the books are kept per ordinal.
  *   SIMCUDA_MEM        bytes per device (default 8 GiB)
  *   SIMCUDA_FAIL_NEXT  the next n allocation calls fail with OUT_OF_MEMORY
  *   SIMCUDA_FREE_DELAY_MS  every device-pointer free (cuMemFree*, cuMemFreeAsync*)
@@ -61,6 +68,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -124,6 +132,11 @@
     X(cuMemcpyHtoDAsync_v2, "cuMemcpyHtoDAsync", 3020, 0)                    \
     X(cuMemcpyDtoHAsync_v2, "cuMemcpyDtoHAsync", 3020, 0)                    \
     X(cuMemcpyDtoD_v2, "cuMemcpyDtoD", 3020, 0)                              \
+    X(cuDeviceCanAccessPeer, "cuDeviceCanAccessPeer", 4000, 0)               \
+    X(cuCtxEnablePeerAccess, "cuCtxEnablePeerAccess", 4000, 0)               \
+    X(cuCtxDisablePeerAccess, "cuCtxDisablePeerAccess", 4000, 0)             \
+    X(cuMemcpyPeer, "cuMemcpyPeer", 4000, 0)                                 \
+    X(cuMemcpyPeerAsync, "cuMemcpyPeerAsync", 4000, 0)                       \
     X(cuMemHostAlloc, "cuMemHostAlloc", 2020, 0)                             \
     X(cuMemAllocHost_v2, "cuMemAllocHost", 3020, 0)                          \
     X(cuMemFreeHost, "cuMemFreeHost", 2000, 0)                               \
@@ -186,6 +199,7 @@ struct CUctx_st {
     int primary;
     int alive;   /* primary: retained (refcount > 0); others: not destroyed */
     unsigned flags;
+    unsigned long long peers; /* devices whose memory this context may access */
 };
 
 struct CUstream_st { unsigned magic; CUcontext ctx; };
@@ -249,7 +263,9 @@ struct mempool {
 
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
-static int g_ndev = 2;
+static int g_ndev = 2;              /* devices this process sees (ordinals) */
+static int g_nphys = 2;             /* devices of the machine */
+static int g_phys[MAX_DEVICES];     /* ordinal -> physical index */
 static size_t g_mem = (size_t)8 << 30;
 static int g_initialized;
 static int g_fail_next;
@@ -402,11 +418,79 @@ static CUresult fault_check(int id)
     return rc;
 }
 
+/* The UUID of physical device `phys` (what cuDeviceGetUuid, simcuda_uuid and the
+ * simulated NVML report for it). */
+static void uuid_bytes(int phys, char out[16])
+{
+    memcpy(out, "SIMCUDA-UUID-00", 16);
+    out[14] = (char)('0' + phys % 10);
+    out[15] = (char)phys;
+}
+
+/* The same in NVML's text form, GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx. */
+static void uuid_text(int phys, char out[48])
+{
+    unsigned char u[16];
+    uuid_bytes(phys, (char *)u);
+    snprintf(out, 48, "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x",
+             u[0], u[1], u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12],
+             u[13], u[14], u[15]);
+}
+
+/* One entry of CUDA_VISIBLE_DEVICES: the physical device it names, or -1. */
+static int visible_entry(const char *tok, size_t len)
+{
+    while (len && (*tok == ' ' || *tok == '\t')) { tok++; len--; }
+    while (len && (tok[len - 1] == ' ' || tok[len - 1] == '\t')) len--;
+    if (len == 0) return -1;
+    if (len > 4 && strncmp(tok, "GPU-", 4) == 0) {
+        int found = -1;
+        for (int p = 0; p < g_nphys; p++) {
+            char text[48];
+            uuid_text(p, text);
+            if (len <= strlen(text) && strncasecmp(text, tok, len) == 0) {
+                if (found >= 0) return -1; /* an ambiguous prefix names nothing */
+                found = p;
+            }
+        }
+        return found;
+    }
+    int v = 0;
+    for (size_t i = 0; i < len; i++) {
+        if (tok[i] < '0' || tok[i] > '9' || v > MAX_DEVICES) return -1;
+        v = v * 10 + (tok[i] - '0');
+    }
+    return v < g_nphys ? v : -1;
+}
+
+static void load_visible(void)
+{
+    const char *cvd = getenv("CUDA_VISIBLE_DEVICES");
+    if (!cvd) {
+        g_ndev = g_nphys;
+        for (int i = 0; i < g_nphys; i++) g_phys[i] = i;
+        return;
+    }
+    g_ndev = 0;
+    for (const char *s = cvd; *s && g_ndev < g_nphys;) {
+        const char *end = strchr(s, ',');
+        size_t len = end ? (size_t)(end - s) : strlen(s);
+        int p = visible_entry(s, len);
+        for (int i = 0; p >= 0 && i < g_ndev; i++)
+            if (g_phys[i] == p) p = -1; /* named twice: the list ends */
+        if (p < 0) break;
+        g_phys[g_ndev++] = p;
+        if (!end) break;
+        s = end + 1;
+    }
+}
+
 static void load_config(void)
 {
-    g_ndev = (int)env_ull("SIMCUDA_DEVICES", 2);
-    if (g_ndev < 0) g_ndev = 0;
-    if (g_ndev > MAX_DEVICES) g_ndev = MAX_DEVICES;
+    g_nphys = (int)env_ull("SIMCUDA_DEVICES", 2);
+    if (g_nphys < 0) g_nphys = 0;
+    if (g_nphys > MAX_DEVICES) g_nphys = MAX_DEVICES;
+    load_visible();
     g_mem = (size_t)env_ull("SIMCUDA_MEM", (size_t)8 << 30);
     g_fail_next = (int)env_ull("SIMCUDA_FAIL_NEXT", 0);
     g_free_delay_ms = (unsigned)env_ull("SIMCUDA_FREE_DELAY_MS", 0);
@@ -417,7 +501,7 @@ static void load_config(void)
         abort(); /* a test that meant to inject faults must not run without them */
     }
     for (int d = 0; d < MAX_DEVICES; d++) {
-        g_primary[d] = (struct CUctx_st){CTX_MAGIC, d, 1, 0, 0};
+        g_primary[d] = (struct CUctx_st){CTX_MAGIC, d, 1, 0, 0, 0};
         struct mempool *p = &g_default_pool[d];
         p->hdr.magic = POOL_MAGIC;
         p->dev = d;
@@ -807,7 +891,7 @@ CUresult cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevice dev)
     case 13: v = 1980000; break;                     /* clock rate, kHz */
     case CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: v = 132; break;
     case 31: v = 1; break;                           /* concurrent kernels */
-    case CU_DEVICE_ATTRIBUTE_PCI_BUS_ID: v = dev + 1; break;
+    case CU_DEVICE_ATTRIBUTE_PCI_BUS_ID: v = g_phys[dev] + 1; break;
     case CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING: v = 1; break;
     case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: v = 9; break;
     case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: v = 0; break;
@@ -821,20 +905,12 @@ CUresult cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevice dev)
     return CUDA_SUCCESS;
 }
 
-/* The UUID of device `dev` (also what simcuda_uuid and the simulated NVML report). */
-static void uuid_bytes(int dev, char out[16])
-{
-    memcpy(out, "SIMCUDA-UUID-00", 16);
-    out[14] = (char)('0' + dev % 10);
-    out[15] = (char)dev;
-}
-
 static CUresult fill_uuid(CUuuid *uuid, CUdevice dev)
 {
     REQUIRE_INIT();
     if (!uuid) return CUDA_ERROR_INVALID_VALUE;
     if (!valid_dev(dev)) return CUDA_ERROR_INVALID_DEVICE;
-    uuid_bytes(dev, uuid->bytes);
+    uuid_bytes(g_phys[dev], uuid->bytes);
     return CUDA_SUCCESS;
 }
 
@@ -929,7 +1005,7 @@ CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev)
     /* Never freed: a destroyed context stays recognisable as destroyed. */
     CUcontext c = calloc(1, sizeof *c);
     if (!c) return CUDA_ERROR_OUT_OF_MEMORY;
-    *c = (struct CUctx_st){CTX_MAGIC, dev, 0, 1, flags};
+    *c = (struct CUctx_st){CTX_MAGIC, dev, 0, 1, flags, 0};
     CUresult rc = push_ctx(c); /* a new context becomes current */
     if (rc != CUDA_SUCCESS) { free(c); return rc; }
     *pctx = c;
@@ -1327,6 +1403,101 @@ CUresult cuMemcpyDtoD_v2(CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t By
     CALLED(cuMemcpyDtoD_v2);
     REQUIRE_INIT();
     return copy((void *)(uintptr_t)dstDevice, (const void *)(uintptr_t)srcDevice, ByteCount);
+}
+
+/* ==========================================================================
+ * Peers: every pair of distinct devices can reach each other. Enabling access
+ * is per context and direction; copies between devices need no access enabled
+ * (the driver stages them, as the real one does). Nothing here allocates.
+ * ======================================================================== */
+CUresult cuDeviceCanAccessPeer(int *canAccessPeer, CUdevice dev, CUdevice peerDev)
+{
+    CALLED(cuDeviceCanAccessPeer);
+    REQUIRE_INIT();
+    if (!canAccessPeer) return CUDA_ERROR_INVALID_VALUE;
+    if (!valid_dev(dev) || !valid_dev(peerDev)) return CUDA_ERROR_INVALID_DEVICE;
+    *canAccessPeer = dev != peerDev;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuCtxEnablePeerAccess(CUcontext peerContext, unsigned int Flags)
+{
+    CALLED(cuCtxEnablePeerAccess);
+    REQUIRE_INIT();
+    if (Flags != 0) return CUDA_ERROR_INVALID_VALUE;
+    CUcontext c;
+    CUresult rc = cur_ctx(&c);
+    if (rc != CUDA_SUCCESS) return rc;
+    if (!ctx_valid(peerContext) || !peerContext->alive) return CUDA_ERROR_INVALID_CONTEXT;
+    if (peerContext->dev == c->dev) return CUDA_ERROR_PEER_ACCESS_UNSUPPORTED;
+    lock();
+    unsigned long long bit = 1ULL << peerContext->dev;
+    rc = (c->peers & bit) ? CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED : CUDA_SUCCESS;
+    c->peers |= bit;
+    unlock();
+    return rc;
+}
+
+CUresult cuCtxDisablePeerAccess(CUcontext peerContext)
+{
+    CALLED(cuCtxDisablePeerAccess);
+    REQUIRE_INIT();
+    CUcontext c;
+    CUresult rc = cur_ctx(&c);
+    if (rc != CUDA_SUCCESS) return rc;
+    if (!ctx_valid(peerContext)) return CUDA_ERROR_INVALID_CONTEXT;
+    lock();
+    unsigned long long bit = 1ULL << peerContext->dev;
+    rc = (c->peers & bit) ? CUDA_SUCCESS : CUDA_ERROR_PEER_ACCESS_NOT_ENABLED;
+    c->peers &= ~bit;
+    unlock();
+    return rc;
+}
+
+/* The device holding [addr, addr + n) in one allocation or mapping; -1 if none
+ * (lock held). */
+static int device_holding(CUdeviceptr addr, size_t n)
+{
+    for (struct mapping *m = g_mappings; m; m = m->next)
+        if (addr >= m->va && n <= m->size && addr - m->va <= m->size - n) return m->h->dev;
+    for (size_t b = 0; b < NBUCKETS; b++)
+        for (struct rec *r = g_buckets[b]; r; r = r->next)
+            if ((KM(r->kind) & KM_DEVPTR) && addr >= r->key && n <= r->bytes &&
+                addr - r->key <= r->bytes - n)
+                return r->dev;
+    return -1;
+}
+
+static CUresult copy_peer(CUdeviceptr dst, CUcontext dstCtx, CUdeviceptr src, CUcontext srcCtx,
+                          size_t n)
+{
+    if (!ctx_valid(dstCtx) || !ctx_valid(srcCtx)) return CUDA_ERROR_INVALID_CONTEXT;
+    if (!dstCtx->alive || !srcCtx->alive) return CUDA_ERROR_CONTEXT_IS_DESTROYED;
+    if (n == 0) return CUDA_SUCCESS;
+    lock();
+    int ok = device_holding(dst, n) == dstCtx->dev && device_holding(src, n) == srcCtx->dev;
+    unlock();
+    if (!ok) return CUDA_ERROR_INVALID_VALUE;
+    return copy((void *)(uintptr_t)dst, (const void *)(uintptr_t)src, n);
+}
+
+CUresult cuMemcpyPeer(CUdeviceptr dstDevice, CUcontext dstContext, CUdeviceptr srcDevice,
+                      CUcontext srcContext, size_t ByteCount)
+{
+    CALLED(cuMemcpyPeer);
+    REQUIRE_INIT();
+    return copy_peer(dstDevice, dstContext, srcDevice, srcContext, ByteCount);
+}
+
+CUresult cuMemcpyPeerAsync(CUdeviceptr dstDevice, CUcontext dstContext, CUdeviceptr srcDevice,
+                           CUcontext srcContext, size_t ByteCount, CUstream hStream)
+{
+    CALLED(cuMemcpyPeerAsync);
+    REQUIRE_INIT();
+    CUcontext c;
+    CUresult rc = stream_ctx(hStream, &c);
+    if (rc != CUDA_SUCCESS) return rc;
+    return copy_peer(dstDevice, dstContext, srcDevice, srcContext, ByteCount);
 }
 
 /* ==========================================================================
@@ -1909,6 +2080,9 @@ static const struct { CUresult code; const char *name, *text; } g_errors[] = {
     {600, "CUDA_ERROR_NOT_READY", "device not ready"},
     {700, "CUDA_ERROR_ILLEGAL_ADDRESS", "an illegal memory access was encountered"},
     {709, "CUDA_ERROR_CONTEXT_IS_DESTROYED", "context is destroyed"},
+    {217, "CUDA_ERROR_PEER_ACCESS_UNSUPPORTED", "peer access is not supported between these two devices"},
+    {704, "CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED", "peer access is already enabled"},
+    {705, "CUDA_ERROR_PEER_ACCESS_NOT_ENABLED", "peer access has not been enabled"},
     {801, "CUDA_ERROR_NOT_SUPPORTED", "operation not supported"},
     {999, "CUDA_ERROR_UNKNOWN", "unknown error"},
 };
@@ -2027,7 +2201,35 @@ int simcuda_uuid(int dev, unsigned char out[16])
 {
     config();
     if (!out || dev < 0 || dev >= g_ndev) return CUDA_ERROR_INVALID_DEVICE;
-    uuid_bytes(dev, (char *)out);
+    uuid_bytes(g_phys[dev], (char *)out);
+    return CUDA_SUCCESS;
+}
+
+int simcuda_physical_count(void)
+{
+    config();
+    return g_nphys;
+}
+
+int simcuda_physical_of(int ordinal)
+{
+    config();
+    return valid_dev(ordinal) ? g_phys[ordinal] : -1;
+}
+
+int simcuda_ordinal_of(int phys)
+{
+    config();
+    for (int i = 0; i < g_ndev; i++)
+        if (g_phys[i] == phys) return i;
+    return -1;
+}
+
+int simcuda_physical_uuid(int phys, unsigned char out[16])
+{
+    config();
+    if (!out || phys < 0 || phys >= g_nphys) return CUDA_ERROR_INVALID_DEVICE;
+    uuid_bytes(phys, (char *)out);
     return CUDA_SUCCESS;
 }
 

@@ -563,7 +563,7 @@ def cmd_table(a):
 
 # ---- the combined summary of validate.sh --------------------------------------------------
 
-SUITE_ORDER = ["core", "caps", "trim-leaks", "bench-micro", "reliability"]
+SUITE_ORDER = ["core", "caps", "trim-leaks", "bench-micro", "reliability", "multi", "multi-soak"]
 
 
 def workload_verdict(statuses):

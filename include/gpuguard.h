@@ -48,6 +48,12 @@ int gpuguard_host_pinned(uint64_t *current_bytes, uint64_t *peak_bytes);
  * then went to stderr). */
 int gpuguard_write_report(const char *reason, char *path_out, size_t path_len);
 
+/* Benchmark aid, not a user feature: on = 0 makes every hook pass straight through
+ * (nothing recorded, counted or capped; the books are not true afterwards), on = 1
+ * turns the books back on, on < 0 only asks. Returns the setting before: 1 on, 0 off.
+ * For scripts/bench/train_bench.py --ab-blocks (docs/performance.md). */
+int gpuguard_bench_set_books(int on);
+
 #ifdef __cplusplus
 }
 #endif

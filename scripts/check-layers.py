@@ -21,7 +21,7 @@ from pathlib import Path
 # in its own layer.
 LAYERS = [
     ("ffi", ["sys", "cuda", "wake", "real", "table"], []),
-    ("base", ["settings", "unwind", "python::api", "python::frames"], ["ffi"]),
+    ("base", ["settings", "unwind", "python::api", "python::frames", "bench_switch"], ["ffi"]),
     ("books", ["books", "caps"], ["ffi", "base"]),
     ("state", ["state"], ["ffi", "base", "books"]),
     ("track", ["track"], ["ffi", "base", "books", "state"]),

@@ -26,6 +26,7 @@
 // - service, beside the hot path (never imported by it, never importing it), reading
 //   the books: `report`, `python` (the bridge), `trim`, `worker`, `lifecycle`.
 // - capi: `capi`, the C API, at the top.
+mod bench_switch;
 mod books;
 pub mod capi;
 mod caps;

@@ -25,6 +25,23 @@ fn paused_books_record_nothing_and_resume_exactly() {
 }
 
 #[test]
+fn ab_blocks_count_calls_only_with_books_on() {
+    let py = python().display().to_string();
+    let script = manifest_dir().join("tests/python/ab_blocks.py");
+    let r = run(
+        &py,
+        &[&script.display().to_string()],
+        &[("PYTHONDONTWRITEBYTECODE", "1")],
+        true,
+    );
+    assert!(
+        r.status.success() && r.stdout.contains("AB_BLOCKS OK"),
+        "{}",
+        r.describe()
+    );
+}
+
+#[test]
 fn ab_analysis_recovers_known_overheads() {
     let out = Command::new(python())
         .arg(manifest_dir().join("scripts/bench/ab_analyze.py"))

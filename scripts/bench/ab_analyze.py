@@ -7,7 +7,8 @@ overhead to ±0.5%: method". Standard library only.
 
   ab_analyze.py FILE...  [--pair-ns 2000] [--passthrough-ns 60] [--target 0.005]
                          [--boot 4000] [--seed 1] [--json OUT]
-      FILE: train_bench.py output (its `AB {json}` lines; other lines are ignored).
+      FILE: train_bench.py output (its `AB {json}` lines; other lines are ignored);
+      several runs of one workload combine (pairs stay within their process).
       One line per workload:
         ABR workload=W pairs=N steps_per_block=K step_ms=S
             wall=+0.42% [+0.18,+0.66] cpu=+0.9% [...] ratio=0.9958 [0.9934,0.9982]
@@ -46,6 +47,7 @@ Z95 = 1.959964
 def read_records(paths):
     """{workload: {"meta": {...}, "blocks": [...]}} from the `AB {json}` lines."""
     out = {}
+    run = 0
     for p in paths:
         with open(p, errors="replace") as f:
             for line in f:
@@ -55,10 +57,14 @@ def read_records(paths):
                     r = json.loads(line[3:])
                 except ValueError:
                     continue
-                w = out.setdefault(r.get("workload", "?"), {"meta": {}, "blocks": []})
+                w = out.setdefault(r.get("workload", "?"), {"meta": {}, "blocks": [], "runs": 0})
                 if r.get("record") == "ab_meta":
+                    # A new process: its pairs are its own (several runs combine).
+                    run += 1
                     w["meta"] = r
+                    w["runs"] += 1
                 elif r.get("record") == "ab_block":
+                    r["run"] = run
                     w["blocks"].append(r)
     return out
 
@@ -67,7 +73,7 @@ def pairs_of(blocks, key):
     """[(on, off)] values of `key` per pair index, pairs with both halves only."""
     by = {}
     for b in blocks:
-        by.setdefault(b["pair"], {})[b["mode"]] = b.get(key)
+        by.setdefault((b.get("run", 0), b["pair"]), {})[b["mode"]] = b.get(key)
     out = []
     for k in sorted(by):
         d = by[k]
@@ -128,7 +134,7 @@ def pairs_needed(sd_log, target):
 def analyze(w, name, a):
     blocks = w["blocks"]
     meta = w["meta"]
-    res = {"workload": name, "meta": meta}
+    res = {"workload": name, "meta": meta, "runs": w.get("runs", 1)}
     wall = estimate(pairs_of(blocks, "wall_s"), a.boot, a.seed)
     if wall is None:
         res["error"] = "fewer than 3 complete pairs"
@@ -149,7 +155,9 @@ def analyze(w, name, a):
         "wall_overhead": math.exp(m) - 1, "wall_ci": [math.exp(lo) - 1, math.exp(hi) - 1],
         "ratio": math.exp(-m), "ratio_ci": [math.exp(-hi), math.exp(-lo)],
         "sd_log_pair": s, "half_width": half, "target": a.target,
-        "precision_met": half <= a.target, "pairs_needed": pairs_needed(s, a.target),
+        "precision_met": half <= a.target,
+        # The interval narrows as 1/sqrt(pairs): scaled from the one just computed.
+        "pairs_needed": int(math.ceil(n * (half / a.target) ** 2)) if a.target > 0 else 0,
         "calls_per_step": calls, "bound": bound, "passthrough_bound": passthrough,
         # The whole cost: books (A/B, its upper end) plus what the paused hooks still cost.
         "upper_total": math.exp(hi) - 1 + passthrough,
@@ -164,8 +172,8 @@ def analyze(w, name, a):
 def line(r):
     if "error" in r:
         return "ABR workload=%s error=%s" % (r["workload"], r["error"])
-    s = ("ABR workload=%s pairs=%d steps_per_block=%d step_ms=%.3f wall=%s [%s,%s] "
-         % (r["workload"], r["pairs"], r["steps_per_block"], r["step_ms"],
+    s = ("ABR workload=%s runs=%d pairs=%d steps_per_block=%d step_ms=%.3f wall=%s [%s,%s] "
+         % (r["workload"], r["runs"], r["pairs"], r["steps_per_block"], r["step_ms"],
             pct(math.log1p(r["wall_overhead"])), pct(math.log1p(r["wall_ci"][0])),
             pct(math.log1p(r["wall_ci"][1]))))
     if "cpu_overhead" in r:

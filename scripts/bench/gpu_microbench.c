@@ -29,6 +29,7 @@
  *   GG allocs=.. frees=.. unknown_frees=..   gpuguard's counters at the end, if loaded
  *
  * Usage: gpu_microbench [--threads T] [--reps R] [--block-ms M] [--paths a,b] [--pad D]
+ * MICROBENCH_PAUSE=1 pauses gpuguard's books first (see pause_books).
  * Compile-checks against the simulated driver too: -DGG_SIM -I tests/sim.
  */
 #define _GNU_SOURCE
@@ -403,6 +404,19 @@ typedef struct {
         unknown_frees;
 } gg_counters;
 
+/* MICROBENCH_PAUSE=1: gpuguard's books paused (gpuguard_bench_set_books(0), a benchmark
+ * aid): hooked - raw is then what a paused hook still costs, the part of gpuguard the
+ * in-process A/B training measurement cannot see. 1 paused, 0 not asked, -1 no switch. */
+static int pause_books(void)
+{
+    const char *e = getenv("MICROBENCH_PAUSE");
+    if (e == NULL || strcmp(e, "1") != 0) return 0;
+    int (*set)(int) = (int (*)(int))dlsym(RTLD_DEFAULT, "gpuguard_bench_set_books");
+    if (set == NULL) return -1;
+    set(0);
+    return 1;
+}
+
 int main(int argc, char **argv)
 {
     int reps = 4;
@@ -451,6 +465,7 @@ int main(int argc, char **argv)
     cuDeviceGetName(name, sizeof name, dev);
     for (char *c = name; *c; c++)
         if (*c == ' ') *c = '_';
+    printf("INFO paused=%d\n", pause_books());
     int shim = dlsym(RTLD_DEFAULT, "gpuguard_version") != NULL;
     const char *depth = getenv("GPUGUARD_STACK_DEPTH");
     printf("INFO shim=%d stack_depth=%s threads=%d reps=%d block_ms=%.0f pad=%d device=%s "

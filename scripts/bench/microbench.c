@@ -42,6 +42,7 @@
  * iters/2, pool iters*4 (their costs in the sim differ). --pad D calls the timed loop
  * under D extra frames so a stack of default depth (16) is really walked, as in a
  * framework. The program ends with _exit(), so gpuguard writes no exit report.
+ * MICROBENCH_PAUSE=1 pauses the books after the prefill (see pause_books).
  */
 #define _GNU_SOURCE
 #include "cuda_sim.h"
@@ -476,6 +477,19 @@ static int want_path(const char *list, const char *name)
     return 0;
 }
 
+/* MICROBENCH_PAUSE=1: gpuguard's books paused (gpuguard_bench_set_books(0), a benchmark
+ * aid): hooked - raw is then what a paused hook still costs, the part of gpuguard the
+ * in-process A/B training measurement cannot see. 1 paused, 0 not asked, -1 no switch. */
+static int pause_books(void)
+{
+    const char *e = getenv("MICROBENCH_PAUSE");
+    if (e == NULL || strcmp(e, "1") != 0) return 0;
+    int (*set)(int) = (int (*)(int))dlsym(RTLD_DEFAULT, "gpuguard_bench_set_books");
+    if (set == NULL) return -1;
+    set(0);
+    return 1;
+}
+
 int main(int argc, char **argv)
 {
     int reps = 10, do_report = 0, no_raw = 0;
@@ -538,6 +552,7 @@ int main(int argc, char **argv)
     prefill(live);
     long rss1 = vmrss_kb();
     printf("RSS before_kb=%ld after_kb=%ld live=%ld\n", rss0, rss1, live);
+    printf("INFO paused=%d\n", pause_books());
 
     if (do_report) {
         timed_report(live);

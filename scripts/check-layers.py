@@ -21,13 +21,14 @@ from pathlib import Path
 # in its own layer.
 LAYERS = [
     ("ffi", ["sys", "cuda", "wake", "real", "table"], []),
-    ("base", ["settings", "unwind", "python::api", "python::frames", "bench_switch"], ["ffi"]),
+    ("base", ["line", "events", "control", "tags", "settings", "unwind", "python::api",
+              "python::frames", "bench_switch"], ["ffi"]),
     ("books", ["books", "caps"], ["ffi", "base"]),
     ("state", ["state"], ["ffi", "base", "books"]),
     ("track", ["track"], ["ffi", "base", "books", "state"]),
     ("hooks", ["hooks"], ["ffi", "base", "books", "state", "track"]),
     # The service reads the books from the side: it never reaches into the hot path.
-    ("service", ["report", "python", "trim", "worker", "lifecycle"],
+    ("service", ["symbolize", "report", "python", "trim", "observe", "worker", "lifecycle"],
      ["ffi", "base", "books", "state"]),
     ("capi", ["capi"], ["ffi", "base", "books", "state", "track", "hooks", "service"]),
 ]

@@ -5,7 +5,7 @@
 use super::settings::{self, LogLevel, Settings, log};
 use super::state::{self, active_books, shielded};
 use super::sys::write_stderr;
-use super::{python, real, report, unwind, worker};
+use super::{observe, python, real, report, unwind, worker};
 use gpuguard_core::config::Config;
 use std::path::PathBuf;
 use std::sync::atomic::Ordering::*;
@@ -98,6 +98,8 @@ extern "C" fn at_exit() {
             shielded(|| report::write_report("cap"));
         }
         report::write_exit_report(python::at_exit_answer);
+        // After the exit report, so its event is on the timeline.
+        shielded(observe::on_exit);
         log(
             LogLevel::Debug,
             format_args!(

@@ -16,30 +16,39 @@
 // - ffi: `sys`, `cuda`, `wake`, `real`, `table`: the C library, the CUDA/NVML types
 //   and codes (cudarc's), the helper thread's doorbell, the real functions (per lookup
 //   path, and gpuguard's own typed driver calls), the list of hooked functions.
-// - base: `settings`, `unwind`, `python::api`, `python::frames`: configuration and
-//   log lines; stack capture; the CPython functions, and the Python frames hooks read.
+// - base: `line`, `events`, `control`, `tags`, `settings`, `unwind`, `python::api`,
+//   `python::frames`: heap-free lines for a threshold crossing, what the timeline
+//   learns from reports and warnings, the C API's requests to the helper, the threads'
+//   phase labels; configuration and log lines; stack capture; the CPython functions, and the Python frames hooks read.
 // - books: `books`, `caps`: the process's books and the cap logic on them.
 // - state: `state`: the lifecycle state, the books of the active process, and the
 //   activation action the service registers at load.
 // - track: `track`: what a hook does around the real call (the hot path).
 // - hooks: `hooks`: the exports, the table expanded into wrappers and handlers.
 // - service, beside the hot path (never imported by it, never importing it), reading
-//   the books: `report`, `python` (the bridge), `trim`, `worker`, `lifecycle`.
+//   the books: `symbolize` (frames as text), `report`, `python` (the bridge), `trim`,
+//   `observe` (trace, status file, memory line), `worker`, `lifecycle`.
 // - capi: `capi`, the C API, at the top.
 mod bench_switch;
 mod books;
 pub mod capi;
 mod caps;
+mod control;
 mod cuda;
+mod events;
 pub mod hooks;
 mod lifecycle;
+mod line;
+mod observe;
 mod python;
 mod real;
 mod report;
 mod settings;
 mod state;
+mod symbolize;
 mod sys;
 mod table;
+mod tags;
 mod track;
 mod trim;
 mod unwind;

@@ -9,7 +9,7 @@ use super::real::{DRIVER, is_own_code};
 use super::settings::config;
 use super::state::{active_books, books, shielded};
 use super::sys::monotonic_ns;
-use super::unwind;
+use super::{tags, unwind};
 use gpuguard_core::ledger::{Key, Kind, NO_SITE, Record};
 use std::cell::{Cell, UnsafeCell};
 use std::ffi::{c_int, c_void};
@@ -50,7 +50,8 @@ struct ThreadState {
     last_site: Cell<(usize, usize, u32)>,
 }
 
-const STACK_SLOTS: usize = MAX_FRAMES + PY_FRAMES;
+/// Room for the native and Python frames, and the thread's tag (`tags`).
+const STACK_SLOTS: usize = MAX_FRAMES + PY_FRAMES + 1;
 
 thread_local! {
     static THREAD: ThreadState = const {
@@ -209,6 +210,12 @@ fn capture_site_in(books: &Books, t: &ThreadState) -> u32 {
     );
     if py != 0 {
         n += frames::walk(py, &mut pcs[n..n + PY_FRAMES]);
+    }
+    // The thread's phase label (`gpuguard_push_tag`), as the outermost frame.
+    let tag = tags::current();
+    if tag != 0 {
+        pcs[n] = tags::entry(tag);
+        n += 1;
     }
     if n == 0 {
         return NO_SITE;

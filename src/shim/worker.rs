@@ -9,7 +9,7 @@ use super::report::{self, Extra};
 use super::settings::{LogLevel, log, settings};
 use super::state::{active_books, shielded};
 use super::sys::monotonic_ns;
-use super::{trim, wake};
+use super::{control, events, observe, trim, wake};
 use gpuguard_core::report::human_bytes;
 use std::ffi::{c_int, c_void};
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering::*};
@@ -148,6 +148,10 @@ pub(super) fn after_fork_in_child() {
     TRIM_REQUESTS.store(0, Relaxed);
     report::after_fork_in_child();
     python::after_fork_in_child();
+    observe::after_fork_in_child();
+    events::after_fork_in_child();
+    control::after_fork_in_child();
+    super::tags::after_fork_in_child();
 }
 
 /// When the Python side is (re)installed after activation: soon (a framework may
@@ -191,6 +195,8 @@ fn run(fd: c_int) {
             let left = due.saturating_sub(monotonic_ns());
             timeout_ms = timeout_ms.min(left.div_ceil(1_000_000));
         }
+        // The timeline, status file and memory line (`observe`).
+        timeout_ms = timeout_ms.min(observe::due_in_ms(monotonic_ns()));
         let install_due = started.saturating_add(install_after_ms(installs) * 1_000_000);
         let left = install_due.saturating_sub(monotonic_ns());
         timeout_ms = timeout_ms.min(left.div_ceil(1_000_000));
@@ -216,6 +222,10 @@ fn run(fd: c_int) {
             trims_handled = shielded(|| trim_now("signal", Some(base)))
                 .flatten()
                 .unwrap_or_else(|| TRIM_REQUESTS.load(Relaxed));
+        }
+        if let Some(ticket) = control::trim_wanted() {
+            let path = shielded(|| api_trim(false)).flatten();
+            control::trim_done(ticket, path);
         }
         if monotonic_ns() >= install_due {
             installs += 1;
@@ -270,6 +280,22 @@ fn run(fd: c_int) {
                 }
             }
         }
+        shielded(observe::tick);
+    }
+}
+
+/// A trim asked through the C API (`gpuguard_trim`), on the helper thread, or on the
+/// calling thread when that is a Python process's main thread (`main_waits`): the
+/// trim must not wait for that thread then, so the Python side (framework caches,
+/// the classification) is left out and CUDA pools are trimmed.
+pub(crate) fn api_trim(main_waits: bool) -> Option<std::path::PathBuf> {
+    let books = active_books()?;
+    if main_waits && python::present() {
+        let t = trim::perform_with(books, "api", false);
+        report::write(books, "trim", Extra { trim: Some(t) }, None)
+    } else {
+        let t = trim::perform(books, "api");
+        write_report("trim", Extra { trim: Some(t) })
     }
 }
 
@@ -324,16 +350,18 @@ fn thresholds(books: &Books) -> Option<&'static str> {
     for (dev, t) in books.thresholds.iter().enumerate() {
         let dev = dev as i32;
         if t.warn_pending.swap(false, Relaxed) {
+            // The crossing thread wrote the line; the timeline gets it here.
             let c = books.ledger.device(dev);
-            log(
-                LogLevel::Warn,
-                format_args!(
-                    "device {dev}: {} of its {} cap in use (peak {}), past GPUGUARD_WARN_AT",
+            events::push(events::Event::Warning {
+                t_ns: monotonic_ns(),
+                device: dev,
+                message: format!(
+                    "{} of its {} cap in use (peak {}), past GPUGUARD_WARN_AT",
                     human_bytes(t.crossed_at.load(Relaxed)),
                     human_bytes(c.cap().unwrap_or(0)),
-                    human_bytes(c.peak.load(Relaxed))
+                    human_bytes(t.crossed_peak.load(Relaxed))
                 ),
-            );
+            });
         }
         if t.trim_pending.swap(false, Relaxed) {
             trim = Some("threshold");

@@ -54,6 +54,12 @@ pub struct Config {
     /// memory hook) for block-exact Python lines; they cost the framework time on
     /// every allocation, so they are off unless asked for (`GPUGUARD_PYTHON=lines`).
     pub python_recorders: bool,
+    /// Where the helper thread writes the memory timeline (`GPUGUARD_TRACE`); `None`:
+    /// no timeline.
+    pub trace: Option<PathBuf>,
+    /// Interval of the memory line on stderr (`GPUGUARD_LOG_EVERY`), in
+    /// milliseconds; `None` (the default) off.
+    pub log_every_ms: Option<u64>,
 }
 
 impl Default for Config {
@@ -72,6 +78,8 @@ impl Default for Config {
             trim_interval_ms: 5_000,
             python: true,
             python_recorders: false,
+            trace: None,
+            log_every_ms: None,
         }
     }
 }
@@ -110,6 +118,8 @@ pub const KNOWN_VARS: &[&str] = &[
     "GPUGUARD_TRIM_SIGNAL",
     "GPUGUARD_TRIM_INTERVAL",
     "GPUGUARD_PYTHON",
+    "GPUGUARD_TRACE",
+    "GPUGUARD_LOG_EVERY",
 ];
 
 /// A configuration, and what parsing noticed without refusing it.
@@ -188,6 +198,16 @@ impl Config {
                 return Err(err("GPUGUARD_DIR", "", &accepted("GPUGUARD_DIR")));
             }
             cfg.dir = Some(PathBuf::from(v));
+        }
+        if let Some(v) = vars.0.get("GPUGUARD_TRACE") {
+            if v.is_empty() {
+                return Err(err("GPUGUARD_TRACE", "", &accepted("GPUGUARD_TRACE")));
+            }
+            cfg.trace = Some(PathBuf::from(v));
+        }
+        if let Some(v) = vars.text("GPUGUARD_LOG_EVERY")? {
+            cfg.log_every_ms =
+                parse_interval_ms(&v).ok_or_else(|| refuse("GPUGUARD_LOG_EVERY", &v))?;
         }
         if let Some(v) = vars.text("GPUGUARD_LOG")? {
             cfg.log = parse_log(&v).ok_or_else(|| refuse("GPUGUARD_LOG", &v))?;
@@ -291,6 +311,10 @@ fn refuse(var: &str, value: &str) -> ConfigError {
 fn accepted(var: &str) -> String {
     match var {
         "GPUGUARD_DIR" => "a directory path (any bytes, not empty)".into(),
+        "GPUGUARD_TRACE" => "a file path (any bytes, not empty)".into(),
+        "GPUGUARD_LOG_EVERY" => {
+            "an interval with a unit (200ms, 60s, 5m; at least 1ms), or off".into()
+        }
         "GPUGUARD_LOG" => "off, warn, info, debug".into(),
         "GPUGUARD_STACK_DEPTH" => {
             format!("a whole number of frames from 0 (off) to {MAX_STACK_DEPTH}")
@@ -616,6 +640,36 @@ mod tests {
     }
 
     #[test]
+    fn trace_and_log_every() {
+        let c = parse(&[
+            ("GPUGUARD_TRACE", "/tmp/t.json"),
+            ("GPUGUARD_LOG_EVERY", "200ms"),
+        ])
+        .unwrap();
+        assert_eq!(c.trace, Some(PathBuf::from("/tmp/t.json")));
+        assert_eq!(c.log_every_ms, Some(200));
+        assert_eq!(
+            parse(&[("GPUGUARD_LOG_EVERY", "60s")])
+                .unwrap()
+                .log_every_ms,
+            Some(60_000)
+        );
+        assert_eq!(
+            parse(&[("GPUGUARD_LOG_EVERY", "off")])
+                .unwrap()
+                .log_every_ms,
+            None
+        );
+        for bad in ["60", "abc", "0ms", "-1s"] {
+            let e = parse(&[("GPUGUARD_LOG_EVERY", bad)]).unwrap_err();
+            assert_eq!(e.var, "GPUGUARD_LOG_EVERY", "{bad}");
+            assert!(e.accepted.contains("200ms"), "{}", e.accepted);
+        }
+        let e = parse(&[("GPUGUARD_TRACE", "")]).unwrap_err();
+        assert_eq!(e.var, "GPUGUARD_TRACE");
+    }
+
+    #[test]
     fn caps_and_thresholds() {
         let c = parse(&[
             ("GPUGUARD_CAP", "0:20GiB,1:0.25"),
@@ -719,7 +773,8 @@ mod tests {
             ("GPUGUARD_WARN", Some("GPUGUARD_WARN_AT")),
             ("GPUGUARD_TYPO", None),
             ("GPUGUARD_", None),
-            ("GPUGUARD_TRACE", None),
+            ("GPUGUARD_TRACE", Some("GPUGUARD_TRACE")),
+            ("GPUGUARD_LOG_EVRY", Some("GPUGUARD_LOG_EVERY")),
         ] {
             assert_eq!(closest_known_var(typo), want, "{typo}");
         }

@@ -6,7 +6,10 @@
 
 use dashmap::DashMap;
 use std::hash::{BuildHasherDefault, Hasher};
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{
+    AtomicI64, AtomicU64,
+    Ordering::{AcqRel, Relaxed, Release},
+};
 
 /// Device ordinals gpuguard keeps counters for; records on higher ordinals are still
 /// kept and reported, only their counters are folded into the last slot.
@@ -178,8 +181,8 @@ struct Stripe {
 /// cap's reservation (`charge`), and for capped devices the live bytes and peak; on
 /// an uncapped device the hot path writes only its thread's stripe (see `STRIPES`).
 ///
-/// Accounting mode follows `limit`, which the shim sets once, before the device's
-/// first allocation, and never changes.
+/// Accounting mode follows `limit` (set through `set_limit`): the shim sets it before
+/// the device's first allocation, and the C API may change it while the program runs.
 #[derive(Default)]
 #[repr(align(128))]
 pub struct DeviceCounters {
@@ -201,7 +204,7 @@ pub struct DeviceCounters {
     pub unknown_frees: AtomicU64,
     /// Set once a device has been touched, so reports list only devices in use.
     pub seen: AtomicU64,
-    /// The cap in bytes; 0 when uncapped.
+    /// The cap in bytes; 0 when uncapped. Changed only through `set_limit`.
     pub limit: AtomicU64,
     /// Live bytes of stream-ordered pool blocks: all of them on a capped device; on
     /// an uncapped one, the stripes hold them (see `pool_live_bytes`).
@@ -277,15 +280,27 @@ impl DeviceCounters {
         held.saturating_add(self.pool_excess())
     }
 
-    /// Live bytes now.
+    /// Live bytes now. The stripes are summed in either mode: bytes a stripe took
+    /// before a cap was set at run time stay there until they are freed.
     pub fn current(&self) -> u64 {
         let mut sum = self.live.load(Relaxed);
-        if !self.capped() {
-            for s in &self.stripes {
-                sum = sum.wrapping_add(s.net.load(Relaxed));
-            }
+        for s in &self.stripes {
+            sum = sum.wrapping_add(s.net.load(Relaxed));
         }
         sum.max(0) as u64
+    }
+
+    /// Sets the cap (`0`: none). Going from uncapped to capped starts the charge at
+    /// the live bytes (the stripes included), so what the program already holds counts
+    /// against the new cap; an allocation in flight at that very moment is not charged
+    /// (it was not reserved), which can leave the charge below the truth by its bytes
+    /// until the device is uncapped again. Frees of bytes charged before are taken off
+    /// the charge as usual.
+    pub fn set_limit(&self, cap: u64) {
+        let was = self.limit.swap(cap, AcqRel);
+        if was == 0 && cap != 0 {
+            self.charge.store(self.current(), Release);
+        }
     }
 
     /// Reserves `bytes` before an allocation. On a capped device this is one
@@ -759,6 +774,33 @@ mod tests {
         assert!(!l.reserve(0, false, 1));
         // Host memory is never capped.
         assert!(l.reserve(0, true, 1 << 40));
+    }
+
+    #[test]
+    fn a_cap_set_while_running_charges_what_is_already_live() {
+        // Allocations made uncapped sit in the thread stripes; a cap set later
+        // (the C API's gpuguard_set_cap) must count them, and frees must take
+        // them off again.
+        let l = Ledger::new();
+        let d = l.device(0);
+        assert!(l.reserve(0, false, 300));
+        l.commit(Key::device(1), rec(300, 0, Kind::Device));
+        d.set_limit(400);
+        assert_eq!(d.charged(), 300);
+        assert!(
+            !l.reserve(0, false, 101),
+            "300 live + 101 passes a cap of 400"
+        );
+        assert!(l.reserve(0, false, 100));
+        l.commit(Key::device(2), rec(100, 0, Kind::Device));
+        assert_eq!(d.current(), 400);
+        let r = l.take(Key::device(1)).unwrap();
+        l.confirm_free(&r);
+        assert_eq!((d.current(), d.charged()), (100, 100));
+        // Lifted again: the stripes take over, nothing is lost.
+        d.set_limit(0);
+        assert!(l.reserve(0, false, 1 << 40));
+        assert_eq!(d.current(), 100);
     }
 
     #[test]

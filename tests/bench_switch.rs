@@ -7,38 +7,32 @@ mod common;
 use common::{manifest_dir, python, run};
 use std::process::Command;
 
-#[test]
-fn paused_books_record_nothing_and_resume_exactly() {
+/// `tests/python/<script>` under the shim on the sim; it prints `marker` when its own
+/// checks pass.
+fn run_checked(script: &str, marker: &str) {
     let py = python().display().to_string();
-    let script = manifest_dir().join("tests/python/bench_switch.py");
+    let path = manifest_dir().join("tests/python").join(script);
     let r = run(
         &py,
-        &[&script.display().to_string()],
+        &[&path.display().to_string()],
         &[("PYTHONDONTWRITEBYTECODE", "1")],
         true,
     );
     assert!(
-        r.status.success() && r.stdout.contains("BENCH_SWITCH OK"),
+        r.status.success() && r.stdout.contains(marker),
         "{}",
         r.describe()
     );
 }
 
 #[test]
+fn paused_books_record_nothing_and_resume_exactly() {
+    run_checked("bench_switch.py", "BENCH_SWITCH OK");
+}
+
+#[test]
 fn ab_blocks_count_calls_only_with_books_on() {
-    let py = python().display().to_string();
-    let script = manifest_dir().join("tests/python/ab_blocks.py");
-    let r = run(
-        &py,
-        &[&script.display().to_string()],
-        &[("PYTHONDONTWRITEBYTECODE", "1")],
-        true,
-    );
-    assert!(
-        r.status.success() && r.stdout.contains("AB_BLOCKS OK"),
-        "{}",
-        r.describe()
-    );
+    run_checked("ab_blocks.py", "AB_BLOCKS OK");
 }
 
 #[test]

@@ -59,6 +59,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bench_pause.h"
+
 #if defined(__has_include)
 #if __has_include(<valgrind/callgrind.h>)
 #include <valgrind/callgrind.h>
@@ -475,19 +477,6 @@ static int want_path(const char *list, const char *name)
         p = e + 1;
     }
     return 0;
-}
-
-/* MICROBENCH_PAUSE=1: gpuguard's books paused (gpuguard_bench_set_books(0), a benchmark
- * aid): hooked - raw is then what a paused hook still costs, the part of gpuguard the
- * in-process A/B training measurement cannot see. 1 paused, 0 not asked, -1 no switch. */
-static int pause_books(void)
-{
-    const char *e = getenv("MICROBENCH_PAUSE");
-    if (e == NULL || strcmp(e, "1") != 0) return 0;
-    int (*set)(int) = (int (*)(int))dlsym(RTLD_DEFAULT, "gpuguard_bench_set_books");
-    if (set == NULL) return -1;
-    set(0);
-    return 1;
 }
 
 int main(int argc, char **argv)

@@ -22,7 +22,7 @@ from pathlib import Path
 LAYERS = [
     ("ffi", ["fault", "sys", "cuda", "wake", "endings", "real", "table"], []),
     ("base", ["line", "events", "control", "tags", "settings", "unwind", "python::api",
-              "python::frames"], ["ffi"]),
+              "python::frames", "bench_switch"], ["ffi"]),
     ("books", ["books", "caps"], ["ffi", "base"]),
     ("state", ["state"], ["ffi", "base", "books"]),
     ("track", ["track"], ["ffi", "base", "books", "state"]),

@@ -11,6 +11,9 @@
 #   caps         memory caps, GPUGUARD_CAP (suites/caps.sh; run 2)
 #   trim-leaks   trims and leak reports (suites/trim_leaks.sh; runs 7 and 10)
 #   bench-micro  the GPU allocation microbenchmark (scripts/bench/run_gpu.sh)
+#   bench-train  training overhead to ±0.5%: in-process A/B blocks, books on/paused, for
+#                PyTorch (3 allocator modes, GPUGUARD_PYTHON=lines), JAX, CuPy
+#                (suites/bench_train.sh; all six in one call, or split with GGV_ONLY)
 #   reliability  graph endings soak (issue 11 item 8; suites/reliability.sh):
 #     graph      CUDA-graph capture with backend:cudaMallocAsync, signals during capture
 #     endings    SIGTERM / SIGTERM with a handler / SIGINT leave their reports
@@ -32,20 +35,22 @@
 # Every run is under LD_PRELOAD=<repo>/target/release/libgpuguard.so and its own
 # GPUGUARD_DIR; no GPUGUARD_* setting but GPUGUARD_LOG is inherited.
 #
-# Results in $OUT (default /tmp/ggv-out; at most 6 files, each far below 16 MiB):
+# Results in $OUT (default /tmp/ggv-out; at most 7 files, each far below 16 MiB):
 #   validate.log   this console: environment, every workload, each suite's own table,
 #                  the final PASS/FAIL table
 #   summary.txt    the final table, then every row of every suite, then the environment
 #   summary.json   the same as data: {"table": [...], "suites": {name: {"rows": [...]}}}
 #   runs.tar.gz    each run's stdout, stderr, reports, checks, CLI outputs; env.txt
 #   micro_results.txt, micro_summary.md   (bench-micro only)
+#   bench_train.txt   (bench-train only) one ABR line per workload (ab_analyze.py)
 # Exit status: 0 when no workload FAILed, 1 otherwise, 2 for a usage error.
 #
 # Budget: GGV_BUDGET_S (default 550) is shared: no suite starts or runs past it, and
 # packing follows within ~30 s, so a whole call ends inside 10 minutes. Each suite
 # also has its own: GGV_CORE_BUDGET_S (470), GGV_CAPS_BUDGET_S (320),
 # GGV_TRIM_LEAKS_BUDGET_S (320), GGV_BENCH_MICRO_BUDGET_S (170),
-# GGV_RELIABILITY_BUDGET_S (200, graph + endings), GGV_SOAK_S (540).
+# GGV_RELIABILITY_BUDGET_S (200, graph + endings), GGV_SOAK_S (540),
+# GGV_BENCH_TRAIN_BUDGET_S (540).
 # Other knobs: GGV_ONLY (run names across suites, e.g. "torch_default cupy"),
 # GPUGUARD_LOG (default info), GGV_LIB / GGV_CLI / GGV_CLIENT (other builds), GGV_WORK
 # (scratch, default /tmp/ggv), and each suite's (see its header in scripts/gpu/suites/).
@@ -64,7 +69,7 @@ BUDGET=${GGV_BUDGET_S:-550}
 
 # shellcheck source=lib/common.sh
 . "$ROOT/scripts/gpu/lib/common.sh"
-for f in core caps trim_leaks bench_micro reliability; do
+for f in core caps trim_leaks bench_micro bench_train reliability; do
   # shellcheck disable=SC1090
   . "$ROOT/scripts/gpu/suites/$f.sh"
 done
@@ -77,7 +82,7 @@ for a in "$@"; do
   case $a in
     all) SUITES+=(core caps trim-leaks bench-micro graph endings soak) ;;
     reliability) SUITES+=(graph endings soak) ;;
-    core | cudarc | caps | trim-leaks | bench-micro | graph | endings | soak | soak-start | soak-wait | multi | multi-soak) SUITES+=("$a") ;;
+    core | cudarc | caps | trim-leaks | bench-micro | bench-train | graph | endings | soak | soak-start | soak-wait | multi | multi-soak) SUITES+=("$a") ;;
     -h | --help | help) usage; exit 0 ;;
     *) echo "unknown suite '$a'"; echo; usage; exit 2 ;;
   esac
@@ -99,6 +104,7 @@ main() {
       caps) (suite_caps); dirs+=" caps" ;;
       trim-leaks) (suite_trim_leaks); dirs+=" trim-leaks" ;;
       bench-micro) (suite_bench_micro); dirs+=" bench-micro" ;;
+      bench-train) (suite_bench_train); dirs+=" bench-train" ;;
       graph | endings)
         # graph and endings next to each other share one run of the suite.
         if [ "$s" = graph ] && [ "${SUITES[$((i + 1))]:-}" = endings ]; then

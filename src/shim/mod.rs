@@ -33,6 +33,7 @@
 //   the books: `symbolize` (frames as text), `report`, `python` (the bridge), `trim`,
 //   `observe` (trace, status file, memory line), `worker`, `lifecycle`.
 // - capi: `capi`, the C API, at the top.
+mod bench_switch;
 mod books;
 pub mod capi;
 mod caps;

@@ -39,7 +39,8 @@
 # Every run is under LD_PRELOAD=<repo>/target/release/libgpuguard.so and its own
 # GPUGUARD_DIR; no GPUGUARD_* setting but GPUGUARD_LOG is inherited.
 #
-# Results in $OUT (default /tmp/ggv-out; at most 8 files, each far below 16 MiB):
+# Results in $OUT (default /tmp/ggv-out; 4 files, plus bench-micro's 2, bench-train's 1
+# and command's 2: at most 8 unless all three run in one call; each far below 16 MiB):
 #   validate.log   this console: environment, every workload, each suite's own table,
 #                  the final PASS/FAIL table
 #   summary.txt    the final table, then every row of every suite, then the environment

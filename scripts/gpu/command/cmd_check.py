@@ -81,22 +81,10 @@ def svg_facts(text):
 
 
 def trim_released(text):
-    """Bytes a trim released, from a trim report's JSON (every *released* byte count)."""
-    total = 0
-
-    def walk(o):
-        nonlocal total
-        if isinstance(o, dict):
-            for k, v in o.items():
-                if "released" in k and isinstance(v, int) and not isinstance(v, bool):
-                    total += v
-                else:
-                    walk(v)
-        elif isinstance(o, list):
-            for v in o:
-                walk(v)
-    walk(json.loads(text))
-    return total
+    """trim.released_bytes of a trim report (0 when absent)."""
+    t = (json.loads(text) or {}).get("trim") or {}
+    v = t.get("released_bytes")
+    return v if isinstance(v, int) and not isinstance(v, bool) else 0
 
 
 SIZE_RE = re.compile(r"(\d+(?:\.\d+)?)\s*(B|KiB|MiB|GiB|TiB)\b")
@@ -104,12 +92,12 @@ UNITS = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40}
 
 
 def printed_release(text):
-    """The largest size on a line of trim's output that speaks of releasing (0: none)."""
+    """The largest "SIZE released" / "released SIZE" in trim's output (0: none)."""
     best = 0
-    for ln in text.splitlines():
-        if re.search(r"releas|freed|return", ln, re.I):
-            for n, u in SIZE_RE.findall(ln):
-                best = max(best, int(float(n) * UNITS[u]))
+    size = r"(\d+(?:\.\d+)?)\s*(B|KiB|MiB|GiB|TiB)\b"
+    for m in re.finditer(size + r"\s+released|released\s+" + size, text):
+        n, u = (m.group(1), m.group(2)) if m.group(1) else (m.group(3), m.group(4))
+        best = max(best, int(float(n) * UNITS[u]))
     return best
 
 
@@ -240,8 +228,10 @@ def selftest():
     s, seqs = first_suspect('{"suspected_leaks": [{"pid": 5, "seqs": [1, 2], "sites": [{"frames": ["a.py:7"]}]}]}', 5)
     assert s == {"frames": ["a.py:7"]} and seqs == [1, 2]
     assert site_re("/x/a.py", 7).search("python: /x/a.py:7 in step") and not site_re("/x/a.py", 7).search("a.py:70")
-    assert trim_released('{"trim": {"released_bytes": 5, "x": [{"released": 2}]}}') == 7
-    assert printed_release("released 1.5 GiB\nlive 3 GiB") == 3 * (1 << 29)
+    assert trim_released('{"trim": {"released_bytes": 5, "mechanisms": [{"released_bytes": 5}]}}') == 5
+    assert trim_released('{"pid": 1}') == 0
+    assert printed_release("trim: 1.5 GiB released\n  device 0: 3 GiB -> 1 GiB") == 3 * (1 << 29)
+    assert printed_release("pytorch  released   513.0 MiB  empty_cache: 841.0 MiB -> 328.0 MiB") == 513 << 20
     assert printed_release("nothing here 4 MiB") == 0
     print("cmd_check selftest: ok")
     return 0

@@ -17,8 +17,8 @@ Phases (wall-clock driven, so the run lasts GGV_CMD_SECONDS whatever the GPU's s
 
 GGV_COMMAND_WORKLOAD=stand-in runs the same phases on tests/python/fakefw's `torch`
 (PYTHONPATH=tests/python/fakefw, LD_LIBRARY_PATH=<sim dir of tests/sim/build.sh>):
-torch.empty(nbytes) over the simulated runtime, the leak at the line marked
-GGV_STANDIN_LEAK_LINE. For checking the suite on a CPU machine only.
+torch.empty(nbytes) over the simulated runtime; the leak is a cudaMalloc through ctypes
+at the line marked GGV_STANDIN_LEAK_LINE. For checking the suite on a CPU machine only.
 
 Output: GGV_LEAK_SITE file=... line=N, GGV_CMD_LEAKING pid=N, GGV_CMD_READY pid=N,
 GGV_JSON records ("config", "summary"), RESULT line.
@@ -47,14 +47,25 @@ def knobs():
 
 def run_standin(torch, leak_bytes, bait_mib, phase):
     """The fake torch of tests/python/fakefw: allocations only."""
+    import ctypes
+
+    import simrt  # tests/python/fakefw
     torch.cuda._lazy_init()
     bait = [torch.empty(MiB) for _ in range(bait_mib)]
     del bait  # cached by the stand-in's allocator, released by empty_cache()
 
+    rt = simrt.rt()
+
     def step(i):
         tmp = [torch.empty(256 * 1024) for _ in range(4)]  # temporaries, reused from the cache
         del tmp
-        LEAK.append(torch.empty(leak_bytes))  # GGV_STANDIN_LEAK_LINE
+        # The runtime called from this line, as torch.full's C code is from run_torch's
+        # leak line (the stand-in's torch.empty would add its own Python frames).
+        p = ctypes.c_void_p(0)
+        rc = rt.cudaMalloc(ctypes.byref(p), leak_bytes)  # GGV_STANDIN_LEAK_LINE
+        if rc != 0:
+            raise MemoryError("cudaMalloc(%d): %d" % (leak_bytes, rc))
+        LEAK.append(p.value)
         return 0.0
 
     return phase(step, lambda: None, lambda: {"allocated": torch.cuda.memory_allocated(),

@@ -24,6 +24,10 @@
 #                two devices (PyTorch three modes, JAX, peer copies), CUDA_VISIBLE_DEVICES
 #                remapping, torchrun two ranks with a leak on rank 1
 #   multi-soak   two GPUs, issue 15 run 4: a soak on both GPUs (a call of its own)
+#   command      the gpuguard command around a PyTorch training run (issue 13): `run --cap
+#                --trace`, with `ps`, `show --leaks`, `trim` while it runs, then `plot`
+#                and `flamegraph` (suites/command.sh; about 2 minutes; mem.svg and
+#                leaks.html come back in $OUT as files of their own)
 #   all          core caps trim-leaks bench-micro reliability (more than one 10-minute
 #                call: later suites are skipped when the shared budget is spent)
 #
@@ -35,13 +39,15 @@
 # Every run is under LD_PRELOAD=<repo>/target/release/libgpuguard.so and its own
 # GPUGUARD_DIR; no GPUGUARD_* setting but GPUGUARD_LOG is inherited.
 #
-# Results in $OUT (default /tmp/ggv-out; at most 7 files, each far below 16 MiB):
+# Results in $OUT (default /tmp/ggv-out; 4 files, plus bench-micro's 2, bench-train's 1
+# and command's 2: at most 8 unless all three run in one call; each far below 16 MiB):
 #   validate.log   this console: environment, every workload, each suite's own table,
 #                  the final PASS/FAIL table
 #   summary.txt    the final table, then every row of every suite, then the environment
 #   summary.json   the same as data: {"table": [...], "suites": {name: {"rows": [...]}}}
 #   runs.tar.gz    each run's stdout, stderr, reports, checks, CLI outputs; env.txt
 #   micro_results.txt, micro_summary.md   (bench-micro only)
+#   mem.svg, leaks.html   (command only) the run's memory plot and exit flame graph
 #   bench_train.txt   (bench-train only) one ABR line per workload (ab_analyze.py)
 # Exit status: 0 when no workload FAILed, 1 otherwise, 2 for a usage error.
 #
@@ -50,7 +56,7 @@
 # also has its own: GGV_CORE_BUDGET_S (470), GGV_CAPS_BUDGET_S (320),
 # GGV_TRIM_LEAKS_BUDGET_S (320), GGV_BENCH_MICRO_BUDGET_S (170),
 # GGV_RELIABILITY_BUDGET_S (200, graph + endings), GGV_SOAK_S (540),
-# GGV_BENCH_TRAIN_BUDGET_S (540).
+# GGV_BENCH_TRAIN_BUDGET_S (540), GGV_COMMAND_BUDGET_S (240).
 # Other knobs: GGV_ONLY (run names across suites, e.g. "torch_default cupy"),
 # GPUGUARD_LOG (default info), GGV_LIB / GGV_CLI / GGV_CLIENT (other builds), GGV_WORK
 # (scratch, default /tmp/ggv), and each suite's (see its header in scripts/gpu/suites/).
@@ -69,7 +75,7 @@ BUDGET=${GGV_BUDGET_S:-550}
 
 # shellcheck source=lib/common.sh
 . "$ROOT/scripts/gpu/lib/common.sh"
-for f in core caps trim_leaks bench_micro bench_train reliability; do
+for f in core caps trim_leaks bench_micro bench_train reliability command; do
   # shellcheck disable=SC1090
   . "$ROOT/scripts/gpu/suites/$f.sh"
 done
@@ -82,7 +88,7 @@ for a in "$@"; do
   case $a in
     all) SUITES+=(core caps trim-leaks bench-micro graph endings soak) ;;
     reliability) SUITES+=(graph endings soak) ;;
-    core | cudarc | caps | trim-leaks | bench-micro | bench-train | graph | endings | soak | soak-start | soak-wait | multi | multi-soak) SUITES+=("$a") ;;
+    core | cudarc | caps | trim-leaks | bench-micro | bench-train | graph | endings | soak | soak-start | soak-wait | multi | multi-soak | command) SUITES+=("$a") ;;
     -h | --help | help) usage; exit 0 ;;
     *) echo "unknown suite '$a'"; echo; usage; exit 2 ;;
   esac
@@ -119,6 +125,7 @@ main() {
       soak-wait) soak_collect ;;
       multi) (suite_multi); dirs+=" multi" ;;
       multi-soak) (suite_multi_soak); dirs+=" multi-soak" ;;
+      command) (suite_command); dirs+=" command" ;;
     esac
   done
   [ -n "${SOAK_PID:-}" ] && soak_collect

@@ -2,7 +2,8 @@
 //! in a few lines what the reports CMD's processes wrote during the run show, and
 //! end with CMD's status.
 
-use super::growth::live_allocations;
+use super::growth::{live_allocations, native_sites, python_sites};
+use super::show::holding;
 use super::lib_path::{LIB_VAR, find};
 use super::load::{load, shown};
 use super::output::{print_err, warn};
@@ -275,9 +276,13 @@ pub fn main(args: RunArgs) -> Outcome {
             .filter(|d| !d.is_empty())
             .map_or_else(|| PathBuf::from("."), PathBuf::from),
     };
+    check_dir(&dir, args.dir.is_some())?;
     // Reports are matched by pid and by time: a second of slack for clocks that tick
     // coarsely, far less than any pid takes to come round again.
     let start_ms = unix_ms(SystemTime::now()).saturating_sub(1000);
+    // Reports already in the folder are another run's, however recent (a run that
+    // ended a moment ago falls within the second of slack).
+    let before = report_names(&dir);
     let mut child = Command::new(program)
         .args(rest)
         .env("LD_PRELOAD", preload)
@@ -311,24 +316,42 @@ pub fn main(args: RunArgs) -> Outcome {
     };
     CHILD.store(0, Ordering::Relaxed);
     let code = status.map_or(1, shell_status);
-    let reports = reports_of(&dir, &watch.foreign, start_ms);
+    let reports = reports_of(&dir, &before, &watch.foreign, start_ms);
     print_err(&summary(
         &program.to_string_lossy(),
         pid,
         code,
         &dir,
+        args.trace.as_deref(),
         &reports,
     ));
     Ok(code)
 }
 
-/// The reports in `dir` written since the start, but for those of processes seen
-/// running outside CMD's tree.
-fn reports_of(dir: &Path, foreign: &HashSet<u32>, start_ms: u64) -> Vec<(PathBuf, Report)> {
+/// The names of the report files in `dir`.
+fn report_names(dir: &Path) -> HashSet<OsString> {
+    std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.file_name())
+        .filter(|n| n.to_str().and_then(report_name_parts).is_some())
+        .collect()
+}
+
+/// The reports in `dir` written since the start, but for those already there
+/// (`before`) and those of processes seen running outside CMD's tree.
+fn reports_of(
+    dir: &Path,
+    before: &HashSet<OsString>,
+    foreign: &HashSet<u32>,
+    start_ms: u64,
+) -> Vec<(PathBuf, Report)> {
     let mut found: Vec<(PathBuf, Report)> = std::fs::read_dir(dir)
         .into_iter()
         .flatten()
         .flatten()
+        .filter(|e| !before.contains(&e.file_name()))
         .filter_map(|e| {
             let name = e.file_name().into_string().ok()?;
             let (pid, _, _) = report_name_parts(&name)?;
@@ -349,24 +372,34 @@ fn reports_of(dir: &Path, foreign: &HashSet<u32>, start_ms: u64) -> Vec<(PathBuf
 }
 
 /// A few lines on stderr: memory per device, the leaking lines, caps hit, trims.
-fn summary(program: &str, pid: u32, code: u8, dir: &Path, reports: &[(PathBuf, Report)]) -> String {
+fn summary(
+    program: &str,
+    pid: u32,
+    code: u8,
+    dir: &Path,
+    trace: Option<&Path>,
+    reports: &[(PathBuf, Report)],
+) -> String {
     let mut out = String::new();
     put!(
         out,
         "\ngpuguard run: {} (pid {pid}) ended with status {code}; {} in {}",
         clean(program),
         count(reports.len() as u64, "report"),
-        shown(dir)
+        place(dir)
     );
     if reports.is_empty() {
         put!(out, "  (no process of it wrote a report: did it use CUDA?)");
         return out;
     }
-    // Each process's latest report holds its figures at the end.
+    // Each process's exit report holds its figures at the end, else its latest
+    // (a report written after the exit report, by a trim the exit cut short, does
+    // not replace it).
     let mut latest: BTreeMap<u32, &Report> = BTreeMap::new();
     for (_, r) in reports {
         let slot = latest.entry(r.pid).or_insert(r);
-        if r.seq > slot.seq {
+        let exit = |r: &Report| r.reason == "exit";
+        if (exit(r), r.seq) > (exit(slot), slot.seq) {
             *slot = r;
         }
     }
@@ -445,12 +478,110 @@ fn summary(program: &str, pid: u32, code: u8, dir: &Path, reports: &[(PathBuf, R
             human_bytes(released)
         );
     }
-    put!(
-        out,
-        "  details: gpuguard show {}/gpuguard.*.json",
-        shown(dir)
-    );
+    if let Some(trace) = trace.filter(|t| !t.exists()) {
+        put!(
+            out,
+            "  no trace was written to {} (a library that does not write traces says so above)",
+            shown(trace)
+        );
+    }
+    put!(out, "  details: gpuguard show {}", show_patterns(dir, reports));
     out
+}
+
+/// Where reports went, for the summary's first line.
+fn place(dir: &Path) -> String {
+    if dir == Path::new(".") {
+        "the working directory".into()
+    } else {
+        shown(dir)
+    }
+}
+
+/// A word for a shell: as it is when it holds nothing a shell reads specially,
+/// else in single quotes.
+fn shell_word(text: &str) -> String {
+    let plain = |c: char| c.is_ascii_alphanumeric() || "_-./+:,@%=".contains(c);
+    if !text.is_empty() && text.chars().all(plain) {
+        text.to_string()
+    } else {
+        format!("'{}'", text.replace('\'', "'\\''"))
+    }
+}
+
+/// Most processes named in the `details:` line; past it, one pattern for the folder.
+const PATTERNS_NAMED: usize = 4;
+
+/// Shell patterns for this run's reports, one per process
+/// (`DIR/gpuguard.prog.123.*.json`), so older reports in the folder stay out of
+/// `gpuguard show`.
+fn show_patterns(dir: &Path, reports: &[(PathBuf, Report)]) -> String {
+    let mut prefixes: Vec<String> = Vec::new();
+    for (path, _) in reports {
+        // `gpuguard.<program>.<pid>.<seq>.<reason>.json` less `<seq>.<reason>.json`.
+        let Some(name) = path.file_name().and_then(|n| n.to_str()) else {
+            continue;
+        };
+        let Some(prefix) = name
+            .strip_suffix(".json")
+            .and_then(|stem| stem.rsplitn(3, '.').nth(2))
+        else {
+            continue;
+        };
+        let prefix = format!("{prefix}.");
+        if !prefixes.contains(&prefix) {
+            prefixes.push(prefix);
+        }
+    }
+    if prefixes.is_empty() || prefixes.len() > PATTERNS_NAMED {
+        prefixes = vec!["gpuguard.".into()];
+    }
+    let folder = if dir == Path::new(".") {
+        String::new()
+    } else {
+        format!("{}/", dir.display())
+    };
+    let patterns: Vec<String> = prefixes
+        .iter()
+        .map(|p| format!("{}*.json", shell_word(&format!("{folder}{p}"))))
+        .collect();
+    clean(&patterns.join(" ")).into_owned()
+}
+
+/// The report folder, checked before COMMAND starts: the summary reads the reports
+/// from there, and a library that cannot write there sends them to stderr.
+fn check_dir(dir: &Path, from_option: bool) -> Result<(), Failure> {
+    let who = if from_option {
+        format!("--dir {}", shown(dir))
+    } else if dir == Path::new(".") {
+        "the working directory".to_string()
+    } else {
+        format!("GPUGUARD_DIR {}", shown(dir))
+    };
+    match std::fs::metadata(dir) {
+        Ok(m) if m.is_dir() => {}
+        Ok(_) => {
+            return Err(Failure::Input(format!(
+                "{who}: not a directory; reports go into a directory"
+            )));
+        }
+        Err(e) => {
+            return Err(Failure::Input(format!(
+                "{who}: {e}; create the directory first"
+            )));
+        }
+    }
+    let Ok(c_dir) = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes()) else {
+        return Ok(());
+    };
+    // SAFETY: a NUL-terminated path; access(2) only reads it.
+    if unsafe { libc::access(c_dir.as_ptr(), libc::W_OK | libc::X_OK) } != 0 {
+        let e = std::io::Error::last_os_error();
+        return Err(Failure::Input(format!(
+            "{who}: reports cannot be written there ({e})"
+        )));
+    }
+    Ok(())
 }
 
 /// The lines holding the most live memory at the end, over all processes: Python
@@ -458,19 +589,10 @@ fn summary(program: &str, pid: u32, code: u8, dir: &Path, reports: &[(PathBuf, R
 fn render_leaking_lines(out: &mut String, latest: &BTreeMap<u32, &Report>) {
     let mut lines: Vec<(u64, String, Vec<String>)> = Vec::new();
     for r in latest.values() {
-        if !r.python_sites.is_empty() {
-            for s in &r.python_sites {
-                let what = format!("{} ({})", count(s.live_count, "block"), clean(&s.framework));
-                lines.push((s.live_bytes, what, frames(&s.frames)));
-            }
-        } else {
-            for s in &r.sites {
-                lines.push((
-                    s.live_bytes,
-                    count(s.live_count, "allocation"),
-                    frames(&s.frames),
-                ));
-            }
+        let py = python_sites(r);
+        let sites = if py.is_empty() { native_sites(r) } else { py };
+        for s in &sites {
+            lines.push((s.live_bytes, holding(s), frames(s.frames)));
         }
     }
     if lines.is_empty() {

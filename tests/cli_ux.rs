@@ -1,0 +1,276 @@
+//! The `gpuguard` command as a new user meets it, on the simulated driver: `run`
+//! summing up only its own reports and pointing at them, refusing a report folder
+//! it could not read back, and `show` listing each line of code once, in words
+//! that fit what the figures count.
+
+mod common;
+
+use common::*;
+use serde_json::{Value, json};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+fn cli() -> &'static str {
+    env!("CARGO_BIN_EXE_gpuguard")
+}
+
+/// The command with gpuguard's own variables and any preload cleared, and the
+/// simulated driver on the library path.
+fn command(args: &[&str]) -> Command {
+    shim();
+    let mut c = Command::new(cli());
+    c.args(args)
+        .stdin(Stdio::null())
+        .env("LD_LIBRARY_PATH", sim_dir());
+    for (k, _) in std::env::vars_os() {
+        let k = k.to_string_lossy().into_owned();
+        if k.starts_with("GPUGUARD_") || k == "LD_PRELOAD" {
+            c.env_remove(&k);
+        }
+    }
+    c
+}
+
+struct Done {
+    code: Option<i32>,
+    stdout: String,
+    stderr: String,
+}
+
+impl Done {
+    fn describe(&self) -> String {
+        format!(
+            "status {:?}\n--- stdout\n{}\n--- stderr\n{}",
+            self.code, self.stdout, self.stderr
+        )
+    }
+
+    /// `gpuguard run`'s summary on stderr.
+    fn summary(&self) -> &str {
+        let at = self.stderr.find("gpuguard run:").unwrap_or_else(|| {
+            panic!("no summary\n{}", self.describe());
+        });
+        &self.stderr[at..]
+    }
+}
+
+fn done(c: &mut Command) -> Done {
+    let out = c.output().expect("run gpuguard");
+    Done {
+        code: out.status.code(),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().expect("utf-8 path")
+}
+
+/// A fresh folder (tests run in parallel).
+fn scratch(name: &str) -> PathBuf {
+    static CALLS: AtomicUsize = AtomicUsize::new(0);
+    let dir = profile_dir().join("cli-ux-tmp").join(format!(
+        "{name}-{}-{}",
+        std::process::id(),
+        CALLS.fetch_add(1, Ordering::Relaxed)
+    ));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn files_ending(dir: &Path, tail: &str) -> Vec<PathBuf> {
+    let mut v: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.to_string_lossy().ends_with(tail))
+        .collect();
+    v.sort();
+    v
+}
+
+fn read_json(p: &Path) -> Value {
+    serde_json::from_slice(&std::fs::read(p).unwrap()).unwrap()
+}
+
+/// `hello_gpu STEPS` under `gpuguard run` into `dir`.
+fn hello(dir: &Path, steps: &str) -> Done {
+    let prog = sim_dir().join("hello_gpu");
+    let r = done(&mut command(&["run", "--dir", s(dir), "--", s(&prog), steps]));
+    assert_eq!(r.code, Some(0), "{}", r.describe());
+    r
+}
+
+/// Two runs in a row into one folder: the second counts none of the first's
+/// reports, even one written a moment before it started.
+#[test]
+fn run_counts_only_the_reports_written_during_it() {
+    let dir = scratch("back-to-back");
+    let first = hello(&dir, "3");
+    assert!(first.summary().contains("1 report in"), "{}", first.describe());
+    let second = done(&mut command(&["run", "--dir", s(&dir), "--", "true"]));
+    assert_eq!(second.code, Some(0), "{}", second.describe());
+    let summary = second.summary();
+    assert!(summary.contains("0 reports in"), "{summary}");
+    assert!(!summary.contains("hello_gpu"), "{summary}");
+}
+
+/// The `details:` line names this run's reports, not every report in the folder,
+/// and works as typed in a shell, also in a folder whose name has a space.
+#[test]
+fn run_details_line_names_only_this_runs_reports() {
+    let dir = scratch("details").join("with space");
+    std::fs::create_dir_all(&dir).unwrap();
+    let old = hello(&dir, "3");
+    let r = hello(&dir, "3");
+    let line = r
+        .summary()
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("details: gpuguard "))
+        .unwrap_or_else(|| panic!("no details line\n{}", r.describe()))
+        .to_string();
+    let exits = files_ending(&dir, ".exit.json");
+    assert_eq!(exits.len(), 2);
+    let pid_of = |d: &Done| {
+        let at = d.summary().find("(pid ").unwrap() + 5;
+        d.summary()[at..].split(')').next().unwrap().to_string()
+    };
+    let (old_pid, pid) = (pid_of(&old), pid_of(&r));
+    assert!(line.contains(&format!(".{pid}.")), "{line}");
+    // Typed into a shell, it shows this run's report and only it.
+    let shown = done(Command::new("sh").arg("-c").arg(format!(
+        "{} {line}",
+        cli().replace(' ', "\\ ")
+    )));
+    assert_eq!(shown.code, Some(0), "{line}\n{}", shown.describe());
+    assert!(
+        shown.stdout.contains(&format!("(pid {pid})")),
+        "{}",
+        shown.describe()
+    );
+    assert!(
+        !shown.stdout.contains(&format!("(pid {old_pid})")),
+        "the earlier run's report was shown\n{}",
+        shown.describe()
+    );
+}
+
+/// A report folder that does not exist (or is a file) is refused before the
+/// command starts: the library would write its reports to stderr instead, and
+/// the summary would say no process wrote any.
+#[test]
+fn run_refuses_a_report_folder_it_cannot_use() {
+    let base = scratch("bad-dir");
+    let marker = base.join("started");
+    let touch = format!("touch {}", s(&marker));
+    let missing = base.join("missing");
+    let file = base.join("a-file");
+    std::fs::write(&file, b"").unwrap();
+    for dir in [&missing, &file] {
+        let r = done(&mut command(&[
+            "run",
+            "--dir",
+            s(dir),
+            "--",
+            "sh",
+            "-c",
+            &touch,
+        ]));
+        assert_eq!(r.code, Some(2), "{}", r.describe());
+        assert!(
+            r.stderr.contains("--dir") && r.stderr.contains(s(dir)),
+            "{}",
+            r.describe()
+        );
+        assert!(!marker.exists(), "the command ran with --dir {dir:?}");
+    }
+    // The same from the environment, naming the variable.
+    let r = done(
+        command(&["run", "--", "sh", "-c", &touch]).env("GPUGUARD_DIR", s(&missing)),
+    );
+    assert_eq!(r.code, Some(2), "{}", r.describe());
+    assert!(r.stderr.contains("GPUGUARD_DIR"), "{}", r.describe());
+    assert!(!marker.exists());
+}
+
+/// One line of code is one line in the lists, whatever ids the library gave it:
+/// `show` and `run`'s summary add up sites whose frames are the same.
+#[test]
+fn sites_with_the_same_frames_are_listed_once() {
+    let dir = scratch("same-frames");
+    hello(&dir, "3");
+    let exit = files_ending(&dir, ".exit.json").pop().unwrap();
+    // Two sites of one line, as the library writes them when the first call
+    // through a path differs below the program's frames.
+    let mut report = read_json(&exit);
+    let mut twin = report["sites"][0].clone();
+    twin["id"] = json!(777);
+    report["sites"].as_array_mut().unwrap().push(twin);
+    let twice = dir.join("gpuguard.hello_gpu.1.9.exit.json");
+    std::fs::write(&twice, report.to_string()).unwrap();
+    let shown = done(&mut command(&["show", s(&twice)]));
+    assert_eq!(shown.code, Some(0), "{}", shown.describe());
+    let sites: Vec<&str> = shown
+        .stdout
+        .lines()
+        .filter(|l| l.trim_start().starts_with("site"))
+        .collect();
+    assert_eq!(sites.len(), 1, "{}", shown.describe());
+    assert!(
+        sites[0].contains(", 777") && sites[0].contains("16.0 MiB in 2 allocations"),
+        "{}",
+        shown.describe()
+    );
+    let json = done(&mut command(&["show", "--json", s(&twice)]));
+    let v: Value = serde_json::from_str(&json.stdout).unwrap();
+    let top = v["reports"][0]["top_sites"].as_array().unwrap();
+    assert_eq!(top.len(), 1, "{}", json.stdout);
+    assert_eq!(top[0]["live_count"], 2);
+    // hello_gpu leaks from one line; the summary names it once.
+    let r6 = hello(&dir, "6");
+    let lines = r6
+        .summary()
+        .lines()
+        .filter(|l| l.contains("remember_batch_stats"))
+        .count();
+    assert_eq!(lines, 1, "{}", r6.describe());
+}
+
+/// Python lines read from the allocating thread's stack (`python-stack`) count
+/// allocations taken from the driver, cached memory included: they are not called
+/// framework blocks in use.
+#[test]
+fn python_stack_lines_are_called_allocations() {
+    let dir = scratch("python-stack");
+    hello(&dir, "3");
+    let exit = files_ending(&dir, ".exit.json").pop().unwrap();
+    let mut report = read_json(&exit);
+    report["python_sites"] = json!([{
+        "id": 0,
+        "framework": "python-stack",
+        "frames": ["train.py:12 in step", "train.py:30 in <module>"],
+        "live_bytes": 8388608,
+        "live_count": 3
+    }]);
+    let p = dir.join("gpuguard.python3.1.1.exit.json");
+    std::fs::write(&p, report.to_string()).unwrap();
+    let shown = done(&mut command(&["show", s(&p)]));
+    assert_eq!(shown.code, Some(0), "{}", shown.describe());
+    let out = &shown.stdout;
+    assert!(!out.contains("framework memory in use"), "{out}");
+    assert!(!out.contains("3 blocks"), "{out}");
+    assert!(out.contains("8.0 MiB in 3 allocations (python-stack)"), "{out}");
+    // A framework's own lines are still its blocks in use.
+    report["python_sites"][0]["framework"] = json!("pytorch");
+    std::fs::write(&p, report.to_string()).unwrap();
+    let shown = done(&mut command(&["show", s(&p)]));
+    assert!(
+        shown.stdout.contains("framework memory in use")
+            && shown.stdout.contains("3 blocks (pytorch)"),
+        "{}",
+        shown.describe()
+    );
+}

@@ -274,3 +274,123 @@ fn python_stack_lines_are_called_allocations() {
         shown.describe()
     );
 }
+
+/// Milliseconds since the epoch, as reports carry them.
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
+}
+
+/// A pid no process can have (past Linux's largest `pid_max`).
+const NO_PID: u32 = 4_194_399;
+
+/// `gpuguard run` over a command that copies `reports` (name, contents) into the
+/// report folder, as processes of the command would write them: the summary.
+fn run_planting(reports: &[(String, Value)], extra: &[&str]) -> Done {
+    let staging = scratch("staging");
+    for (name, v) in reports {
+        std::fs::write(staging.join(name), v.to_string()).unwrap();
+    }
+    let dir = scratch("planted");
+    let copy = format!("cp {}/* {}/", s(&staging), s(&dir));
+    let mut args = vec!["run", "--dir", s(&dir)];
+    args.extend_from_slice(extra);
+    args.extend(["--", "sh", "-c", &copy]);
+    let r = done(&mut command(&args));
+    assert_eq!(r.code, Some(0), "{}", r.describe());
+    r
+}
+
+/// A real exit report of `hello_gpu 3`, made to look written now by `NO_PID`.
+fn fresh_report() -> Value {
+    let dir = scratch("fresh");
+    hello(&dir, "3");
+    let mut v = read_json(&files_ending(&dir, ".exit.json").pop().unwrap());
+    v["pid"] = json!(NO_PID);
+    v["time_unix_ms"] = json!(now_ms());
+    v
+}
+
+/// A trim the exit cut short can write its report after the exit report: the
+/// summary's "live at exit" still comes from the exit report.
+#[test]
+fn run_summary_takes_live_at_exit_from_the_exit_report() {
+    let exit = fresh_report();
+    let mut late = exit.clone();
+    late["seq"] = json!(2);
+    late["reason"] = json!("trim");
+    late["devices"][0]["current_bytes"] = json!(0);
+    let r = run_planting(
+        &[
+            (format!("gpuguard.hello_gpu.{NO_PID}.1.exit.json"), exit),
+            (format!("gpuguard.hello_gpu.{NO_PID}.2.trim.json"), late),
+        ],
+        &[],
+    );
+    let summary = r.summary();
+    assert!(summary.contains("2 reports in"), "{summary}");
+    assert!(
+        summary.contains("live at exit 8.0 MiB in 1 allocation"),
+        "{summary}"
+    );
+}
+
+/// In a Python process a native site starts in the interpreter and libffi; the
+/// summary names the program's Python line instead.
+#[test]
+fn run_summary_names_the_python_line_of_a_native_site() {
+    let mut v = fresh_report();
+    v["sites"][0]["frames"] = json!([
+        "libffi.so.8+0x6f79",
+        "ffi_call+0xcc (libffi.so.8+0x6b0c)",
+        "_PyEval_EvalFrameDefault+0x2e52 (libpython3.11.so.1.0+0xfd9c2)",
+        "python: train.py:41 in remember",
+        "python: train.py:90 in <module>"
+    ]);
+    let r = run_planting(
+        &[(format!("gpuguard.python3.{NO_PID}.1.exit.json"), v)],
+        &[],
+    );
+    let summary = r.summary();
+    let line = summary
+        .lines()
+        .find(|l| l.contains("in 1 allocation:"))
+        .unwrap_or_else(|| panic!("{summary}"));
+    assert!(
+        line.ends_with("python: train.py:41 in remember <- python: train.py:90 in <module>"),
+        "{summary}"
+    );
+}
+
+/// `run --trace FILE` with a library that wrote no trace says so, instead of
+/// leaving the user to look for the file.
+#[test]
+fn run_says_when_no_trace_was_written() {
+    let trace = scratch("trace").join("t.json");
+    let r = run_planting(
+        &[(
+            format!("gpuguard.hello_gpu.{NO_PID}.1.exit.json"),
+            fresh_report(),
+        )],
+        &["--trace", s(&trace)],
+    );
+    let summary = r.summary();
+    assert!(
+        trace.exists() || summary.contains(&format!("no trace was written to {}", s(&trace))),
+        "{summary}"
+    );
+}
+
+/// `plot` given something that is not a trace calls it a trace, not a report.
+#[test]
+fn plot_refusals_speak_of_traces() {
+    let r = done(&mut command(&["plot", "/dev/null"]));
+    assert_eq!(r.code, Some(2), "{}", r.describe());
+    assert!(
+        r.stderr.contains("not a trace file") && !r.stderr.contains("report"),
+        "{}",
+        r.describe()
+    );
+}

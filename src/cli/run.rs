@@ -35,7 +35,7 @@ pub struct RunArgs {
     /// GPUGUARD_WARN_AT: warn past this fraction of the cap (0.9 or 90%)
     #[arg(long, value_name = "F")]
     pub warn_at: Option<String>,
-    /// GPUGUARD_TRIM_AT: trim CUDA pools past this fraction of the cap
+    /// GPUGUARD_TRIM_AT: trim framework caches and CUDA pools past this fraction of the cap
     #[arg(long, value_name = "F")]
     pub trim_at: Option<String>,
     /// GPUGUARD_DIR: where reports go (default: the working directory)
@@ -608,7 +608,18 @@ fn render_leaking_lines(out: &mut String, latest: &BTreeMap<u32, &Report>) {
         count(live, "allocation")
     );
     for (bytes, what, site_frames) in lines.iter().take(SUMMARY_LINES) {
-        let place: Vec<&str> = site_frames.iter().take(2).map(String::as_str).collect();
+        // In a Python process the innermost native frames are the interpreter's
+        // and ctypes' (libffi); the program's own line is its innermost Python
+        // frame.
+        let first = site_frames
+            .iter()
+            .position(|f| f.starts_with("python: "))
+            .unwrap_or(0);
+        let place: Vec<&str> = site_frames[first..]
+            .iter()
+            .take(2)
+            .map(String::as_str)
+            .collect();
         put!(
             out,
             "    {:>11} in {what}: {}",

@@ -394,3 +394,31 @@ fn plot_refusals_speak_of_traces() {
         r.describe()
     );
 }
+
+/// A reason given through the C API may hold dots (`epoch.3`): such a report is
+/// still this run's, counted and matched by the details line.
+#[test]
+fn run_counts_reports_whose_reason_has_dots() {
+    let dir = scratch("dotted");
+    let script = "import ctypes\n\
+                  lib = ctypes.CDLL(None)\n\
+                  rt = ctypes.CDLL('libcudart.so.13')\n\
+                  p = ctypes.c_void_p()\n\
+                  assert rt.cudaMalloc(ctypes.byref(p), 1 << 20) == 0\n\
+                  assert lib.gpuguard_write_report(b'epoch.3', None, 0) == 0\n";
+    let r = done(
+        command(&["run", "--dir", s(&dir), "--", "python3", "-c", script])
+            .env("GPUGUARD_PYTHON", "off"),
+    );
+    assert_eq!(r.code, Some(0), "{}", r.describe());
+    assert_eq!(files_ending(&dir, ".epoch.3.json").len(), 1, "{}", r.describe());
+    let summary = r.summary();
+    assert!(summary.contains("2 reports in"), "{summary}");
+    let line = summary
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("details: gpuguard "))
+        .unwrap_or_else(|| panic!("{summary}"));
+    let shown = done(Command::new("sh").arg("-c").arg(format!("{} {line}", cli())));
+    assert_eq!(shown.code, Some(0), "{}", shown.describe());
+    assert!(shown.stdout.contains("reason: epoch.3"), "{}", shown.describe());
+}

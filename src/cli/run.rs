@@ -12,6 +12,7 @@ use super::trim::report_name_parts;
 use super::{Failure, Outcome};
 use gpuguard_core::config::Config;
 use gpuguard_core::report::{Report, human_bytes};
+use gpuguard_core::reporter::file_name;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
@@ -328,6 +329,12 @@ pub fn main(args: RunArgs) -> Outcome {
     Ok(code)
 }
 
+/// Whether a file name is a report's: `gpuguard.*.json` (a reason given through the
+/// C API may hold dots, so the name is not always split back into its parts).
+fn is_report_name(name: &str) -> bool {
+    name.starts_with("gpuguard.") && name.ends_with(".json")
+}
+
 /// The names of the report files in `dir`.
 fn report_names(dir: &Path) -> HashSet<OsString> {
     std::fs::read_dir(dir)
@@ -335,7 +342,7 @@ fn report_names(dir: &Path) -> HashSet<OsString> {
         .flatten()
         .flatten()
         .map(|e| e.file_name())
-        .filter(|n| n.to_str().and_then(report_name_parts).is_some())
+        .filter(|n| n.to_str().is_some_and(is_report_name))
         .collect()
 }
 
@@ -354,8 +361,10 @@ fn reports_of(
         .filter(|e| !before.contains(&e.file_name()))
         .filter_map(|e| {
             let name = e.file_name().into_string().ok()?;
-            let (pid, _, _) = report_name_parts(&name)?;
-            if foreign.contains(&pid) {
+            if !is_report_name(&name) {
+                return None;
+            }
+            if report_name_parts(&name).is_some_and(|(pid, _, _)| foreign.contains(&pid)) {
                 return None;
             }
             // Reports from before the run are not read at all.
@@ -364,7 +373,8 @@ fn reports_of(
                 return None;
             }
             let report = load(&e.path()).ok()?;
-            (report.time_unix_ms >= start_ms).then(|| (e.path(), report))
+            (report.time_unix_ms >= start_ms && !foreign.contains(&report.pid))
+                .then(|| (e.path(), report))
         })
         .collect();
     found.sort_by_key(|(_, r)| (r.pid, r.seq));
@@ -517,18 +527,10 @@ const PATTERNS_NAMED: usize = 4;
 /// `gpuguard show`.
 fn show_patterns(dir: &Path, reports: &[(PathBuf, Report)]) -> String {
     let mut prefixes: Vec<String> = Vec::new();
-    for (path, _) in reports {
-        // `gpuguard.<program>.<pid>.<seq>.<reason>.json` less `<seq>.<reason>.json`.
-        let Some(name) = path.file_name().and_then(|n| n.to_str()) else {
-            continue;
-        };
-        let Some(prefix) = name
-            .strip_suffix(".json")
-            .and_then(|stem| stem.rsplitn(3, '.').nth(2))
-        else {
-            continue;
-        };
-        let prefix = format!("{prefix}.");
+    for (_, r) in reports {
+        // The library's name for the report less `<seq>.<reason>.json`.
+        let name = file_name(&r.program, r.rank, r.pid, 0, "x");
+        let prefix = name.strip_suffix("0.x.json").unwrap_or(&name).to_string();
         if !prefixes.contains(&prefix) {
             prefixes.push(prefix);
         }

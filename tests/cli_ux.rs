@@ -422,3 +422,29 @@ fn run_counts_reports_whose_reason_has_dots() {
     assert_eq!(shown.code, Some(0), "{}", shown.describe());
     assert!(shown.stdout.contains("reason: epoch.3"), "{}", shown.describe());
 }
+
+/// A command ended by a signal is said to be, by the signal's name; with no report
+/// written, the summary does not suggest the command never used CUDA.
+#[test]
+fn run_summary_names_the_signal_that_ended_the_command() {
+    let dir = scratch("killed");
+    let r = done(&mut command(&[
+        "run",
+        "--dir",
+        s(&dir),
+        "--",
+        "sh",
+        "-c",
+        "kill -KILL $$",
+    ]));
+    assert_eq!(r.code, Some(128 + 9), "{}", r.describe());
+    let summary = r.summary();
+    assert!(
+        summary.contains("was ended by SIGKILL (status 137)"),
+        "{summary}"
+    );
+    assert!(
+        summary.contains("SIGKILL ended it before it exited") && !summary.contains("did it use CUDA"),
+        "{summary}"
+    );
+}

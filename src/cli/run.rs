@@ -317,11 +317,13 @@ pub fn main(args: RunArgs) -> Outcome {
     };
     CHILD.store(0, Ordering::Relaxed);
     let code = status.map_or(1, shell_status);
+    let signal = status.and_then(|s| std::os::unix::process::ExitStatusExt::signal(&s));
     let reports = reports_of(&dir, &before, &watch.foreign, start_ms);
     print_err(&summary(
         &program.to_string_lossy(),
         pid,
         code,
+        signal,
         &dir,
         args.trace.as_deref(),
         &reports,
@@ -386,20 +388,33 @@ fn summary(
     program: &str,
     pid: u32,
     code: u8,
+    signal: Option<i32>,
     dir: &Path,
     trace: Option<&Path>,
     reports: &[(PathBuf, Report)],
 ) -> String {
     let mut out = String::new();
+    let ended = match signal {
+        Some(sig) => format!("was ended by {} (status {code})", signal_name(sig)),
+        None => format!("ended with status {code}"),
+    };
     put!(
         out,
-        "\ngpuguard run: {} (pid {pid}) ended with status {code}; {} in {}",
+        "\ngpuguard run: {} (pid {pid}) {ended}; {} in {}",
         clean(program),
         count(reports.len() as u64, "report"),
         place(dir)
     );
     if reports.is_empty() {
-        put!(out, "  (no process of it wrote a report: did it use CUDA?)");
+        match signal {
+            Some(sig) => put!(
+                out,
+                "  (no process of it wrote a report: {} ended it before it exited; \
+                 GPUGUARD_SNAPSHOT_EVERY=60s writes reports while it runs)",
+                signal_name(sig)
+            ),
+            None => put!(out, "  (no process of it wrote a report: did it use CUDA?)"),
+        }
         return out;
     }
     // Each process's exit report holds its figures at the end, else its latest
@@ -497,6 +512,33 @@ fn summary(
     }
     put!(out, "  details: gpuguard show {}", show_patterns(dir, reports));
     out
+}
+
+/// `SIGKILL`, `SIGTERM`, ...; `signal 40` for one without a name here.
+fn signal_name(sig: i32) -> String {
+    const NAMES: &[(i32, &str)] = &[
+        (libc::SIGHUP, "SIGHUP"),
+        (libc::SIGINT, "SIGINT"),
+        (libc::SIGQUIT, "SIGQUIT"),
+        (libc::SIGILL, "SIGILL"),
+        (libc::SIGTRAP, "SIGTRAP"),
+        (libc::SIGABRT, "SIGABRT"),
+        (libc::SIGBUS, "SIGBUS"),
+        (libc::SIGFPE, "SIGFPE"),
+        (libc::SIGKILL, "SIGKILL"),
+        (libc::SIGUSR1, "SIGUSR1"),
+        (libc::SIGSEGV, "SIGSEGV"),
+        (libc::SIGUSR2, "SIGUSR2"),
+        (libc::SIGPIPE, "SIGPIPE"),
+        (libc::SIGALRM, "SIGALRM"),
+        (libc::SIGTERM, "SIGTERM"),
+        (libc::SIGXCPU, "SIGXCPU"),
+        (libc::SIGXFSZ, "SIGXFSZ"),
+    ];
+    NAMES
+        .iter()
+        .find(|(n, _)| *n == sig)
+        .map_or_else(|| format!("signal {sig}"), |(_, name)| name.to_string())
 }
 
 /// Where reports went, for the summary's first line.

@@ -448,3 +448,41 @@ fn run_summary_names_the_signal_that_ended_the_command() {
         "{summary}"
     );
 }
+
+/// The pid a user sees first is `gpuguard run`'s: `gpuguard trim` given it trims
+/// the command that runs under it.
+#[test]
+fn trim_given_the_pid_of_gpuguard_run_trims_its_command() {
+    use std::io::{BufRead, BufReader, Write};
+    let dir = scratch("trim-run");
+    let script = "import ctypes, sys\n\
+                  rt = ctypes.CDLL('libcudart.so.13')\n\
+                  p = ctypes.c_void_p()\n\
+                  assert rt.cudaMalloc(ctypes.byref(p), 1 << 20) == 0\n\
+                  print('READY', flush=True)\n\
+                  sys.stdin.readline()\n";
+    let mut child = command(&["run", "--dir", s(&dir), "--", "python3", "-c", script])
+        .env("GPUGUARD_PYTHON", "off")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start gpuguard run");
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert_eq!(line.trim(), "READY");
+    let run_pid = child.id().to_string();
+    let r = done(&mut command(&["trim", &run_pid, "--timeout", "20"]));
+    child.stdin.take().unwrap().write_all(b"\n").unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    assert_eq!(r.code, Some(0), "{}", r.describe());
+    assert!(
+        r.stdout.starts_with("gpuguard trim: process ") && !r.stdout.contains(&format!("process {run_pid} ")),
+        "{}",
+        r.describe()
+    );
+    assert_eq!(files_ending(&dir, ".trim.json").len(), 1);
+}

@@ -163,7 +163,7 @@ fn guard_signals(child: u32) {
 }
 
 /// Parent of every process, read from `/proc/*/stat`.
-fn parents() -> HashMap<u32, u32> {
+pub fn parents() -> HashMap<u32, u32> {
     let mut map = HashMap::new();
     for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
         let Some(pid) = entry

@@ -486,3 +486,19 @@ fn trim_given_the_pid_of_gpuguard_run_trims_its_command() {
     );
     assert_eq!(files_ending(&dir, ".trim.json").len(), 1);
 }
+
+/// `gpuguard show DIR` (the report folder's name) is refused with the pattern that
+/// names the reports in it.
+#[test]
+fn show_given_a_folder_names_the_reports_in_it() {
+    let dir = scratch("folder");
+    for sub in ["show", "flamegraph"] {
+        let r = done(&mut command(&[sub, s(&dir)]));
+        assert_eq!(r.code, Some(2), "{}", r.describe());
+        assert!(
+            r.stderr.contains(&format!("{}/gpuguard.*.json", s(&dir))),
+            "{sub}\n{}",
+            r.describe()
+        );
+    }
+}

@@ -51,6 +51,13 @@ pub fn read_bounded(path: &Path, what: &str) -> Result<Vec<u8>, Failure> {
     let meta = file
         .metadata()
         .map_err(|e| fail(format!("cannot read: {e}")))?;
+    if meta.file_type().is_dir() && what == "report" {
+        // What a user who wrote the folder's name meant: the reports in it.
+        return Err(fail(format!(
+            "a directory, not a report file; name the reports in it: {}/gpuguard.*.json",
+            name.trim_end_matches('/')
+        )));
+    }
     if !meta.file_type().is_file() {
         return Err(fail(format!(
             "{}, not a {what} file; gpuguard reads regular files only",

@@ -502,3 +502,32 @@ fn show_given_a_folder_names_the_reports_in_it() {
         );
     }
 }
+
+/// A malformed `GPUGUARD_*` value in the environment is refused before the command
+/// starts, naming the variable, as the options are (the library would stop the
+/// command at load and the summary would wonder whether it used CUDA).
+#[test]
+fn run_checks_the_environments_variables_before_starting() {
+    let base = scratch("env-check");
+    let marker = base.join("started");
+    let touch = format!("touch {}", s(&marker));
+    for (var, value) in [("GPUGUARD_CAP", "abc"), ("GPUGUARD_REPORT_SIGNAL", "KILL")] {
+        let r = done(
+            command(&["run", "--dir", s(&base), "--", "sh", "-c", &touch]).env(var, value),
+        );
+        assert_eq!(r.code, Some(2), "{}", r.describe());
+        assert!(
+            r.stderr.contains(var) && r.stderr.contains(value),
+            "{}",
+            r.describe()
+        );
+        assert!(!r.stderr.contains("gpuguard run:"), "{}", r.describe());
+        assert!(!marker.exists(), "the command ran with {var}={value}");
+    }
+    // An option overrides the environment's value, as the library sees it.
+    let r = done(
+        command(&["run", "--cap", "1GiB", "--dir", s(&base), "--", "true"])
+            .env("GPUGUARD_CAP", "abc"),
+    );
+    assert_eq!(r.code, Some(0), "{}", r.describe());
+}

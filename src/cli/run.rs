@@ -257,8 +257,25 @@ fn shell_status(status: std::process::ExitStatus) -> u8 {
     }
 }
 
+/// The `GPUGUARD_*` variables COMMAND will get (the options' over the
+/// environment's), checked as the library will: a bad value in the environment
+/// would stop COMMAND at load, so it is refused here, before anything starts.
+fn check_environment(vars: &[(&'static str, OsString)]) -> Result<(), Failure> {
+    let pairs = vars
+        .iter()
+        .map(|(k, v)| (OsString::from(k), v.clone()))
+        .chain(std::env::vars_os().filter(|(k, _)| k != LIB_VAR));
+    Config::parse_os(pairs).map(|_| ()).map_err(|e| {
+        Failure::Input(format!(
+            "{} (set in the environment; the library would stop COMMAND at load)",
+            clean(&e.to_string())
+        ))
+    })
+}
+
 pub fn main(args: RunArgs) -> Outcome {
     let vars = checked_vars(&args)?;
+    check_environment(&vars)?;
     let Some((program, rest)) = args.command.split_first() else {
         return Err(Failure::Input(
             "run needs a command: gpuguard run [OPTIONS] -- COMMAND...".into(),

@@ -531,3 +531,30 @@ fn run_checks_the_environments_variables_before_starting() {
     );
     assert_eq!(r.code, Some(0), "{}", r.describe());
 }
+
+/// The flame graph's Python view says what python-stack lines hold (the
+/// allocations they made), not framework blocks in use.
+#[test]
+fn flamegraph_python_view_of_python_stack_lines_speaks_of_allocations() {
+    let dir = scratch("flame-stack");
+    hello(&dir, "3");
+    let exit = files_ending(&dir, ".exit.json").pop().unwrap();
+    let mut report = read_json(&exit);
+    report["python_sites"] = json!([{
+        "id": 0,
+        "framework": "python-stack",
+        "frames": ["train.py:12 in step"],
+        "live_bytes": 8388608,
+        "live_count": 3
+    }]);
+    let p = dir.join("gpuguard.python3.1.1.exit.json");
+    std::fs::write(&p, report.to_string()).unwrap();
+    let r = done(&mut command(&["flamegraph", s(&p), "-o", "-"]));
+    assert_eq!(r.code, Some(0), "{}", r.describe());
+    assert!(!r.stdout.contains("framework blocks in use"), "{}", r.describe());
+    assert!(
+        r.stdout.contains("live allocations, by the Python line that made them"),
+        "{}",
+        r.describe()
+    );
+}

@@ -558,3 +558,24 @@ fn flamegraph_python_view_of_python_stack_lines_speaks_of_allocations() {
         r.describe()
     );
 }
+
+/// With several processes (a parent and the child it forked), each line of the
+/// summary says whose it is.
+#[test]
+fn run_summary_says_whose_line_it_is() {
+    let dir = scratch("fork");
+    let gg = sim_dir().join("gg");
+    let r = done(&mut command(&["run", "--dir", s(&dir), "--", s(&gg), "fork", "leak"]));
+    assert_eq!(r.code, Some(0), "{}", r.describe());
+    let summary = r.summary();
+    let lines: Vec<&str> = summary
+        .lines()
+        .skip_while(|l| !l.contains("top lines"))
+        .skip(1)
+        .take_while(|l| l.starts_with("    "))
+        .collect();
+    assert!(lines.len() >= 2, "{summary}");
+    for l in lines {
+        assert!(l.contains(" in pid "), "{summary}");
+    }
+}

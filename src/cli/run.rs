@@ -653,7 +653,12 @@ fn render_leaking_lines(out: &mut String, latest: &BTreeMap<u32, &Report>) {
         let py = python_sites(r);
         let sites = if py.is_empty() { native_sites(r) } else { py };
         for s in &sites {
-            lines.push((s.live_bytes, holding(s), frames(s.frames)));
+            let mut what = holding(s);
+            // With several processes, whose line it is.
+            if latest.len() > 1 {
+                what.push_str(&format!(" in pid {}", r.pid));
+            }
+            lines.push((s.live_bytes, what, frames(s.frames)));
         }
     }
     if lines.is_empty() {

@@ -579,3 +579,27 @@ fn run_summary_says_whose_line_it_is() {
         assert!(l.contains(" in pid "), "{summary}");
     }
 }
+
+/// `diff` with the later report first warns that the changes read backwards.
+#[test]
+fn diff_warns_when_the_later_report_comes_first() {
+    let dir = scratch("reversed");
+    let r = done(
+        command(&["run", "--dir", s(&dir), "--", s(&sim_dir().join("hello_gpu")), "7"])
+            .env("GPUGUARD_SNAPSHOT_EVERY", "200ms"),
+    );
+    assert_eq!(r.code, Some(0), "{}", r.describe());
+    let snaps = files_ending(&dir, ".json");
+    assert!(snaps.len() >= 2, "{}", r.describe());
+    let (first, last) = (&snaps[0], snaps.last().unwrap());
+    let seq = |p: &Path| read_json(p)["seq"].as_u64().unwrap();
+    let (first, last) = if seq(first) < seq(last) { (first, last) } else { (last, first) };
+    let fine = done(&mut command(&["diff", s(first), s(last)]));
+    assert!(!fine.stdout.contains("read backwards"), "{}", fine.describe());
+    let back = done(&mut command(&["diff", s(last), s(first)]));
+    assert_eq!(back.code, Some(0), "{}", back.describe());
+    assert!(back.stdout.contains("the changes read backwards"), "{}", back.describe());
+    let json = done(&mut command(&["diff", "--json", s(last), s(first)]));
+    let v: Value = serde_json::from_str(&json.stdout).unwrap();
+    assert_eq!(v["written_backwards"], true);
+}

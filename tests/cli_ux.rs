@@ -99,7 +99,14 @@ fn read_json(p: &Path) -> Value {
 /// `hello_gpu STEPS` under `gpuguard run` into `dir`.
 fn hello(dir: &Path, steps: &str) -> Done {
     let prog = sim_dir().join("hello_gpu");
-    let r = done(&mut command(&["run", "--dir", s(dir), "--", s(&prog), steps]));
+    let r = done(&mut command(&[
+        "run",
+        "--dir",
+        s(dir),
+        "--",
+        s(&prog),
+        steps,
+    ]));
     assert_eq!(r.code, Some(0), "{}", r.describe());
     r
 }
@@ -110,7 +117,11 @@ fn hello(dir: &Path, steps: &str) -> Done {
 fn run_counts_only_the_reports_written_during_it() {
     let dir = scratch("back-to-back");
     let first = hello(&dir, "3");
-    assert!(first.summary().contains("1 report in"), "{}", first.describe());
+    assert!(
+        first.summary().contains("1 report in"),
+        "{}",
+        first.describe()
+    );
     let second = done(&mut command(&["run", "--dir", s(&dir), "--", "true"]));
     assert_eq!(second.code, Some(0), "{}", second.describe());
     let summary = second.summary();
@@ -141,10 +152,11 @@ fn run_details_line_names_only_this_runs_reports() {
     let (old_pid, pid) = (pid_of(&old), pid_of(&r));
     assert!(line.contains(&format!(".{pid}.")), "{line}");
     // Typed into a shell, it shows this run's report and only it.
-    let shown = done(Command::new("sh").arg("-c").arg(format!(
-        "{} {line}",
-        cli().replace(' ', "\\ ")
-    )));
+    let shown = done(
+        Command::new("sh")
+            .arg("-c")
+            .arg(format!("{} {line}", cli().replace(' ', "\\ "))),
+    );
     assert_eq!(shown.code, Some(0), "{line}\n{}", shown.describe());
     assert!(
         shown.stdout.contains(&format!("(pid {pid})")),
@@ -188,9 +200,7 @@ fn run_refuses_a_report_folder_it_cannot_use() {
         assert!(!marker.exists(), "the command ran with --dir {dir:?}");
     }
     // The same from the environment, naming the variable.
-    let r = done(
-        command(&["run", "--", "sh", "-c", &touch]).env("GPUGUARD_DIR", s(&missing)),
-    );
+    let r = done(command(&["run", "--", "sh", "-c", &touch]).env("GPUGUARD_DIR", s(&missing)));
     assert_eq!(r.code, Some(2), "{}", r.describe());
     assert!(r.stderr.contains("GPUGUARD_DIR"), "{}", r.describe());
     assert!(!marker.exists());
@@ -262,7 +272,10 @@ fn python_stack_lines_are_called_allocations() {
     let out = &shown.stdout;
     assert!(!out.contains("framework memory in use"), "{out}");
     assert!(!out.contains("3 blocks"), "{out}");
-    assert!(out.contains("8.0 MiB in 3 allocations (python-stack)"), "{out}");
+    assert!(
+        out.contains("8.0 MiB in 3 allocations (python-stack)"),
+        "{out}"
+    );
     // A framework's own lines are still its blocks in use.
     report["python_sites"][0]["framework"] = json!("pytorch");
     std::fs::write(&p, report.to_string()).unwrap();
@@ -411,16 +424,29 @@ fn run_counts_reports_whose_reason_has_dots() {
             .env("GPUGUARD_PYTHON", "off"),
     );
     assert_eq!(r.code, Some(0), "{}", r.describe());
-    assert_eq!(files_ending(&dir, ".epoch.3.json").len(), 1, "{}", r.describe());
+    assert_eq!(
+        files_ending(&dir, ".epoch.3.json").len(),
+        1,
+        "{}",
+        r.describe()
+    );
     let summary = r.summary();
     assert!(summary.contains("2 reports in"), "{summary}");
     let line = summary
         .lines()
         .find_map(|l| l.trim().strip_prefix("details: gpuguard "))
         .unwrap_or_else(|| panic!("{summary}"));
-    let shown = done(Command::new("sh").arg("-c").arg(format!("{} {line}", cli())));
+    let shown = done(
+        Command::new("sh")
+            .arg("-c")
+            .arg(format!("{} {line}", cli())),
+    );
     assert_eq!(shown.code, Some(0), "{}", shown.describe());
-    assert!(shown.stdout.contains("reason: epoch.3"), "{}", shown.describe());
+    assert!(
+        shown.stdout.contains("reason: epoch.3"),
+        "{}",
+        shown.describe()
+    );
 }
 
 /// A command ended by a signal is said to be, by the signal's name; with no report
@@ -444,7 +470,8 @@ fn run_summary_names_the_signal_that_ended_the_command() {
         "{summary}"
     );
     assert!(
-        summary.contains("SIGKILL ended it before it exited") && !summary.contains("did it use CUDA"),
+        summary.contains("SIGKILL ended it before it exited")
+            && !summary.contains("did it use CUDA"),
         "{summary}"
     );
 }
@@ -480,7 +507,8 @@ fn trim_given_the_pid_of_gpuguard_run_trims_its_command() {
     assert_eq!(out.status.code(), Some(0));
     assert_eq!(r.code, Some(0), "{}", r.describe());
     assert!(
-        r.stdout.starts_with("gpuguard trim: process ") && !r.stdout.contains(&format!("process {run_pid} ")),
+        r.stdout.starts_with("gpuguard trim: process ")
+            && !r.stdout.contains(&format!("process {run_pid} ")),
         "{}",
         r.describe()
     );
@@ -512,9 +540,8 @@ fn run_checks_the_environments_variables_before_starting() {
     let marker = base.join("started");
     let touch = format!("touch {}", s(&marker));
     for (var, value) in [("GPUGUARD_CAP", "abc"), ("GPUGUARD_REPORT_SIGNAL", "KILL")] {
-        let r = done(
-            command(&["run", "--dir", s(&base), "--", "sh", "-c", &touch]).env(var, value),
-        );
+        let r =
+            done(command(&["run", "--dir", s(&base), "--", "sh", "-c", &touch]).env(var, value));
         assert_eq!(r.code, Some(2), "{}", r.describe());
         assert!(
             r.stderr.contains(var) && r.stderr.contains(value),
@@ -551,9 +578,14 @@ fn flamegraph_python_view_of_python_stack_lines_speaks_of_allocations() {
     std::fs::write(&p, report.to_string()).unwrap();
     let r = done(&mut command(&["flamegraph", s(&p), "-o", "-"]));
     assert_eq!(r.code, Some(0), "{}", r.describe());
-    assert!(!r.stdout.contains("framework blocks in use"), "{}", r.describe());
     assert!(
-        r.stdout.contains("live allocations, by the Python line that made them"),
+        !r.stdout.contains("framework blocks in use"),
+        "{}",
+        r.describe()
+    );
+    assert!(
+        r.stdout
+            .contains("live allocations, by the Python line that made them"),
         "{}",
         r.describe()
     );
@@ -565,7 +597,15 @@ fn flamegraph_python_view_of_python_stack_lines_speaks_of_allocations() {
 fn run_summary_says_whose_line_it_is() {
     let dir = scratch("fork");
     let gg = sim_dir().join("gg");
-    let r = done(&mut command(&["run", "--dir", s(&dir), "--", s(&gg), "fork", "leak"]));
+    let r = done(&mut command(&[
+        "run",
+        "--dir",
+        s(&dir),
+        "--",
+        s(&gg),
+        "fork",
+        "leak",
+    ]));
     assert_eq!(r.code, Some(0), "{}", r.describe());
     let summary = r.summary();
     let lines: Vec<&str> = summary
@@ -585,20 +625,39 @@ fn run_summary_says_whose_line_it_is() {
 fn diff_warns_when_the_later_report_comes_first() {
     let dir = scratch("reversed");
     let r = done(
-        command(&["run", "--dir", s(&dir), "--", s(&sim_dir().join("hello_gpu")), "7"])
-            .env("GPUGUARD_SNAPSHOT_EVERY", "200ms"),
+        command(&[
+            "run",
+            "--dir",
+            s(&dir),
+            "--",
+            s(&sim_dir().join("hello_gpu")),
+            "7",
+        ])
+        .env("GPUGUARD_SNAPSHOT_EVERY", "200ms"),
     );
     assert_eq!(r.code, Some(0), "{}", r.describe());
     let snaps = files_ending(&dir, ".json");
     assert!(snaps.len() >= 2, "{}", r.describe());
     let (first, last) = (&snaps[0], snaps.last().unwrap());
     let seq = |p: &Path| read_json(p)["seq"].as_u64().unwrap();
-    let (first, last) = if seq(first) < seq(last) { (first, last) } else { (last, first) };
+    let (first, last) = if seq(first) < seq(last) {
+        (first, last)
+    } else {
+        (last, first)
+    };
     let fine = done(&mut command(&["diff", s(first), s(last)]));
-    assert!(!fine.stdout.contains("read backwards"), "{}", fine.describe());
+    assert!(
+        !fine.stdout.contains("read backwards"),
+        "{}",
+        fine.describe()
+    );
     let back = done(&mut command(&["diff", s(last), s(first)]));
     assert_eq!(back.code, Some(0), "{}", back.describe());
-    assert!(back.stdout.contains("the changes read backwards"), "{}", back.describe());
+    assert!(
+        back.stdout.contains("the changes read backwards"),
+        "{}",
+        back.describe()
+    );
     let json = done(&mut command(&["diff", "--json", s(last), s(first)]));
     let v: Value = serde_json::from_str(&json.stdout).unwrap();
     assert_eq!(v["written_backwards"], true);

@@ -3,10 +3,10 @@
 //! end with CMD's status.
 
 use super::growth::{live_allocations, native_sites, python_sites};
-use super::show::holding;
 use super::lib_path::{LIB_VAR, find};
 use super::load::{load, shown};
 use super::output::{print_err, warn};
+use super::show::holding;
 use super::text::{clean, count, frames};
 use super::trim::report_name_parts;
 use super::{Failure, Outcome};
@@ -527,7 +527,11 @@ fn summary(
             shown(trace)
         );
     }
-    put!(out, "  details: gpuguard show {}", show_patterns(dir, reports));
+    put!(
+        out,
+        "  details: gpuguard show {}",
+        show_patterns(dir, reports)
+    );
     out
 }
 

@@ -2,8 +2,8 @@
 //! live memory, suspected leaks across reports), then the details.
 
 use super::growth::{
-    MergedSite, PYTHON_STACK, SiteTrend, growing_sites, live_allocations, native_sites, python_sites,
-    unit,
+    MergedSite, PYTHON_STACK, SiteTrend, growing_sites, live_allocations, native_sites,
+    python_sites, unit,
 };
 use super::load::{load_all, shown};
 use super::output::print;
@@ -183,7 +183,10 @@ pub fn holding(s: &MergedSite) -> String {
 /// The heading over a report's Python lines: framework blocks in use, or (for lines
 /// read from the allocating thread's stack) the allocations the lines made.
 fn python_heading(sites: &[MergedSite]) -> &'static str {
-    let stack = sites.iter().filter(|s| s.python == Some(PYTHON_STACK)).count();
+    let stack = sites
+        .iter()
+        .filter(|s| s.python == Some(PYTHON_STACK))
+        .count();
     if stack == 0 {
         "Python lines holding framework memory in use, most first:"
     } else if stack == sites.len() {

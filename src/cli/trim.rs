@@ -103,8 +103,8 @@ fn target(pid: u32) -> Result<u32, Failure> {
             let names: Vec<String> = many
                 .iter()
                 .map(|p| {
-                    let comm = std::fs::read_to_string(format!("/proc/{p}/comm"))
-                        .unwrap_or_default();
+                    let comm =
+                        std::fs::read_to_string(format!("/proc/{p}/comm")).unwrap_or_default();
                     format!("{p} ({})", clean(comm.trim_end()))
                 })
                 .collect();

@@ -662,3 +662,48 @@ fn diff_warns_when_the_later_report_comes_first() {
     let v: Value = serde_json::from_str(&json.stdout).unwrap();
     assert_eq!(v["written_backwards"], true);
 }
+
+/// Pinned host memory is counted apart from device memory: `show` and `run`'s
+/// summary say how much a process pinned (a process that pinned host memory and
+/// used no device memory no longer reads as having used nothing).
+#[test]
+fn pinned_host_memory_is_shown() {
+    let dir = scratch("pinned");
+    let gg = sim_dir().join("gg");
+    let r = done(&mut command(&[
+        "run",
+        "--dir",
+        s(&dir),
+        "--",
+        s(&gg),
+        "host",
+    ]));
+    assert_eq!(r.code, Some(0), "{}", r.describe());
+    assert!(
+        r.summary()
+            .contains("pinned host memory: 297.0 KiB live in 2 allocations"),
+        "{}",
+        r.describe()
+    );
+    let exit = files_ending(&dir, ".exit.json").pop().unwrap();
+    let shown = done(&mut command(&["show", s(&exit)]));
+    assert_eq!(shown.code, Some(0), "{}", shown.describe());
+    let out = &shown.stdout;
+    assert!(
+        out.contains("pinned host memory: 297.0 KiB live in 2 allocations, peak"),
+        "{out}"
+    );
+    // A host allocation's `dev` is no device.
+    let host_rows: Vec<&str> = out
+        .lines()
+        .filter(|l| l.trim_start().starts_with("0x") && l.contains(" host "))
+        .collect();
+    assert!(!host_rows.is_empty(), "{out}");
+    for row in host_rows {
+        let cols: Vec<&str> = row.split_whitespace().collect();
+        assert_eq!(cols[3], "-", "{row}");
+    }
+    let json = done(&mut command(&["show", "--json", s(&exit)]));
+    let v: Value = serde_json::from_str(&json.stdout).unwrap();
+    assert_eq!(v["reports"][0]["host_pinned"]["live_count"], 2);
+}

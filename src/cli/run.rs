@@ -6,7 +6,7 @@ use super::growth::{live_allocations, native_sites, python_sites};
 use super::lib_path::{LIB_VAR, find};
 use super::load::{load, shown};
 use super::output::{print_err, warn};
-use super::show::holding;
+use super::show::{holding, pinned_line};
 use super::text::{clean, count, frames};
 use super::trim::report_name_parts;
 use super::{Failure, Outcome};
@@ -472,6 +472,9 @@ fn summary(
                 clean(&r.program),
                 r.pid
             );
+        }
+        if let Some(line) = pinned_line(r) {
+            put!(out, "  {} (pid {}) {line}", clean(&r.program), r.pid);
         }
     }
     render_leaking_lines(&mut out, &latest);

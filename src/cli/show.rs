@@ -141,6 +141,9 @@ fn render_devices(out: &mut String, r: &Report) {
     if r.devices.is_empty() {
         put!(out, "  (no device memory was used)");
     }
+    if let Some(line) = pinned_line(r) {
+        put!(out, "  {line}");
+    }
     if let Some(d) = &r.denial {
         put!(
             out,
@@ -152,6 +155,22 @@ fn render_devices(out: &mut String, r: &Report) {
             human_bytes(d.cap_bytes)
         );
     }
+}
+
+/// Pinned host memory, counted apart from device memory; `None` when the process
+/// never pinned any.
+pub fn pinned_line(r: &Report) -> Option<String> {
+    let h = &r.host_pinned;
+    (h.allocs > 0 || h.peak_bytes > 0).then(|| {
+        format!(
+            "pinned host memory: {} live in {}, peak {} ({} made, {} freed)",
+            human_bytes(h.current_bytes),
+            count(h.live_count, "allocation"),
+            human_bytes(h.peak_bytes),
+            h.allocs,
+            h.frees
+        )
+    })
 }
 
 /// A site's figures and frames, as the top lists and the details show them.
@@ -415,7 +434,12 @@ fn render_details(out: &mut String, file: &str, r: &Report, top: usize) {
                 "    {:<18} {:>11} {:>4} {:<8} {:<24} {:>8.1}s {:>5}",
                 a.address.to_string(),
                 human_bytes(a.bytes),
-                a.device,
+                // Pinned host memory belongs to no device.
+                if a.kind == "host" {
+                    "-".to_string()
+                } else {
+                    a.device.to_string()
+                },
                 clean(&a.kind),
                 clean(&a.api),
                 a.age_s,
@@ -513,6 +537,9 @@ struct JsonReport<'a> {
     /// Left out with `--leaks`, as in the text.
     #[serde(skip_serializing_if = "Option::is_none")]
     devices: Option<Vec<JsonDevice>>,
+    /// Left out with `--leaks`, as in the text.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    host_pinned: Option<&'a report::HostReport>,
     #[serde(skip_serializing_if = "Option::is_none")]
     denial: Option<&'a report::DenialReport>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -626,6 +653,7 @@ fn json_summary<'a>(named: &'a [(String, &'a Report)], args: &ShowArgs) -> JsonS
                     })
                     .collect()
             }),
+            host_pinned: (!args.leaks_only).then_some(&r.host_pinned),
             denial: r.denial.as_ref().filter(|_| !args.leaks_only),
             trim: r.trim.as_ref().filter(|_| !args.leaks_only),
             top_sites: top_sites(r, args.top as usize),

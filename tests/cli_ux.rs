@@ -3,65 +3,26 @@
 //! it could not read back, and `show` listing each line of code once, in words
 //! that fit what the figures count.
 
+mod cli_support;
 mod common;
 
+use cli_support::{Done, cli};
 use common::*;
 use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-fn cli() -> &'static str {
-    env!("CARGO_BIN_EXE_gpuguard")
-}
-
-/// The command with gpuguard's own variables and any preload cleared, and the
-/// simulated driver on the library path.
+/// The command with the simulated driver on the library path.
 fn command(args: &[&str]) -> Command {
     shim();
-    let mut c = Command::new(cli());
-    c.args(args)
-        .stdin(Stdio::null())
-        .env("LD_LIBRARY_PATH", sim_dir());
-    for (k, _) in std::env::vars_os() {
-        let k = k.to_string_lossy().into_owned();
-        if k.starts_with("GPUGUARD_") || k == "LD_PRELOAD" {
-            c.env_remove(&k);
-        }
-    }
+    let mut c = cli_support::command(args);
+    c.env("LD_LIBRARY_PATH", sim_dir());
     c
 }
 
-struct Done {
-    code: Option<i32>,
-    stdout: String,
-    stderr: String,
-}
-
-impl Done {
-    fn describe(&self) -> String {
-        format!(
-            "status {:?}\n--- stdout\n{}\n--- stderr\n{}",
-            self.code, self.stdout, self.stderr
-        )
-    }
-
-    /// `gpuguard run`'s summary on stderr.
-    fn summary(&self) -> &str {
-        let at = self.stderr.find("gpuguard run:").unwrap_or_else(|| {
-            panic!("no summary\n{}", self.describe());
-        });
-        &self.stderr[at..]
-    }
-}
-
 fn done(c: &mut Command) -> Done {
-    let out = c.output().expect("run gpuguard");
-    Done {
-        code: out.status.code(),
-        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-    }
+    cli_support::done(c.output().expect("run gpuguard"))
 }
 
 fn s(p: &Path) -> &str {
@@ -96,17 +57,21 @@ fn read_json(p: &Path) -> Value {
     serde_json::from_slice(&std::fs::read(p).unwrap()).unwrap()
 }
 
-/// `hello_gpu STEPS` under `gpuguard run` into `dir`.
+/// `gpuguard run --dir DIR -- CMD...`.
+fn run_in(dir: &Path, cmd: &[&str]) -> Done {
+    let mut args = vec!["run", "--dir", s(dir), "--"];
+    args.extend_from_slice(cmd);
+    done(&mut command(&args))
+}
+
+/// A program of the simulated stack, by name.
+fn prog(name: &str) -> String {
+    s(&sim_dir().join(name)).to_string()
+}
+
+/// `hello_gpu STEPS` under `gpuguard run` into `dir`, which ends well.
 fn hello(dir: &Path, steps: &str) -> Done {
-    let prog = sim_dir().join("hello_gpu");
-    let r = done(&mut command(&[
-        "run",
-        "--dir",
-        s(dir),
-        "--",
-        s(&prog),
-        steps,
-    ]));
+    let r = run_in(dir, &[&prog("hello_gpu"), steps]);
     assert_eq!(r.code, Some(0), "{}", r.describe());
     r
 }
@@ -176,34 +141,37 @@ fn run_details_line_names_only_this_runs_reports() {
 #[test]
 fn run_refuses_a_report_folder_it_cannot_use() {
     let base = scratch("bad-dir");
-    let marker = base.join("started");
-    let touch = format!("touch {}", s(&marker));
     let missing = base.join("missing");
     let file = base.join("a-file");
     std::fs::write(&file, b"").unwrap();
     for dir in [&missing, &file] {
-        let r = done(&mut command(&[
-            "run",
-            "--dir",
-            s(dir),
-            "--",
-            "sh",
-            "-c",
-            &touch,
-        ]));
-        assert_eq!(r.code, Some(2), "{}", r.describe());
-        assert!(
-            r.stderr.contains("--dir") && r.stderr.contains(s(dir)),
-            "{}",
-            r.describe()
-        );
-        assert!(!marker.exists(), "the command ran with --dir {dir:?}");
+        refused_before_start(&["--dir", s(dir)], &[], &["--dir", s(dir)]);
     }
     // The same from the environment, naming the variable.
-    let r = done(command(&["run", "--", "sh", "-c", &touch]).env("GPUGUARD_DIR", s(&missing)));
-    assert_eq!(r.code, Some(2), "{}", r.describe());
-    assert!(r.stderr.contains("GPUGUARD_DIR"), "{}", r.describe());
-    assert!(!marker.exists());
+    refused_before_start(&[], &[("GPUGUARD_DIR", s(&missing))], &["GPUGUARD_DIR"]);
+}
+
+/// `gpuguard run OPTIONS -- sh -c 'touch MARKER'` with `env` is refused (status
+/// 2, no summary, a message holding each of `needles`) before the command starts.
+fn refused_before_start(options: &[&str], env: &[(&str, &str)], needles: &[&str]) {
+    let base = scratch("refused");
+    let marker = base.join("started");
+    let touch = format!("touch {}", s(&marker));
+    let mut args = vec!["run"];
+    args.extend_from_slice(options);
+    if !options.contains(&"--dir") && !env.iter().any(|(k, _)| *k == "GPUGUARD_DIR") {
+        args.extend(["--dir", s(&base)]);
+    }
+    args.extend(["--", "sh", "-c", &touch]);
+    let mut c = command(&args);
+    c.envs(env.iter().copied());
+    let r = done(&mut c);
+    assert_eq!(r.code, Some(2), "{options:?} {env:?}\n{}", r.describe());
+    for needle in needles {
+        assert!(r.stderr.contains(needle), "{needle}\n{}", r.describe());
+    }
+    assert!(!r.stderr.contains("gpuguard run:"), "{}", r.describe());
+    assert!(!marker.exists(), "the command ran: {options:?} {env:?}");
 }
 
 /// One line of code is one line in the lists, whatever ids the library gave it:
@@ -249,12 +217,11 @@ fn sites_with_the_same_frames_are_listed_once() {
     assert_eq!(lines, 1, "{}", r6.describe());
 }
 
-/// Python lines read from the allocating thread's stack (`python-stack`) count
-/// allocations taken from the driver, cached memory included: they are not called
-/// framework blocks in use.
-#[test]
-fn python_stack_lines_are_called_allocations() {
-    let dir = scratch("python-stack");
+/// A real exit report of `hello_gpu 3` given one `python-stack` Python line (3
+/// allocations, 8 MiB), written as `gpuguard.python3.1.1.exit.json` in a fresh
+/// folder: its path and contents.
+fn python_stack_report(name: &str) -> (PathBuf, Value) {
+    let dir = scratch(name);
     hello(&dir, "3");
     let exit = files_ending(&dir, ".exit.json").pop().unwrap();
     let mut report = read_json(&exit);
@@ -267,6 +234,15 @@ fn python_stack_lines_are_called_allocations() {
     }]);
     let p = dir.join("gpuguard.python3.1.1.exit.json");
     std::fs::write(&p, report.to_string()).unwrap();
+    (p, report)
+}
+
+/// Python lines read from the allocating thread's stack (`python-stack`) count
+/// allocations taken from the driver, cached memory included: they are not called
+/// framework blocks in use.
+#[test]
+fn python_stack_lines_are_called_allocations() {
+    let (p, mut report) = python_stack_report("python-stack");
     let shown = done(&mut command(&["show", s(&p)]));
     assert_eq!(shown.code, Some(0), "{}", shown.describe());
     let out = &shown.stdout;
@@ -454,15 +430,7 @@ fn run_counts_reports_whose_reason_has_dots() {
 #[test]
 fn run_summary_names_the_signal_that_ended_the_command() {
     let dir = scratch("killed");
-    let r = done(&mut command(&[
-        "run",
-        "--dir",
-        s(&dir),
-        "--",
-        "sh",
-        "-c",
-        "kill -KILL $$",
-    ]));
+    let r = run_in(&dir, &["sh", "-c", "kill -KILL $$"]);
     assert_eq!(r.code, Some(128 + 9), "{}", r.describe());
     let summary = r.summary();
     assert!(
@@ -480,31 +448,12 @@ fn run_summary_names_the_signal_that_ended_the_command() {
 /// the command that runs under it.
 #[test]
 fn trim_given_the_pid_of_gpuguard_run_trims_its_command() {
-    use std::io::{BufRead, BufReader, Write};
+    shim();
     let dir = scratch("trim-run");
-    let script = "import ctypes, sys\n\
-                  rt = ctypes.CDLL('libcudart.so.13')\n\
-                  p = ctypes.c_void_p()\n\
-                  assert rt.cudaMalloc(ctypes.byref(p), 1 << 20) == 0\n\
-                  print('READY', flush=True)\n\
-                  sys.stdin.readline()\n";
-    let mut child = command(&["run", "--dir", s(&dir), "--", "python3", "-c", script])
-        .env("GPUGUARD_PYTHON", "off")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start gpuguard run");
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    assert_eq!(line.trim(), "READY");
+    let child = cli_support::start_ready(&dir, &sim_dir());
     let run_pid = child.id().to_string();
     let r = done(&mut command(&["trim", &run_pid, "--timeout", "20"]));
-    child.stdin.take().unwrap().write_all(b"\n").unwrap();
-    let out = child.wait_with_output().unwrap();
-    assert_eq!(out.status.code(), Some(0));
+    cli_support::finish_ready(child);
     assert_eq!(r.code, Some(0), "{}", r.describe());
     assert!(
         r.stdout.starts_with("gpuguard trim: process ")
@@ -536,22 +485,11 @@ fn show_given_a_folder_names_the_reports_in_it() {
 /// command at load and the summary would wonder whether it used CUDA).
 #[test]
 fn run_checks_the_environments_variables_before_starting() {
-    let base = scratch("env-check");
-    let marker = base.join("started");
-    let touch = format!("touch {}", s(&marker));
     for (var, value) in [("GPUGUARD_CAP", "abc"), ("GPUGUARD_REPORT_SIGNAL", "KILL")] {
-        let r =
-            done(command(&["run", "--dir", s(&base), "--", "sh", "-c", &touch]).env(var, value));
-        assert_eq!(r.code, Some(2), "{}", r.describe());
-        assert!(
-            r.stderr.contains(var) && r.stderr.contains(value),
-            "{}",
-            r.describe()
-        );
-        assert!(!r.stderr.contains("gpuguard run:"), "{}", r.describe());
-        assert!(!marker.exists(), "the command ran with {var}={value}");
+        refused_before_start(&[], &[(var, value)], &[var, value]);
     }
     // An option overrides the environment's value, as the library sees it.
+    let base = scratch("env-check");
     let r = done(
         command(&["run", "--cap", "1GiB", "--dir", s(&base), "--", "true"])
             .env("GPUGUARD_CAP", "abc"),
@@ -563,19 +501,7 @@ fn run_checks_the_environments_variables_before_starting() {
 /// allocations they made), not framework blocks in use.
 #[test]
 fn flamegraph_python_view_of_python_stack_lines_speaks_of_allocations() {
-    let dir = scratch("flame-stack");
-    hello(&dir, "3");
-    let exit = files_ending(&dir, ".exit.json").pop().unwrap();
-    let mut report = read_json(&exit);
-    report["python_sites"] = json!([{
-        "id": 0,
-        "framework": "python-stack",
-        "frames": ["train.py:12 in step"],
-        "live_bytes": 8388608,
-        "live_count": 3
-    }]);
-    let p = dir.join("gpuguard.python3.1.1.exit.json");
-    std::fs::write(&p, report.to_string()).unwrap();
+    let (p, _) = python_stack_report("flame-stack");
     let r = done(&mut command(&["flamegraph", s(&p), "-o", "-"]));
     assert_eq!(r.code, Some(0), "{}", r.describe());
     assert!(
@@ -596,16 +522,7 @@ fn flamegraph_python_view_of_python_stack_lines_speaks_of_allocations() {
 #[test]
 fn run_summary_says_whose_line_it_is() {
     let dir = scratch("fork");
-    let gg = sim_dir().join("gg");
-    let r = done(&mut command(&[
-        "run",
-        "--dir",
-        s(&dir),
-        "--",
-        s(&gg),
-        "fork",
-        "leak",
-    ]));
+    let r = run_in(&dir, &[&prog("gg"), "fork", "leak"]);
     assert_eq!(r.code, Some(0), "{}", r.describe());
     let summary = r.summary();
     let lines: Vec<&str> = summary
@@ -669,15 +586,7 @@ fn diff_warns_when_the_later_report_comes_first() {
 #[test]
 fn pinned_host_memory_is_shown() {
     let dir = scratch("pinned");
-    let gg = sim_dir().join("gg");
-    let r = done(&mut command(&[
-        "run",
-        "--dir",
-        s(&dir),
-        "--",
-        s(&gg),
-        "host",
-    ]));
+    let r = run_in(&dir, &[&prog("gg"), "host"]);
     assert_eq!(r.code, Some(0), "{}", r.describe());
     assert!(
         r.summary()

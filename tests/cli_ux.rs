@@ -616,3 +616,26 @@ fn pinned_host_memory_is_shown() {
     let v: Value = serde_json::from_str(&json.stdout).unwrap();
     assert_eq!(v["reports"][0]["host_pinned"]["live_count"], 2);
 }
+
+/// A report of a distributed run says its rank where it says who wrote it, in
+/// `show` and in `run`'s summary.
+#[test]
+fn reports_of_a_rank_say_which() {
+    let dir = scratch("rank");
+    let r = done(
+        command(&["run", "--dir", s(&dir), "--", &prog("hello_gpu"), "1"])
+            .env("RANK", "1")
+            .env("WORLD_SIZE", "2")
+            .env("LOCAL_RANK", "1"),
+    );
+    assert_eq!(r.code, Some(0), "{}", r.describe());
+    assert!(
+        r.summary().contains(", rank 1/2 on host "),
+        "{}",
+        r.describe()
+    );
+    let exit = files_ending(&dir, ".exit.json").pop().unwrap();
+    let shown = done(&mut command(&["show", s(&exit)]));
+    let who = shown.stdout.lines().nth(1).unwrap_or_default();
+    assert!(who.contains(", rank 1/2 on host "), "{}", shown.describe());
+}

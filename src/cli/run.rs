@@ -6,7 +6,7 @@ use super::growth::{live_allocations, native_sites, python_sites};
 use super::lib_path::{LIB_VAR, find};
 use super::load::{load, shown};
 use super::output::{print_err, warn};
-use super::show::{holding, pinned_line};
+use super::show::{holding, pinned_line, rank_words};
 use super::text::{clean, count, frames};
 use super::trim::report_name_parts;
 use super::{Failure, Outcome};
@@ -454,9 +454,10 @@ fn summary(
         for d in &r.devices {
             put!(
                 out,
-                "  {} (pid {}) device {}: peak {}, live {when} {} in {}{}",
+                "  {} (pid {}{}) device {}: peak {}, live {when} {} in {}{}",
                 clean(&r.program),
                 r.pid,
+                rank_words(r),
                 d.device,
                 human_bytes(d.peak_bytes),
                 human_bytes(d.current_bytes),

@@ -80,9 +80,10 @@ fn render_header(out: &mut String, file: &str, r: &Report) {
     put!(out, "gpuguard report {file}");
     put!(
         out,
-        "  {} (pid {}), reason: {}, report #{}, {:.1} s after the first CUDA call",
+        "  {} (pid {}{}), reason: {}, report #{}, {:.1} s after the first CUDA call",
         clean(&r.program),
         r.pid,
+        rank_words(r),
         clean(&r.reason),
         r.seq,
         r.uptime_s
@@ -90,6 +91,20 @@ fn render_header(out: &mut String, file: &str, r: &Report) {
     if !r.argv.is_empty() {
         put!(out, "  command: {}", clean(&r.argv.join(" ")));
     }
+}
+
+/// `, rank 1/2 on host n0` for a report of a distributed run; empty otherwise.
+pub fn rank_words(r: &Report) -> String {
+    let Some(rank) = r.rank else {
+        return String::new();
+    };
+    format!(
+        ", rank {rank}{}{}",
+        r.world_size.map_or(String::new(), |w| format!("/{w}")),
+        r.host
+            .as_deref()
+            .map_or(String::new(), |h| format!(" on host {}", clean(h)))
+    )
 }
 
 /// Bytes for a table cell; `-` where nobody could say.

@@ -639,3 +639,34 @@ fn reports_of_a_rank_say_which() {
     let who = shown.stdout.lines().nth(1).unwrap_or_default();
     assert!(who.contains(", rank 1/2 on host "), "{}", shown.describe());
 }
+
+/// A command that changes directory before it starts the CUDA program still
+/// writes its reports where `gpuguard run` reads them: the working directory
+/// `run` started in, or `--dir` taken from there.
+#[test]
+fn run_finds_the_reports_of_a_command_that_changes_directory() {
+    let base = scratch("cd");
+    std::fs::create_dir_all(base.join("exp")).unwrap();
+    std::fs::create_dir_all(base.join("out")).unwrap();
+    let cd_and_run = format!("cd exp && {} 3 >/dev/null", prog("hello_gpu"));
+    for (options, folder) in [
+        (&[][..], base.clone()),
+        (&["--dir", "out"][..], base.join("out")),
+    ] {
+        let mut args = vec!["run"];
+        args.extend_from_slice(options);
+        args.extend(["--", "sh", "-c", &cd_and_run]);
+        let r = done(command(&args).current_dir(&base));
+        assert_eq!(r.code, Some(0), "{}", r.describe());
+        assert!(
+            r.summary().contains("1 report in"),
+            "{options:?}\n{}",
+            r.describe()
+        );
+        assert_eq!(files_ending(&folder, ".exit.json").len(), 1, "{options:?}");
+        assert!(files_ending(&base.join("exp"), ".json").is_empty());
+        for f in files_ending(&folder, ".exit.json") {
+            std::fs::remove_file(f).unwrap();
+        }
+    }
+}

@@ -307,6 +307,13 @@ pub fn main(args: RunArgs) -> Outcome {
         // The library reads every GPUGUARD_ variable; this one is the command's.
         .env_remove(LIB_VAR)
         .envs(vars)
+        // The folder read here, as an absolute path: a library resolves a relative
+        // one (or, unset, its working directory) from wherever its process starts,
+        // and `sh -c 'cd exp && python train.py'` starts it elsewhere.
+        .env(
+            "GPUGUARD_DIR",
+            std::path::absolute(&dir).unwrap_or_else(|_| dir.clone()),
+        )
         .spawn()
         .map_err(|e| {
             Failure::Input(format!(

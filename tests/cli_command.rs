@@ -670,7 +670,7 @@ fn run_passes_report_signals_on_to_the_command() {
     shim();
     let dir = scratch("run-forward");
     // The command's first CUDA call activates gpuguard; READY says it happened.
-    let child = start_ready(&dir, &sim_dir());
+    let child = start_ready(&dir, &sim_dir(), false);
     // SAFETY: signalling our own child.
     unsafe { libc::kill(child.id() as i32, libc::SIGUSR1) };
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);

@@ -450,7 +450,7 @@ fn run_summary_names_the_signal_that_ended_the_command() {
 fn trim_given_the_pid_of_gpuguard_run_trims_its_command() {
     shim();
     let dir = scratch("trim-run");
-    let child = cli_support::start_ready(&dir, &sim_dir());
+    let child = cli_support::start_ready(&dir, &sim_dir(), false);
     let run_pid = child.id().to_string();
     let r = done(&mut command(&["trim", &run_pid, "--timeout", "20"]));
     cli_support::finish_ready(child);
@@ -669,4 +669,24 @@ fn run_finds_the_reports_of_a_command_that_changes_directory() {
             std::fs::remove_file(f).unwrap();
         }
     }
+}
+
+/// `kill -USR1 <pid of gpuguard run>` reaches the CUDA program also when the
+/// command is a shell that runs it as a child (the shell would swallow it).
+#[test]
+fn run_passes_report_signals_to_the_cuda_process_under_a_shell() {
+    shim();
+    let dir = scratch("shell-signal");
+    let child = cli_support::start_ready(&dir, &sim_dir(), true);
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGUSR1) };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while files_ending(&dir, ".signal.json").is_empty() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no signal report from the program under the shell"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    cli_support::finish_ready(child);
 }

@@ -17,7 +17,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// `gpuguard run` options.
@@ -136,30 +136,89 @@ extern "C" fn forward_signal(sig: libc::c_int) {
     }
 }
 
+/// Report and trim signals sent to gpuguard while CMD runs, one bit per signal
+/// (`1 << (sig - 1)`), passed on by the main loop.
+static DEFERRED: AtomicU64 = AtomicU64::new(0);
+
+extern "C" fn defer_signal(sig: libc::c_int) {
+    if (1..=64).contains(&sig) {
+        DEFERRED.fetch_or(1 << (sig - 1), Ordering::Relaxed);
+    }
+}
+
 /// While CMD runs, gpuguard outlives it to write the summary: Ctrl-C and Ctrl-\
 /// reach CMD from the terminal and are ignored here (as `system(3)` does); a
 /// TERM or HUP sent to gpuguard alone (a job scheduler stopping it) goes on to CMD,
-/// and so do the report and trim signals (`kill -USR1 <pid of gpuguard run>` asks
-/// CMD for a report, as the pid a user sees first).
+/// and the report and trim signals go to the processes under CMD that use CUDA
+/// (`kill -USR1 <pid of gpuguard run>` asks for a report, as the pid a user sees
+/// first, also when CMD is a shell that runs the CUDA program as its child).
 fn guard_signals(child: u32) {
     CHILD.store(child as i32, Ordering::Relaxed);
     let forward = forward_signal as extern "C" fn(libc::c_int) as libc::sighandler_t;
+    let defer = defer_signal as extern "C" fn(libc::c_int) as libc::sighandler_t;
     // The signals CMD's library listens to, as its environment sets them.
     let cfg = gpuguard_core::config::Config::from_env()
         .map(|p| p.config)
         .unwrap_or_default();
-    let passed_on = [libc::SIGTERM, libc::SIGHUP, libc::SIGUSR1, libc::SIGUSR2]
+    let for_gpuguard: Vec<libc::c_int> = [libc::SIGUSR1, libc::SIGUSR2]
         .into_iter()
         .chain(cfg.report_signal)
-        .chain(cfg.trim_signal);
-    // SAFETY: installing dispositions; the handler only calls kill(2).
+        .chain(cfg.trim_signal)
+        .collect();
+    // SAFETY: installing dispositions; the handlers only call kill(2) or set a bit.
     unsafe {
         libc::signal(libc::SIGINT, libc::SIG_IGN);
         libc::signal(libc::SIGQUIT, libc::SIG_IGN);
-        for sig in passed_on {
+        for sig in [libc::SIGTERM, libc::SIGHUP] {
             libc::signal(sig, forward);
         }
+        for sig in for_gpuguard {
+            libc::signal(sig, defer);
+        }
     }
+}
+
+/// Passes the report and trim signals received since the last call on to the
+/// processes under CMD that use CUDA (to CMD itself when none does yet).
+fn pass_on_deferred(child: u32) {
+    let bits = DEFERRED.swap(0, Ordering::Relaxed);
+    if bits == 0 {
+        return;
+    }
+    let mut targets = cuda_processes_under(child);
+    if targets.is_empty() {
+        targets.push(child);
+    }
+    for sig in (1..=64).filter(|s| bits & (1 << (s - 1)) != 0) {
+        for pid in &targets {
+            // SAFETY: kill(2) with a signal this process was sent.
+            unsafe {
+                libc::kill(*pid as libc::pid_t, sig);
+            }
+        }
+    }
+}
+
+/// The processes under `root` (not `root` itself) with gpuguard loaded that use
+/// CUDA (`libcuda.so` mapped), read from `/proc`.
+pub fn cuda_processes_under(root: u32) -> Vec<u32> {
+    let parents = parents();
+    let mut under: Vec<u32> = vec![root];
+    let mut i = 0;
+    while i < under.len() {
+        let p = under[i];
+        under.extend(parents.iter().filter(|(_, pp)| **pp == p).map(|(c, _)| *c));
+        i += 1;
+    }
+    under.remove(0);
+    under.retain(|p| {
+        std::fs::read_to_string(format!("/proc/{p}/maps")).is_ok_and(|m| {
+            m.lines().any(|l| l.contains("libgpuguard"))
+                && m.lines().any(|l| l.contains("libcuda.so"))
+        })
+    });
+    under.sort_unstable();
+    under
 }
 
 /// Parent of every process, read from `/proc/*/stat`.
@@ -336,6 +395,7 @@ pub fn main(args: RunArgs) -> Outcome {
                 break None;
             }
         }
+        pass_on_deferred(pid);
         watch.look(&dir);
         std::thread::sleep(POLL);
     };

@@ -79,21 +79,7 @@ fn target(pid: u32) -> Result<u32, Failure> {
             "process {pid} is not running gpuguard (libgpuguard.so is not loaded in it)"
         )));
     }
-    let parents = super::run::parents();
-    let mut under: Vec<u32> = vec![pid];
-    let mut i = 0;
-    while i < under.len() {
-        let p = under[i];
-        under.extend(parents.iter().filter(|(_, pp)| **pp == p).map(|(c, _)| *c));
-        i += 1;
-    }
-    let using_cuda: Vec<u32> = under[1..]
-        .iter()
-        .copied()
-        .filter(|p| {
-            maps(*p).is_ok_and(|m| guarded(&m) && m.lines().any(|l| l.contains("libcuda.so")))
-        })
-        .collect();
+    let using_cuda = super::run::cuda_processes_under(pid);
     match using_cuda.as_slice() {
         [one] => Ok(*one),
         [] => Err(Failure::Input(format!(

@@ -56,9 +56,9 @@ pub fn done(out: Output) -> Done {
 
 /// `gpuguard run --dir DIR` over a Python command that makes one CUDA allocation
 /// (which activates gpuguard), prints READY and waits for a line on stdin; `sim` is
-/// the simulated driver's folder. Returns once READY was read: end it with
-/// [`finish_ready`].
-pub fn start_ready(dir: &Path, sim: &Path) -> Child {
+/// the simulated driver's folder; with `in_shell`, a shell runs it as its child.
+/// Returns once READY was read: end it with [`finish_ready`].
+pub fn start_ready(dir: &Path, sim: &Path, in_shell: bool) -> Child {
     let script = "import ctypes, sys\n\
                   rt = ctypes.CDLL('libcudart.so.13')\n\
                   p = ctypes.c_void_p()\n\
@@ -66,7 +66,15 @@ pub fn start_ready(dir: &Path, sim: &Path) -> Child {
                   print('READY', flush=True)\n\
                   sys.stdin.readline()\n";
     let dir = dir.to_str().expect("utf-8 path");
-    let mut child = command(&["run", "--dir", dir, "--", "python3", "-c", script])
+    let cmd: &[&str] = if in_shell {
+        // A list, so the shell does not exec python in its own place.
+        &["sh", "-c", "python3 -c \"$0\"; exit $?", script]
+    } else {
+        &["python3", "-c", script]
+    };
+    let mut args = vec!["run", "--dir", dir, "--"];
+    args.extend_from_slice(cmd);
+    let mut child = command(&args)
         .env("LD_LIBRARY_PATH", sim)
         .env("GPUGUARD_PYTHON", "off")
         .stdin(Stdio::piped())

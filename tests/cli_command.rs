@@ -4,9 +4,11 @@
 //! first, `diff` both ways, and hostile or odd input refused without a hang or an
 //! abort.
 
+mod cli_support;
 mod common;
 mod core_support;
 
+use cli_support::*;
 use common::*;
 use core_support::*;
 use serde_json::Value;
@@ -14,46 +16,6 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
-
-fn cli() -> &'static str {
-    env!("CARGO_BIN_EXE_gpuguard")
-}
-
-/// The command with a clean environment for gpuguard's own variables.
-fn command(args: &[&str]) -> Command {
-    let mut c = Command::new(cli());
-    c.args(args).stdin(Stdio::null());
-    for (k, _) in std::env::vars_os() {
-        let k = k.to_string_lossy().into_owned();
-        if k.starts_with("GPUGUARD_") || k == "LD_PRELOAD" {
-            c.env_remove(&k);
-        }
-    }
-    c
-}
-
-struct Done {
-    code: Option<i32>,
-    stdout: String,
-    stderr: String,
-}
-
-impl Done {
-    fn describe(&self) -> String {
-        format!(
-            "status {:?}\n--- stdout\n{}\n--- stderr\n{}",
-            self.code, self.stdout, self.stderr
-        )
-    }
-}
-
-fn done(out: Output) -> Done {
-    Done {
-        code: out.status.code(),
-        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-    }
-}
 
 fn gpuguard(args: &[&str]) -> Done {
     done(command(args).output().expect("run gpuguard"))
@@ -270,7 +232,7 @@ fn run_summarises_the_reports_of_the_command_and_its_children() {
         .filter(|e| e.file_name().to_string_lossy().ends_with(".exit.json"))
         .collect();
     assert_eq!(exits.len(), 3, "two of the run, one planted");
-    let summary = &r.stderr[r.stderr.find("gpuguard run:").expect("a summary")..];
+    let summary = r.summary();
     assert!(summary.contains("2 reports in"), "{summary}");
     // Per process and device: peak and live at exit.
     assert!(
@@ -305,7 +267,7 @@ fn run_summary_tells_caps_hit() {
         &[],
     );
     assert_eq!(r.code, Some(0), "{}", r.describe());
-    let summary = &r.stderr[r.stderr.find("gpuguard run:").expect("a summary")..];
+    let summary = r.summary();
     assert!(
         summary.contains("caps hit: pid")
             && summary.contains("3 allocations refused by its 16.0 MiB cap"),
@@ -705,29 +667,10 @@ fn control_characters_from_reports_are_escaped() {
 /// reaches the command, which answers with its report and keeps running.
 #[test]
 fn run_passes_report_signals_on_to_the_command() {
-    use std::io::{BufRead, BufReader, Write};
     shim();
     let dir = scratch("run-forward");
     // The command's first CUDA call activates gpuguard; READY says it happened.
-    let script = "import ctypes, sys\n\
-                  rt = ctypes.CDLL('libcudart.so.13')\n\
-                  p = ctypes.c_void_p()\n\
-                  assert rt.cudaMalloc(ctypes.byref(p), 1 << 20) == 0\n\
-                  print('READY', flush=True)\n\
-                  sys.stdin.readline()\n";
-    let mut child = command(&["run", "--dir", s(&dir), "--", "python3", "-c", script])
-        .env("LD_LIBRARY_PATH", sim_dir())
-        .env("GPUGUARD_PYTHON", "off")
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("start gpuguard run");
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    assert_eq!(line.trim(), "READY");
+    let child = start_ready(&dir, &sim_dir(), false);
     // SAFETY: signalling our own child.
     unsafe { libc::kill(child.id() as i32, libc::SIGUSR1) };
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
@@ -744,12 +687,5 @@ fn run_passes_report_signals_on_to_the_command() {
         );
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
-    child.stdin.take().unwrap().write_all(b"\n").unwrap();
-    let out = child.wait_with_output().unwrap();
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    finish_ready(child);
 }

@@ -94,6 +94,8 @@ struct JsonDiff<'a> {
     a: Side<'a>,
     b: Side<'a>,
     different_programs: bool,
+    /// B is an earlier report of the same process than A.
+    written_backwards: bool,
     devices: Vec<DeviceChange>,
     total: DeviceChange,
     /// Total live bytes gained from A to B over all devices (0 if they fell).
@@ -108,6 +110,11 @@ struct JsonDiff<'a> {
 /// little about a leak.
 fn different_programs(a: &Report, b: &Report) -> bool {
     a.program != b.program || a.argv != b.argv
+}
+
+/// Whether B is an earlier report of the same process than A.
+fn written_backwards(a: &Report, b: &Report) -> bool {
+    a.pid == b.pid && a.host == b.host && a.program == b.program && b.seq < a.seq
 }
 
 fn device_changes(a: &Report, b: &Report) -> (Vec<DeviceChange>, DeviceChange) {
@@ -227,6 +234,7 @@ pub fn main(args: DiffArgs) -> Outcome {
                 argv: &rb.argv,
             },
             different_programs: different,
+            written_backwards: written_backwards(&ra, &rb),
             devices,
             total,
             live_growth_bytes: growth,
@@ -257,6 +265,14 @@ pub fn main(args: DiffArgs) -> Outcome {
                 "  warning: A and B come from different programs ({:?} and {:?}): their call sites are not the same code run twice",
                 clean(&ra.argv.join(" ")),
                 clean(&rb.argv.join(" "))
+            );
+        }
+        if written_backwards(&ra, &rb) {
+            put!(
+                out,
+                "  warning: B (report #{}) was written before A (report #{}) by the same process: the changes read backwards (give the earlier report first)",
+                rb.seq,
+                ra.seq
             );
         }
         put!(out);

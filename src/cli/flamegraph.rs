@@ -13,6 +13,7 @@
 //! only through `textContent`.
 
 use super::Outcome;
+use super::growth::PYTHON_STACK;
 use super::load::load;
 use super::plot::{write_output, xml};
 use super::text::readable_frames;
@@ -123,9 +124,37 @@ fn frame_kind(frame: &str) -> &'static str {
     }
 }
 
-/// The Python view: framework blocks in use, by framework, then Python line.
+/// What the Python view holds: a framework's lines count its blocks in use;
+/// `python-stack` lines (read from the allocating thread's own stack) count the
+/// allocations they made, cached memory included. (root name, about)
+fn python_words(report: &Report) -> (&'static str, &'static str) {
+    let stack = report
+        .python_sites
+        .iter()
+        .filter(|s| s.framework == PYTHON_STACK)
+        .count();
+    if stack == 0 {
+        (
+            "all framework blocks in use",
+            "framework blocks in use, by the Python line that allocated them",
+        )
+    } else if stack == report.python_sites.len() {
+        (
+            "all live allocations with a Python line",
+            "live allocations, by the Python line that made them (python-stack)",
+        )
+    } else {
+        (
+            "all Python lines",
+            "framework blocks in use and python-stack allocations, by Python line",
+        )
+    }
+}
+
+/// The Python view: framework blocks in use (and python-stack allocations), by
+/// framework, then Python line.
 fn python_view(report: &Report) -> Node {
-    let mut root = Node::new("all framework blocks in use".into(), "root");
+    let mut root = Node::new(python_words(report).0.into(), "root");
     for site in &report.python_sites {
         let group = format!("[{}]", site.framework);
         let stack = std::iter::once((group.as_str(), "group"))
@@ -192,7 +221,7 @@ pub fn render_html(report: &Report) -> String {
         views: vec![
             View {
                 name: "Python",
-                about: "framework blocks in use, by the Python line that allocated them",
+                about: python_words(report).1,
                 root: python_view(report),
             },
             View {

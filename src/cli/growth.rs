@@ -130,6 +130,94 @@ pub fn shrinking_sites(reports: &[&Report]) -> Vec<SiteTrend> {
     out
 }
 
+/// The framework name the library gives Python lines read from the allocating
+/// thread's own stack: its figures are allocations taken from the driver, not
+/// framework blocks in use.
+pub const PYTHON_STACK: &str = "python-stack";
+
+/// What a Python line of `framework` counts: `block` (a framework's blocks in use)
+/// or `allocation` (driver allocations, for `python-stack` and native sites).
+pub fn unit(framework: Option<&str>) -> &'static str {
+    match framework {
+        Some(fw) if fw != PYTHON_STACK => "block",
+        _ => "allocation",
+    }
+}
+
+/// A report's sites with the same frames taken together: the library may give one
+/// line of code several site ids, and a list that names the same frames twice
+/// only hides how much that line holds.
+#[derive(Clone, Debug, PartialEq)]
+pub struct MergedSite<'r> {
+    /// The report's ids for these frames, in the report's order.
+    pub ids: Vec<u32>,
+    /// The framework of a Python line; `None` for a native site.
+    pub python: Option<&'r str>,
+    pub frames: &'r [String],
+    pub live_bytes: u64,
+    pub live_count: u64,
+}
+
+impl MergedSite<'_> {
+    /// `site 3`, `sites 3, 7` (`py site`, `py sites` for Python lines).
+    pub fn label(&self) -> String {
+        let ids: Vec<String> = self.ids.iter().map(u32::to_string).collect();
+        let py = if self.python.is_some() { "py " } else { "" };
+        let noun = if ids.len() == 1 { "site" } else { "sites" };
+        format!("{py}{noun} {}", ids.join(", "))
+    }
+}
+
+fn merge<'r>(
+    sites: impl Iterator<Item = (u32, Option<&'r str>, &'r [String], u64, u64)>,
+) -> Vec<MergedSite<'r>> {
+    let mut out: Vec<MergedSite<'r>> = Vec::new();
+    for (id, python, frames, bytes, count) in sites {
+        match out
+            .iter_mut()
+            .find(|m| m.python == python && m.frames == frames)
+        {
+            Some(m) => {
+                m.ids.push(id);
+                m.live_bytes = m.live_bytes.saturating_add(bytes);
+                m.live_count = m.live_count.saturating_add(count);
+            }
+            None => out.push(MergedSite {
+                ids: vec![id],
+                python,
+                frames,
+                live_bytes: bytes,
+                live_count: count,
+            }),
+        }
+    }
+    // Stable: equal sums keep the report's order.
+    out.sort_by_key(|m| std::cmp::Reverse(m.live_bytes));
+    out
+}
+
+/// The report's native call sites, same frames merged, most live bytes first.
+pub fn native_sites(r: &Report) -> Vec<MergedSite<'_>> {
+    merge(
+        r.sites
+            .iter()
+            .map(|s| (s.id, None, s.frames.as_slice(), s.live_bytes, s.live_count)),
+    )
+}
+
+/// The report's Python lines, same framework and frames merged, most first.
+pub fn python_sites(r: &Report) -> Vec<MergedSite<'_>> {
+    merge(r.python_sites.iter().map(|s| {
+        (
+            s.id,
+            Some(s.framework.as_str()),
+            s.frames.as_slice(),
+            s.live_bytes,
+            s.live_count,
+        )
+    }))
+}
+
 /// All live allocations of a report, counting those it left out.
 pub fn live_allocations(r: &Report) -> u64 {
     (r.live.len() as u64).saturating_add(r.live_omitted)
@@ -178,6 +266,19 @@ mod tests {
         let r2 = rep(&[("leak", 20), ("bumpy", 5)]);
         let r3 = rep(&[("leak", 30), ("bumpy", 40)]);
         assert_eq!(names(&growing_sites(&[&r1, &r2, &r3])), ["leak"]);
+    }
+
+    #[test]
+    fn sites_with_the_same_frames_are_one_line() {
+        let mut r = rep(&[("once", 8), ("twice", 16), ("other", 20)]);
+        r.sites[1].frames[0] = "once".into();
+        let merged = native_sites(&r);
+        assert_eq!(merged.len(), 2);
+        assert_eq!(merged[0].ids, [0, 1]);
+        assert_eq!(merged[0].live_bytes, 24);
+        assert_eq!(merged[0].live_count, 2);
+        assert_eq!(merged[0].label(), "sites 0, 1");
+        assert_eq!(merged[1].label(), "site 2");
     }
 
     #[test]

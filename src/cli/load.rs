@@ -35,9 +35,10 @@ pub fn shown(path: &Path) -> String {
     clean(&path.display().to_string()).into_owned()
 }
 
-/// The bytes of a report file: refused at once if it is not a regular file (a FIFO
-/// or `/dev/urandom` would never end) or is larger than [`MAX_REPORT_BYTES`].
-pub fn read_bounded(path: &Path) -> Result<Vec<u8>, Failure> {
+/// The bytes of a report file (or, as `what` says, a trace): refused at once if it
+/// is not a regular file (a FIFO or `/dev/urandom` would never end) or is larger
+/// than [`MAX_REPORT_BYTES`].
+pub fn read_bounded(path: &Path, what: &str) -> Result<Vec<u8>, Failure> {
     let name = shown(path);
     let fail = |what: String| Failure::Input(format!("{name}: {what}"));
     // Non-blocking, so opening a FIFO with no writer returns at once; the type is
@@ -50,15 +51,22 @@ pub fn read_bounded(path: &Path) -> Result<Vec<u8>, Failure> {
     let meta = file
         .metadata()
         .map_err(|e| fail(format!("cannot read: {e}")))?;
+    if meta.file_type().is_dir() && what == "report" {
+        // What a user who wrote the folder's name meant: the reports in it.
+        return Err(fail(format!(
+            "a directory, not a report file; name the reports in it: {}/gpuguard.*.json",
+            name.trim_end_matches('/')
+        )));
+    }
     if !meta.file_type().is_file() {
         return Err(fail(format!(
-            "{}, not a report file; gpuguard reads regular files only",
+            "{}, not a {what} file; gpuguard reads regular files only",
             kind_of(meta.file_type())
         )));
     }
     let too_big = || {
         fail(format!(
-            "larger than {} MiB, not a gpuguard report",
+            "larger than {} MiB, not a gpuguard {what}",
             MAX_REPORT_BYTES >> 20
         ))
     };
@@ -84,7 +92,7 @@ struct SchemaProbe {
 
 /// Reads and checks one report file.
 pub fn load(path: &Path) -> Result<Report, Failure> {
-    let bytes = read_bounded(path)?;
+    let bytes = read_bounded(path, "report")?;
     let name = shown(path);
     let probe: SchemaProbe = serde_json::from_slice(&bytes).map_err(|e| {
         Failure::Input(if e.is_eof() {

@@ -29,7 +29,7 @@ pub struct PlotArgs {
 }
 
 pub fn main(args: PlotArgs) -> Outcome {
-    let bytes = read_bounded(&args.trace)?;
+    let bytes = read_bounded(&args.trace, "trace")?;
     let trace = trace::read(&bytes[..])
         .map_err(|e| Failure::Input(format!("{}: {e}", shown(&args.trace))))?;
     let out = args

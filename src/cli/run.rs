@@ -2,20 +2,22 @@
 //! in a few lines what the reports CMD's processes wrote during the run show, and
 //! end with CMD's status.
 
-use super::growth::live_allocations;
+use super::growth::{live_allocations, native_sites, python_sites};
 use super::lib_path::{LIB_VAR, find};
 use super::load::{load, shown};
 use super::output::{print_err, warn};
+use super::show::{holding, pinned_line, rank_words};
 use super::text::{clean, count, frames};
 use super::trim::report_name_parts;
 use super::{Failure, Outcome};
 use gpuguard_core::config::Config;
 use gpuguard_core::report::{Report, human_bytes};
+use gpuguard_core::reporter::file_name;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// `gpuguard run` options.
@@ -34,7 +36,7 @@ pub struct RunArgs {
     /// GPUGUARD_WARN_AT: warn past this fraction of the cap (0.9 or 90%)
     #[arg(long, value_name = "F")]
     pub warn_at: Option<String>,
-    /// GPUGUARD_TRIM_AT: trim CUDA pools past this fraction of the cap
+    /// GPUGUARD_TRIM_AT: trim framework caches and CUDA pools past this fraction of the cap
     #[arg(long, value_name = "F")]
     pub trim_at: Option<String>,
     /// GPUGUARD_DIR: where reports go (default: the working directory)
@@ -134,34 +136,93 @@ extern "C" fn forward_signal(sig: libc::c_int) {
     }
 }
 
+/// Report and trim signals sent to gpuguard while CMD runs, one bit per signal
+/// (`1 << (sig - 1)`), passed on by the main loop.
+static DEFERRED: AtomicU64 = AtomicU64::new(0);
+
+extern "C" fn defer_signal(sig: libc::c_int) {
+    if (1..=64).contains(&sig) {
+        DEFERRED.fetch_or(1 << (sig - 1), Ordering::Relaxed);
+    }
+}
+
 /// While CMD runs, gpuguard outlives it to write the summary: Ctrl-C and Ctrl-\
 /// reach CMD from the terminal and are ignored here (as `system(3)` does); a
 /// TERM or HUP sent to gpuguard alone (a job scheduler stopping it) goes on to CMD,
-/// and so do the report and trim signals (`kill -USR1 <pid of gpuguard run>` asks
-/// CMD for a report, as the pid a user sees first).
+/// and the report and trim signals go to the processes under CMD that use CUDA
+/// (`kill -USR1 <pid of gpuguard run>` asks for a report, as the pid a user sees
+/// first, also when CMD is a shell that runs the CUDA program as its child).
 fn guard_signals(child: u32) {
     CHILD.store(child as i32, Ordering::Relaxed);
     let forward = forward_signal as extern "C" fn(libc::c_int) as libc::sighandler_t;
+    let defer = defer_signal as extern "C" fn(libc::c_int) as libc::sighandler_t;
     // The signals CMD's library listens to, as its environment sets them.
     let cfg = gpuguard_core::config::Config::from_env()
         .map(|p| p.config)
         .unwrap_or_default();
-    let passed_on = [libc::SIGTERM, libc::SIGHUP, libc::SIGUSR1, libc::SIGUSR2]
+    let for_gpuguard: Vec<libc::c_int> = [libc::SIGUSR1, libc::SIGUSR2]
         .into_iter()
         .chain(cfg.report_signal)
-        .chain(cfg.trim_signal);
-    // SAFETY: installing dispositions; the handler only calls kill(2).
+        .chain(cfg.trim_signal)
+        .collect();
+    // SAFETY: installing dispositions; the handlers only call kill(2) or set a bit.
     unsafe {
         libc::signal(libc::SIGINT, libc::SIG_IGN);
         libc::signal(libc::SIGQUIT, libc::SIG_IGN);
-        for sig in passed_on {
+        for sig in [libc::SIGTERM, libc::SIGHUP] {
             libc::signal(sig, forward);
+        }
+        for sig in for_gpuguard {
+            libc::signal(sig, defer);
         }
     }
 }
 
+/// Passes the report and trim signals received since the last call on to the
+/// processes under CMD that use CUDA (to CMD itself when none does yet).
+fn pass_on_deferred(child: u32) {
+    let bits = DEFERRED.swap(0, Ordering::Relaxed);
+    if bits == 0 {
+        return;
+    }
+    let mut targets = cuda_processes_under(child);
+    if targets.is_empty() {
+        targets.push(child);
+    }
+    for sig in (1..=64).filter(|s| bits & (1 << (s - 1)) != 0) {
+        for pid in &targets {
+            // SAFETY: kill(2) with a signal this process was sent.
+            unsafe {
+                libc::kill(*pid as libc::pid_t, sig);
+            }
+        }
+    }
+}
+
+/// The processes under `root` (not `root` itself) with gpuguard loaded that use
+/// CUDA (`libcuda.so` mapped), read from `/proc`.
+pub fn cuda_processes_under(root: u32) -> Vec<u32> {
+    let parents = parents();
+    let mut under: Vec<u32> = vec![root];
+    let mut i = 0;
+    while i < under.len() {
+        let p = under[i];
+        under.extend(parents.iter().filter(|(_, pp)| **pp == p).map(|(c, _)| *c));
+        i += 1;
+    }
+    under.remove(0);
+    under.retain(|p| {
+        std::fs::read_to_string(format!("/proc/{p}/maps")).is_ok_and(|m| {
+            m.lines().any(|l| l.contains("libgpuguard"))
+                && m.lines().any(|l| l.contains("libcuda.so"))
+        })
+    });
+    under.sort_unstable();
+    under
+}
+
 /// Parent of every process, read from `/proc/*/stat`.
-fn parents() -> HashMap<u32, u32> {
+pub fn parents() -> HashMap<u32, u32> {
     let mut map = HashMap::new();
     for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
         let Some(pid) = entry
@@ -255,8 +316,25 @@ fn shell_status(status: std::process::ExitStatus) -> u8 {
     }
 }
 
+/// The `GPUGUARD_*` variables COMMAND will get (the options' over the
+/// environment's), checked as the library will: a bad value in the environment
+/// would stop COMMAND at load, so it is refused here, before anything starts.
+fn check_environment(vars: &[(&'static str, OsString)]) -> Result<(), Failure> {
+    let pairs = vars
+        .iter()
+        .map(|(k, v)| (OsString::from(k), v.clone()))
+        .chain(std::env::vars_os().filter(|(k, _)| k != LIB_VAR));
+    Config::parse_os(pairs).map(|_| ()).map_err(|e| {
+        Failure::Input(format!(
+            "{} (set in the environment; the library would stop COMMAND at load)",
+            clean(&e.to_string())
+        ))
+    })
+}
+
 pub fn main(args: RunArgs) -> Outcome {
     let vars = checked_vars(&args)?;
+    check_environment(&vars)?;
     let Some((program, rest)) = args.command.split_first() else {
         return Err(Failure::Input(
             "run needs a command: gpuguard run [OPTIONS] -- COMMAND...".into(),
@@ -275,15 +353,26 @@ pub fn main(args: RunArgs) -> Outcome {
             .filter(|d| !d.is_empty())
             .map_or_else(|| PathBuf::from("."), PathBuf::from),
     };
+    check_dir(&dir, args.dir.is_some())?;
     // Reports are matched by pid and by time: a second of slack for clocks that tick
     // coarsely, far less than any pid takes to come round again.
     let start_ms = unix_ms(SystemTime::now()).saturating_sub(1000);
+    // Reports already in the folder are another run's, however recent (a run that
+    // ended a moment ago falls within the second of slack).
+    let before = report_names(&dir);
     let mut child = Command::new(program)
         .args(rest)
         .env("LD_PRELOAD", preload)
         // The library reads every GPUGUARD_ variable; this one is the command's.
         .env_remove(LIB_VAR)
         .envs(vars)
+        // The folder read here, as an absolute path: a library resolves a relative
+        // one (or, unset, its working directory) from wherever its process starts,
+        // and `sh -c 'cd exp && python train.py'` starts it elsewhere.
+        .env(
+            "GPUGUARD_DIR",
+            std::path::absolute(&dir).unwrap_or_else(|_| dir.clone()),
+        )
         .spawn()
         .map_err(|e| {
             Failure::Input(format!(
@@ -306,33 +395,62 @@ pub fn main(args: RunArgs) -> Outcome {
                 break None;
             }
         }
+        pass_on_deferred(pid);
         watch.look(&dir);
         std::thread::sleep(POLL);
     };
     CHILD.store(0, Ordering::Relaxed);
     let code = status.map_or(1, shell_status);
-    let reports = reports_of(&dir, &watch.foreign, start_ms);
+    let signal = status.and_then(|s| std::os::unix::process::ExitStatusExt::signal(&s));
+    let reports = reports_of(&dir, &before, &watch.foreign, start_ms);
     print_err(&summary(
         &program.to_string_lossy(),
         pid,
         code,
+        signal,
         &dir,
+        args.trace.as_deref(),
         &reports,
     ));
     Ok(code)
 }
 
-/// The reports in `dir` written since the start, but for those of processes seen
-/// running outside CMD's tree.
-fn reports_of(dir: &Path, foreign: &HashSet<u32>, start_ms: u64) -> Vec<(PathBuf, Report)> {
+/// Whether a file name is a report's: `gpuguard.*.json` (a reason given through the
+/// C API may hold dots, so the name is not always split back into its parts).
+fn is_report_name(name: &str) -> bool {
+    name.starts_with("gpuguard.") && name.ends_with(".json")
+}
+
+/// The names of the report files in `dir`.
+fn report_names(dir: &Path) -> HashSet<OsString> {
+    std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.file_name())
+        .filter(|n| n.to_str().is_some_and(is_report_name))
+        .collect()
+}
+
+/// The reports in `dir` written since the start, but for those already there
+/// (`before`) and those of processes seen running outside CMD's tree.
+fn reports_of(
+    dir: &Path,
+    before: &HashSet<OsString>,
+    foreign: &HashSet<u32>,
+    start_ms: u64,
+) -> Vec<(PathBuf, Report)> {
     let mut found: Vec<(PathBuf, Report)> = std::fs::read_dir(dir)
         .into_iter()
         .flatten()
         .flatten()
+        .filter(|e| !before.contains(&e.file_name()))
         .filter_map(|e| {
             let name = e.file_name().into_string().ok()?;
-            let (pid, _, _) = report_name_parts(&name)?;
-            if foreign.contains(&pid) {
+            if !is_report_name(&name) {
+                return None;
+            }
+            if report_name_parts(&name).is_some_and(|(pid, _, _)| foreign.contains(&pid)) {
                 return None;
             }
             // Reports from before the run are not read at all.
@@ -341,7 +459,8 @@ fn reports_of(dir: &Path, foreign: &HashSet<u32>, start_ms: u64) -> Vec<(PathBuf
                 return None;
             }
             let report = load(&e.path()).ok()?;
-            (report.time_unix_ms >= start_ms).then(|| (e.path(), report))
+            (report.time_unix_ms >= start_ms && !foreign.contains(&report.pid))
+                .then(|| (e.path(), report))
         })
         .collect();
     found.sort_by_key(|(_, r)| (r.pid, r.seq));
@@ -349,24 +468,47 @@ fn reports_of(dir: &Path, foreign: &HashSet<u32>, start_ms: u64) -> Vec<(PathBuf
 }
 
 /// A few lines on stderr: memory per device, the leaking lines, caps hit, trims.
-fn summary(program: &str, pid: u32, code: u8, dir: &Path, reports: &[(PathBuf, Report)]) -> String {
+fn summary(
+    program: &str,
+    pid: u32,
+    code: u8,
+    signal: Option<i32>,
+    dir: &Path,
+    trace: Option<&Path>,
+    reports: &[(PathBuf, Report)],
+) -> String {
     let mut out = String::new();
+    let ended = match signal {
+        Some(sig) => format!("was ended by {} (status {code})", signal_name(sig)),
+        None => format!("ended with status {code}"),
+    };
     put!(
         out,
-        "\ngpuguard run: {} (pid {pid}) ended with status {code}; {} in {}",
+        "\ngpuguard run: {} (pid {pid}) {ended}; {} in {}",
         clean(program),
         count(reports.len() as u64, "report"),
-        shown(dir)
+        place(dir)
     );
     if reports.is_empty() {
-        put!(out, "  (no process of it wrote a report: did it use CUDA?)");
+        match signal {
+            Some(sig) => put!(
+                out,
+                "  (no process of it wrote a report: {} ended it before it exited; \
+                 GPUGUARD_SNAPSHOT_EVERY=60s writes reports while it runs)",
+                signal_name(sig)
+            ),
+            None => put!(out, "  (no process of it wrote a report: did it use CUDA?)"),
+        }
         return out;
     }
-    // Each process's latest report holds its figures at the end.
+    // Each process's exit report holds its figures at the end, else its latest
+    // (a report written after the exit report, by a trim the exit cut short, does
+    // not replace it).
     let mut latest: BTreeMap<u32, &Report> = BTreeMap::new();
     for (_, r) in reports {
         let slot = latest.entry(r.pid).or_insert(r);
-        if r.seq > slot.seq {
+        let exit = |r: &Report| r.reason == "exit";
+        if (exit(r), r.seq) > (exit(slot), slot.seq) {
             *slot = r;
         }
     }
@@ -379,9 +521,10 @@ fn summary(program: &str, pid: u32, code: u8, dir: &Path, reports: &[(PathBuf, R
         for d in &r.devices {
             put!(
                 out,
-                "  {} (pid {}) device {}: peak {}, live {when} {} in {}{}",
+                "  {} (pid {}{}) device {}: peak {}, live {when} {} in {}{}",
                 clean(&r.program),
                 r.pid,
+                rank_words(r),
                 d.device,
                 human_bytes(d.peak_bytes),
                 human_bytes(d.current_bytes),
@@ -397,6 +540,9 @@ fn summary(program: &str, pid: u32, code: u8, dir: &Path, reports: &[(PathBuf, R
                 clean(&r.program),
                 r.pid
             );
+        }
+        if let Some(line) = pinned_line(r) {
+            put!(out, "  {} (pid {}) {line}", clean(&r.program), r.pid);
         }
     }
     render_leaking_lines(&mut out, &latest);
@@ -445,12 +591,133 @@ fn summary(program: &str, pid: u32, code: u8, dir: &Path, reports: &[(PathBuf, R
             human_bytes(released)
         );
     }
+    if let Some(trace) = trace.filter(|t| !t.exists()) {
+        put!(
+            out,
+            "  no trace was written to {} (a library that does not write traces says so above)",
+            shown(trace)
+        );
+    }
     put!(
         out,
-        "  details: gpuguard show {}/gpuguard.*.json",
-        shown(dir)
+        "  details: gpuguard show {}",
+        show_patterns(dir, reports)
     );
     out
+}
+
+/// `SIGKILL`, `SIGTERM`, ...; `signal 40` for one without a name here.
+fn signal_name(sig: i32) -> String {
+    const NAMES: &[(i32, &str)] = &[
+        (libc::SIGHUP, "SIGHUP"),
+        (libc::SIGINT, "SIGINT"),
+        (libc::SIGQUIT, "SIGQUIT"),
+        (libc::SIGILL, "SIGILL"),
+        (libc::SIGTRAP, "SIGTRAP"),
+        (libc::SIGABRT, "SIGABRT"),
+        (libc::SIGBUS, "SIGBUS"),
+        (libc::SIGFPE, "SIGFPE"),
+        (libc::SIGKILL, "SIGKILL"),
+        (libc::SIGUSR1, "SIGUSR1"),
+        (libc::SIGSEGV, "SIGSEGV"),
+        (libc::SIGUSR2, "SIGUSR2"),
+        (libc::SIGPIPE, "SIGPIPE"),
+        (libc::SIGALRM, "SIGALRM"),
+        (libc::SIGTERM, "SIGTERM"),
+        (libc::SIGXCPU, "SIGXCPU"),
+        (libc::SIGXFSZ, "SIGXFSZ"),
+    ];
+    NAMES
+        .iter()
+        .find(|(n, _)| *n == sig)
+        .map_or_else(|| format!("signal {sig}"), |(_, name)| name.to_string())
+}
+
+/// Where reports went, for the summary's first line.
+fn place(dir: &Path) -> String {
+    if dir == Path::new(".") {
+        "the working directory".into()
+    } else {
+        shown(dir)
+    }
+}
+
+/// A word for a shell: as it is when it holds nothing a shell reads specially,
+/// else in single quotes.
+fn shell_word(text: &str) -> String {
+    let plain = |c: char| c.is_ascii_alphanumeric() || "_-./+:,@%=".contains(c);
+    if !text.is_empty() && text.chars().all(plain) {
+        text.to_string()
+    } else {
+        format!("'{}'", text.replace('\'', "'\\''"))
+    }
+}
+
+/// Most processes named in the `details:` line; past it, one pattern for the folder.
+const PATTERNS_NAMED: usize = 4;
+
+/// Shell patterns for this run's reports, one per process
+/// (`DIR/gpuguard.prog.123.*.json`), so older reports in the folder stay out of
+/// `gpuguard show`.
+fn show_patterns(dir: &Path, reports: &[(PathBuf, Report)]) -> String {
+    let mut prefixes: Vec<String> = Vec::new();
+    for (_, r) in reports {
+        // The library's name for the report less `<seq>.<reason>.json`.
+        let name = file_name(&r.program, r.rank, r.pid, 0, "x");
+        let prefix = name.strip_suffix("0.x.json").unwrap_or(&name).to_string();
+        if !prefixes.contains(&prefix) {
+            prefixes.push(prefix);
+        }
+    }
+    if prefixes.is_empty() || prefixes.len() > PATTERNS_NAMED {
+        prefixes = vec!["gpuguard.".into()];
+    }
+    let folder = if dir == Path::new(".") {
+        String::new()
+    } else {
+        format!("{}/", dir.display())
+    };
+    let patterns: Vec<String> = prefixes
+        .iter()
+        .map(|p| format!("{}*.json", shell_word(&format!("{folder}{p}"))))
+        .collect();
+    clean(&patterns.join(" ")).into_owned()
+}
+
+/// The report folder, checked before COMMAND starts: the summary reads the reports
+/// from there, and a library that cannot write there sends them to stderr.
+fn check_dir(dir: &Path, from_option: bool) -> Result<(), Failure> {
+    let who = if from_option {
+        format!("--dir {}", shown(dir))
+    } else if dir == Path::new(".") {
+        "the working directory".to_string()
+    } else {
+        format!("GPUGUARD_DIR {}", shown(dir))
+    };
+    match std::fs::metadata(dir) {
+        Ok(m) if m.is_dir() => {}
+        Ok(_) => {
+            return Err(Failure::Input(format!(
+                "{who}: not a directory; reports go into a directory"
+            )));
+        }
+        Err(e) => {
+            return Err(Failure::Input(format!(
+                "{who}: {e}; create the directory first"
+            )));
+        }
+    }
+    let Ok(c_dir) = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes()) else {
+        return Ok(());
+    };
+    // SAFETY: a NUL-terminated path; access(2) only reads it.
+    if unsafe { libc::access(c_dir.as_ptr(), libc::W_OK | libc::X_OK) } != 0 {
+        let e = std::io::Error::last_os_error();
+        return Err(Failure::Input(format!(
+            "{who}: reports cannot be written there ({e})"
+        )));
+    }
+    Ok(())
 }
 
 /// The lines holding the most live memory at the end, over all processes: Python
@@ -458,19 +725,15 @@ fn summary(program: &str, pid: u32, code: u8, dir: &Path, reports: &[(PathBuf, R
 fn render_leaking_lines(out: &mut String, latest: &BTreeMap<u32, &Report>) {
     let mut lines: Vec<(u64, String, Vec<String>)> = Vec::new();
     for r in latest.values() {
-        if !r.python_sites.is_empty() {
-            for s in &r.python_sites {
-                let what = format!("{} ({})", count(s.live_count, "block"), clean(&s.framework));
-                lines.push((s.live_bytes, what, frames(&s.frames)));
+        let py = python_sites(r);
+        let sites = if py.is_empty() { native_sites(r) } else { py };
+        for s in &sites {
+            let mut what = holding(s);
+            // With several processes, whose line it is.
+            if latest.len() > 1 {
+                what.push_str(&format!(" in pid {}", r.pid));
             }
-        } else {
-            for s in &r.sites {
-                lines.push((
-                    s.live_bytes,
-                    count(s.live_count, "allocation"),
-                    frames(&s.frames),
-                ));
-            }
+            lines.push((s.live_bytes, what, frames(s.frames)));
         }
     }
     if lines.is_empty() {
@@ -486,7 +749,18 @@ fn render_leaking_lines(out: &mut String, latest: &BTreeMap<u32, &Report>) {
         count(live, "allocation")
     );
     for (bytes, what, site_frames) in lines.iter().take(SUMMARY_LINES) {
-        let place: Vec<&str> = site_frames.iter().take(2).map(String::as_str).collect();
+        // In a Python process the innermost native frames are the interpreter's
+        // and ctypes' (libffi); the program's own line is its innermost Python
+        // frame.
+        let first = site_frames
+            .iter()
+            .position(|f| f.starts_with("python: "))
+            .unwrap_or(0);
+        let place: Vec<&str> = site_frames[first..]
+            .iter()
+            .take(2)
+            .map(String::as_str)
+            .collect();
         put!(
             out,
             "    {:>11} in {what}: {}",

@@ -1,7 +1,10 @@
 //! `gpuguard show`: the answer first (a table per device, the lines holding the most
 //! live memory, suspected leaks across reports), then the details.
 
-use super::growth::{SiteTrend, growing_sites, live_allocations};
+use super::growth::{
+    MergedSite, PYTHON_STACK, SiteTrend, growing_sites, live_allocations, native_sites,
+    python_sites, unit,
+};
 use super::load::{load_all, shown};
 use super::output::print;
 use super::text::{clean, count, frames, human_byte_counts, readable_frames};
@@ -77,9 +80,10 @@ fn render_header(out: &mut String, file: &str, r: &Report) {
     put!(out, "gpuguard report {file}");
     put!(
         out,
-        "  {} (pid {}), reason: {}, report #{}, {:.1} s after the first CUDA call",
+        "  {} (pid {}{}), reason: {}, report #{}, {:.1} s after the first CUDA call",
         clean(&r.program),
         r.pid,
+        rank_words(r),
         clean(&r.reason),
         r.seq,
         r.uptime_s
@@ -87,6 +91,20 @@ fn render_header(out: &mut String, file: &str, r: &Report) {
     if !r.argv.is_empty() {
         put!(out, "  command: {}", clean(&r.argv.join(" ")));
     }
+}
+
+/// `, rank 1/2 on host n0` for a report of a distributed run; empty otherwise.
+pub fn rank_words(r: &Report) -> String {
+    let Some(rank) = r.rank else {
+        return String::new();
+    };
+    format!(
+        ", rank {rank}{}{}",
+        r.world_size.map_or(String::new(), |w| format!("/{w}")),
+        r.host
+            .as_deref()
+            .map_or(String::new(), |h| format!(" on host {}", clean(h)))
+    )
 }
 
 /// Bytes for a table cell; `-` where nobody could say.
@@ -138,6 +156,9 @@ fn render_devices(out: &mut String, r: &Report) {
     if r.devices.is_empty() {
         put!(out, "  (no device memory was used)");
     }
+    if let Some(line) = pinned_line(r) {
+        put!(out, "  {line}");
+    }
     if let Some(d) = &r.denial {
         put!(
             out,
@@ -149,6 +170,22 @@ fn render_devices(out: &mut String, r: &Report) {
             human_bytes(d.cap_bytes)
         );
     }
+}
+
+/// Pinned host memory, counted apart from device memory; `None` when the process
+/// never pinned any.
+pub fn pinned_line(r: &Report) -> Option<String> {
+    let h = &r.host_pinned;
+    (h.allocs > 0 || h.peak_bytes > 0).then(|| {
+        format!(
+            "pinned host memory: {} live in {}, peak {} ({} made, {} freed)",
+            human_bytes(h.current_bytes),
+            count(h.live_count, "allocation"),
+            human_bytes(h.peak_bytes),
+            h.allocs,
+            h.frees
+        )
+    })
 }
 
 /// A site's figures and frames, as the top lists and the details show them.
@@ -167,6 +204,32 @@ fn render_site(out: &mut String, label: &str, bytes: u64, what: &str, site_frame
     }
 }
 
+/// What a merged site holds: `34 allocations`, `5 blocks (pytorch)`,
+/// `34 allocations (python-stack)`.
+pub fn holding(s: &MergedSite) -> String {
+    let n = count(s.live_count, unit(s.python));
+    match s.python {
+        Some(fw) => format!("{n} ({})", clean(fw)),
+        None => n,
+    }
+}
+
+/// The heading over a report's Python lines: framework blocks in use, or (for lines
+/// read from the allocating thread's stack) the allocations the lines made.
+fn python_heading(sites: &[MergedSite]) -> &'static str {
+    let stack = sites
+        .iter()
+        .filter(|s| s.python == Some(PYTHON_STACK))
+        .count();
+    if stack == 0 {
+        "Python lines holding framework memory in use, most first:"
+    } else if stack == sites.len() {
+        "Python lines whose allocations hold the live memory, most first:"
+    } else {
+        "Python lines holding the most live memory, most first:"
+    }
+}
+
 /// The live allocations, then the lines holding the most: Python lines where the
 /// report has them (the program's own code), else the native call sites.
 fn render_top_sites(out: &mut String, r: &Report, top: usize) {
@@ -177,46 +240,28 @@ fn render_top_sites(out: &mut String, r: &Report, top: usize) {
     };
     put!(out);
     put!(out, "  {} {what}", count(live_allocations(r), "allocation"));
-    if !r.python_sites.is_empty() {
-        put!(
-            out,
-            "  Python lines holding framework memory in use, most first:"
-        );
-        for s in r.python_sites.iter().take(top) {
-            let blocks = format!("{} ({})", count(s.live_count, "block"), clean(&s.framework));
-            render_site(
-                out,
-                &format!("py site {}", s.id),
-                s.live_bytes,
-                &blocks,
-                &s.frames,
-            );
-        }
-        if r.python_sites.len() > top {
-            put!(
-                out,
-                "    ... {}",
-                count((r.python_sites.len() - top) as u64, "more Python site")
-            );
-        }
+    let py = python_sites(r);
+    if !py.is_empty() {
+        put!(out, "  {}", python_heading(&py));
+        render_merged(out, &py, top, "more Python line");
     } else if !r.sites.is_empty() {
         put!(out, "  call sites holding the most live bytes:");
         render_native_sites(out, r, top);
     }
 }
 
+/// Up to `top` merged sites, then how many were left out.
+fn render_merged(out: &mut String, sites: &[MergedSite], top: usize, more: &str) {
+    for s in sites.iter().take(top) {
+        render_site(out, &s.label(), s.live_bytes, &holding(s), s.frames);
+    }
+    if sites.len() > top {
+        put!(out, "    ... {}", count((sites.len() - top) as u64, more));
+    }
+}
+
 fn render_native_sites(out: &mut String, r: &Report, top: usize) {
-    for s in r.sites.iter().take(top) {
-        let n = count(s.live_count, "allocation");
-        render_site(out, &format!("site {}", s.id), s.live_bytes, &n, &s.frames);
-    }
-    if r.sites.len() > top {
-        put!(
-            out,
-            "    ... {}",
-            count((r.sites.len() - top) as u64, "more call site")
-        );
-    }
+    render_merged(out, &native_sites(r), top, "more call site");
 }
 
 /// The reports of each process (host and pid) with 2 or more of them, by `seq`.
@@ -244,7 +289,7 @@ fn processes<'a>(reports: &[&'a Report]) -> Vec<Vec<&'a Report>> {
 /// A site's growth, with its live bytes in each report.
 pub fn render_trend(out: &mut String, t: &SiteTrend, labels: &[String], sign: char, amount: u64) {
     put!(out, "    {sign}{}", human_bytes(amount));
-    let unit = if t.is_python() { "block" } else { "allocation" };
+    let unit = unit(t.key.python.as_deref());
     for (label, live) in labels.iter().zip(&t.live) {
         put!(
             out,
@@ -253,8 +298,10 @@ pub fn render_trend(out: &mut String, t: &SiteTrend, labels: &[String], sign: ch
             count(live.count, unit)
         );
     }
-    if let Some(fw) = &t.key.python {
-        put!(out, "        [{} blocks, Python]", clean(fw));
+    match t.key.python.as_deref() {
+        Some(PYTHON_STACK) => put!(out, "        [allocations, Python stack]"),
+        Some(fw) => put!(out, "        [{} blocks, Python]", clean(fw)),
+        None => {}
     }
     let shown = frames(&t.key.frames);
     for f in shown.iter().take(FRAMES_SHOWN) {
@@ -409,7 +456,12 @@ fn render_details(out: &mut String, file: &str, r: &Report, top: usize) {
                 "    {:<18} {:>11} {:>4} {:<8} {:<24} {:>8.1}s {:>5}",
                 a.address.to_string(),
                 human_bytes(a.bytes),
-                a.device,
+                // Pinned host memory belongs to no device.
+                if a.kind == "host" {
+                    "-".to_string()
+                } else {
+                    a.device.to_string()
+                },
                 clean(&a.kind),
                 clean(&a.api),
                 a.age_s,
@@ -507,6 +559,9 @@ struct JsonReport<'a> {
     /// Left out with `--leaks`, as in the text.
     #[serde(skip_serializing_if = "Option::is_none")]
     devices: Option<Vec<JsonDevice>>,
+    /// Left out with `--leaks`, as in the text.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    host_pinned: Option<&'a report::HostReport>,
     #[serde(skip_serializing_if = "Option::is_none")]
     denial: Option<&'a report::DenialReport>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -575,29 +630,18 @@ impl JsonGrowth {
 }
 
 fn top_sites(r: &Report, top: usize) -> Vec<JsonSite> {
-    if !r.python_sites.is_empty() {
-        r.python_sites
-            .iter()
-            .take(top)
-            .map(|s| JsonSite {
-                python_framework: Some(s.framework.clone()),
-                live_bytes: s.live_bytes,
-                live_count: s.live_count,
-                frames: readable_frames(&s.frames),
-            })
-            .collect()
-    } else {
-        r.sites
-            .iter()
-            .take(top)
-            .map(|s| JsonSite {
-                python_framework: None,
-                live_bytes: s.live_bytes,
-                live_count: s.live_count,
-                frames: readable_frames(&s.frames),
-            })
-            .collect()
-    }
+    let py = python_sites(r);
+    let sites = if py.is_empty() { native_sites(r) } else { py };
+    sites
+        .iter()
+        .take(top)
+        .map(|s| JsonSite {
+            python_framework: s.python.map(str::to_string),
+            live_bytes: s.live_bytes,
+            live_count: s.live_count,
+            frames: readable_frames(s.frames),
+        })
+        .collect()
 }
 
 fn json_summary<'a>(named: &'a [(String, &'a Report)], args: &ShowArgs) -> JsonShow<'a> {
@@ -633,6 +677,7 @@ fn json_summary<'a>(named: &'a [(String, &'a Report)], args: &ShowArgs) -> JsonS
                     })
                     .collect()
             }),
+            host_pinned: (!args.leaks_only).then_some(&r.host_pinned),
             denial: r.denial.as_ref().filter(|_| !args.leaks_only),
             trim: r.trim.as_ref().filter(|_| !args.leaks_only),
             top_sites: top_sites(r, args.top as usize),

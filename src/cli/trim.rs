@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
     default), waits for the trim report it writes and prints what each mechanism gave back."
 )]
 pub struct TrimArgs {
-    /// A process running under gpuguard
+    /// A process running under gpuguard, or `gpuguard run` (its command is trimmed)
     #[arg(value_name = "PID", value_parser = parse_pid)]
     pub pid: u32,
     /// Seconds to wait for the trim report (fractions allowed; 0: look once)
@@ -49,21 +49,62 @@ pub fn parse_timeout(text: &str) -> Result<Duration, String> {
     Duration::try_from_secs_f64(secs).map_err(|_| format!("{text:?} seconds is too long a timeout"))
 }
 
-pub fn main(args: TrimArgs) -> Outcome {
-    let pid = args.pid;
-    let proc_dir = PathBuf::from(format!("/proc/{pid}"));
-    let maps = std::fs::read_to_string(proc_dir.join("maps")).map_err(|e| {
+/// The libraries a process has mapped, from `/proc/PID/maps`.
+fn maps(pid: u32) -> Result<String, Failure> {
+    std::fs::read_to_string(format!("/proc/{pid}/maps")).map_err(|e| {
         Failure::Input(if e.kind() == std::io::ErrorKind::NotFound {
             format!("no process {pid}")
         } else {
             format!("cannot inspect process {pid}: {e}")
         })
-    })?;
-    if !maps.lines().any(|l| l.contains("libgpuguard")) {
+    })
+}
+
+/// Whether a process is `gpuguard run` (whose pid is the one a user sees first).
+fn is_gpuguard_run(pid: u32) -> bool {
+    let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+    comm.trim_end() == "gpuguard" && cmdline.split(|b| *b == 0).nth(1) == Some(b"run")
+}
+
+/// The process to trim: `pid` itself when gpuguard is loaded in it; for the pid of
+/// `gpuguard run`, the one process under it that uses CUDA with gpuguard loaded.
+fn target(pid: u32) -> Result<u32, Failure> {
+    let guarded = |m: &str| m.lines().any(|l| l.contains("libgpuguard"));
+    if guarded(&maps(pid)?) {
+        return Ok(pid);
+    }
+    if !is_gpuguard_run(pid) {
         return Err(Failure::Input(format!(
             "process {pid} is not running gpuguard (libgpuguard.so is not loaded in it)"
         )));
     }
+    let using_cuda = super::run::cuda_processes_under(pid);
+    match using_cuda.as_slice() {
+        [one] => Ok(*one),
+        [] => Err(Failure::Input(format!(
+            "process {pid} is gpuguard run, and no process under it uses CUDA yet"
+        ))),
+        many => {
+            let names: Vec<String> = many
+                .iter()
+                .map(|p| {
+                    let comm =
+                        std::fs::read_to_string(format!("/proc/{p}/comm")).unwrap_or_default();
+                    format!("{p} ({})", clean(comm.trim_end()))
+                })
+                .collect();
+            Err(Failure::Input(format!(
+                "process {pid} is gpuguard run, with several processes using CUDA under it: {}; trim one of them",
+                names.join(", ")
+            )))
+        }
+    }
+}
+
+pub fn main(args: TrimArgs) -> Outcome {
+    let pid = target(args.pid)?;
+    let proc_dir = PathBuf::from(format!("/proc/{pid}"));
     // Its own settings: the trim signal and where its reports go.
     let environ = std::fs::read(proc_dir.join("environ")).map_err(|e| {
         Failure::Input(format!("cannot read the environment of process {pid}: {e}"))

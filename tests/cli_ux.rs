@@ -384,8 +384,9 @@ fn plot_refusals_speak_of_traces() {
     );
 }
 
-/// A reason given through the C API may hold dots (`epoch.3`): such a report is
-/// still this run's, counted and matched by the details line.
+/// A reason given through the C API may hold dots (`epoch.3`): the file name says
+/// `epoch_3` (one field), the report itself keeps the reason; the report is this
+/// run's, counted and matched by the details line.
 #[test]
 fn run_counts_reports_whose_reason_has_dots() {
     let dir = scratch("dotted");
@@ -401,7 +402,7 @@ fn run_counts_reports_whose_reason_has_dots() {
     );
     assert_eq!(r.code, Some(0), "{}", r.describe());
     assert_eq!(
-        files_ending(&dir, ".epoch.3.json").len(),
+        files_ending(&dir, ".epoch_3.json").len(),
         1,
         "{}",
         r.describe()

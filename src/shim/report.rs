@@ -260,10 +260,11 @@ fn headline(r: &gpuguard_core::report::Report) -> String {
         .iter()
         .map(|d| {
             format!(
-                "device {}: {} live in {} allocations, peak {}",
+                "device {}: {} live in {} allocation{}, peak {}",
                 d.device,
                 human_bytes(d.current_bytes),
                 d.live_count,
+                if d.live_count == 1 { "" } else { "s" },
                 human_bytes(d.peak_bytes)
             )
         })

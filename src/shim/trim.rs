@@ -75,7 +75,10 @@ pub(super) fn perform_with(books: &Books, trigger: &str, python: bool) -> TrimRe
             status: if pools > 0 { "trimmed" } else { "none" }.into(),
             released_bytes: pool_released,
             detail: Some(if pools > 0 {
-                format!("{pools} stream-ordered pool(s) trimmed to 0 (cuMemPoolTrimTo)")
+                format!(
+                    "{pools} stream-ordered pool{} trimmed to 0 (cuMemPoolTrimTo)",
+                    if pools == 1 { "" } else { "s" }
+                )
             } else {
                 "no stream-ordered memory pool in use".into()
             }),

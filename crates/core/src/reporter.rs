@@ -457,10 +457,12 @@ pub fn file_name(program: &str, rank: Option<u64>, pid: u32, seq: u64, reason: &
         if c.is_empty() { "unknown".into() } else { c }
     };
     let rank = rank.map_or(String::new(), |r| format!("r{r}."));
+    // The reason is the last field before `.json`: a dot in it (a C API reason such
+    // as `epoch.3`) would make the name ambiguous.
     format!(
         "gpuguard.{}.{rank}{pid}.{seq}.{}.json",
         clean(program),
-        clean(reason)
+        clean(reason).replace('.', "_")
     )
 }
 
@@ -841,6 +843,11 @@ mod tests {
         assert_eq!(
             file_name("a/b c", None, 1, 1, "x"),
             "gpuguard.a_b_c.1.1.x.json"
+        );
+        // A reason with dots (the C API's own words) stays one field.
+        assert_eq!(
+            file_name("python3.12", None, 5, 2, "epoch.3"),
+            "gpuguard.python3.12.5.2.epoch_3.json"
         );
     }
 

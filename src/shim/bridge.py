@@ -154,7 +154,11 @@ def _gg_calibrate_in(tstate, me):
         if instr_off is None:
             return {"error": "instruction pointer not found"}
         base = _gg_word(iparent + instr_off) - pcode - parent.f_lasti
-        lay.update(mode=1, code_off=code_off, prev_off=prev_off, instr_off=instr_off, base=base)
+        owner_off = _gg_owner(iframe, prev_off, code_off, me)
+        if owner_off is None:
+            return {"error": "entry frames not recognized"}
+        lay.update(mode=1, code_off=code_off, prev_off=prev_off, instr_off=instr_off, base=base,
+                   owner_off=owner_off)
         # Check: the grandparent read through the layout agrees with Python.
         if _gg_word(igrand + code_off) != id(grand.f_code):
             return {"error": "frame chain check failed"}
@@ -163,26 +167,63 @@ def _gg_calibrate_in(tstate, me):
         if _gg_word(iparent + prev_off) != igrand:
             return {"error": "frame link check failed"}
         return lay
-    # 3.10: the thread state points at frame objects, which hold code, back, lasti.
-    ts_off = _gg_find(tstate, 512, id(me))
+    # 3.10: the thread state points at frame objects, which hold code, back, lasti;
+    # the current one is this function's own while only C is called (a call of a
+    # Python function would push its frame).
+    import ctypes
+
+    here = id(sys._getframe(0))
+    ts_off = None
+    for off in range(0, 512, 8):
+        if ctypes.c_void_p.from_address(tstate + off).value == here:
+            ts_off = off
+            break
     code_off = _gg_find(id(me), 128, id(me.f_code))
     back_off = _gg_find(id(me), 128, id(parent))
     if None in (ts_off, code_off, back_off):
         return {"error": "frame object layout not recognized"}
-    import ctypes
-
     lasti_off = None
     for off in range(0, 160, 4):
         v = ctypes.c_int.from_address(id(parent) + off).value
-        if v * 2 == parent.f_lasti and v > 0:
+        w = ctypes.c_int.from_address(id(grand) + off).value
+        if v * 2 == parent.f_lasti and v > 0 and w * 2 == grand.f_lasti:
             lasti_off = off
             break
     if lasti_off is None:
         return {"error": "f_lasti not found"}
-    if ctypes.c_int.from_address(id(grand) + lasti_off).value * 2 != grand.f_lasti:
-        return {"error": "f_lasti check failed"}
     return {"mode": 2, "ts_off": ts_off, "ts_deref": -1, "code_off": code_off, "prev_off": back_off,
             "instr_off": lasti_off, "base": 0}
+
+
+def _gg_owner(iframe, prev_off, code_off, me):
+    """Where an interpreter frame says who owns it (3.12+), -1 where the chain has
+    only frames of code (3.11), None if neither holds. The chain from here runs
+    through the interpreter's own entry frame of this pending call (owned by the C
+    stack: 3) on its way to the program's frames; skipping the frames so marked must
+    leave exactly the code of Python's own f_back chain."""
+    import ctypes
+
+    want = []
+    f = me
+    while f is not None and len(want) < 48:
+        want.append(id(f.f_code))
+        f = f.f_back
+    chain = []
+    p = iframe
+    while p and len(chain) < 64:
+        chain.append(p)
+        p = _gg_word(p + prev_off)
+    codes = [_gg_word(p + code_off) for p in chain]
+    if sys.version_info < (3, 12):
+        return -1 if codes[: len(want)] == want else None
+    for off in range(64, 80):
+        owners = [ctypes.c_ubyte.from_address(p + off).value for p in chain]
+        if 3 not in owners or any(o > 3 for o in owners):
+            continue
+        kept = [c for c, o in zip(codes, owners) if o != 3]
+        if kept[: len(want)] == want:
+            return off
+    return None
 
 
 def _gg_scan_tstate(tstate):

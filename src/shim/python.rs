@@ -22,6 +22,7 @@ use std::time::{Duration, Instant};
 
 mod api;
 pub(crate) mod frames;
+mod layout;
 
 use api::{Api, MethodDef, Obj, api, lock};
 

@@ -65,6 +65,7 @@ fn symbolize(pc: usize, tables: &Tables) -> FrameInfo {
                 None => format!("{}(code no longer alive)", gpuguard_core::report::PY_FRAME),
             },
             internal: false,
+            interpreter: false,
         };
     }
     // A return address points after the call; look up the call itself.
@@ -75,6 +76,7 @@ fn symbolize(pc: usize, tables: &Tables) -> FrameInfo {
         return FrameInfo {
             text: format!("{pc:#x}"),
             internal: false,
+            interpreter: false,
         };
     }
     // SAFETY: dladdr filled these with C strings owned by the loader.
@@ -90,6 +92,12 @@ fn symbolize(pc: usize, tables: &Tables) -> FrameInfo {
     let internal = real::is_own_code(at)
         || module.starts_with("libcuda.so")
         || module.starts_with("libcudart.so");
+    // CPython (a shared libpython or a python executable) and the foreign-function
+    // layer ctypes calls C through.
+    let interpreter = module.starts_with("libpython")
+        || module.starts_with("python")
+        || module.starts_with("libffi.so")
+        || module.starts_with("_ctypes");
     let file = if path.is_empty() {
         "/proc/self/exe".to_string()
     } else {
@@ -114,7 +122,11 @@ fn symbolize(pc: usize, tables: &Tables) -> FrameInfo {
         Some((name, o)) => format!("{name}+{o:#x} ({module}+{off:#x})"),
         None => format!("{module}+{off:#x}"),
     };
-    FrameInfo { text, internal }
+    FrameInfo {
+        text,
+        internal,
+        interpreter,
+    }
 }
 
 /// C++ (and Rust legacy) names through the process's own `__cxa_demangle`, where a
@@ -313,14 +325,13 @@ fn denial(books: &Books, tables: &Tables) -> Option<gpuguard_core::report::Denia
         .cloned()
         .unwrap_or_default();
     let infos: Vec<FrameInfo> = stack.iter().map(|&pc| symbolize(pc, tables)).collect();
-    let first_user = infos.iter().position(|f| !f.internal).unwrap_or(0);
     Some(gpuguard_core::report::DenialReport {
         device: d.device,
         bytes: d.bytes,
         api: table::api_name(d.api).to_string(),
         charged_bytes: d.charged,
         cap_bytes: d.cap,
-        frames: infos.into_iter().skip(first_user).map(|f| f.text).collect(),
+        frames: reporter::site_frames(&infos.iter().collect::<Vec<_>>()),
     })
 }
 

@@ -213,7 +213,11 @@ fn capture_site_in(books: &Books, t: &ThreadState) -> u32 {
     if len == n && owner == here && pcs[..n] == last[..n] {
         return id;
     }
-    let id = books.sites.intern(&pcs[..n]);
+    let (id, new) = books.sites.intern_new(&pcs[..n]);
+    if new && py != 0 {
+        // Its Python code is running now: the time to copy what names it.
+        frames::remember(&pcs[..n]);
+    }
     last[..n].copy_from_slice(&pcs[..n]);
     t.last_site.set((n, here, id));
     id

@@ -14,6 +14,31 @@ pub struct FrameInfo {
     pub text: String,
     /// Inside gpuguard or a CUDA library: trimmed from the top of a site.
     pub internal: bool,
+    /// Inside the Python interpreter (or the foreign-function layer it calls C
+    /// through): in a site that has Python frames, these and the native frames after
+    /// them are the interpreter's plumbing, which the Python frames say better.
+    pub interpreter: bool,
+}
+
+/// A site's frames as reported: gpuguard's and CUDA's own frames trimmed off the
+/// top (never to nothing), and where the site has Python frames, the interpreter's
+/// native frames before them. Two captures of one place give the same frames even
+/// when their raw stacks differ (one taken by a full unwind, one by the learned
+/// walk, which can stop early in a frame of dynamic size such as libffi's).
+pub fn site_frames(infos: &[&FrameInfo]) -> Vec<String> {
+    use crate::report::PY_FRAME;
+    let first_user = infos.iter().position(|f| !f.internal).unwrap_or(0);
+    let rest = &infos[first_user..];
+    let first_py = rest.iter().position(|f| f.text.starts_with(PY_FRAME));
+    let native_end = match first_py {
+        Some(p) => rest[..p].iter().position(|f| f.interpreter).unwrap_or(p),
+        None => rest.len(),
+    };
+    rest[..native_end]
+        .iter()
+        .chain(first_py.map_or(&[][..], |p| &rest[p..]))
+        .map(|f| f.text.clone())
+        .collect()
 }
 
 pub struct ReportInput<'a> {
@@ -113,27 +138,42 @@ pub fn build(input: &ReportInput<'_>) -> Report {
         live_count: host_live,
     };
 
-    // Sites: symbolize only those that hold live memory, each address once.
+    // Sites: symbolize only those that hold live memory, each address once. Stacks
+    // that read the same are one site (the lowest id), whatever their raw addresses.
     let all_sites = input.sites.all();
     let mut names: HashMap<usize, FrameInfo> = HashMap::new();
-    let mut sites: Vec<Site> = site_use
-        .iter()
-        .filter_map(|(&id, &(bytes, count))| {
-            let stack = all_sites.get(id as usize)?;
-            for &pc in stack.iter() {
-                names.entry(pc).or_insert_with(|| (input.symbolize)(pc));
+    let mut ids: Vec<&u32> = site_use.keys().collect();
+    ids.sort_unstable();
+    let mut by_frames: HashMap<Vec<String>, usize> = HashMap::new();
+    let mut merged_into: HashMap<u32, u32> = HashMap::new();
+    let mut sites: Vec<Site> = Vec::new();
+    for &id in ids {
+        let Some(stack) = all_sites.get(id as usize) else {
+            continue;
+        };
+        for &pc in stack.iter() {
+            names.entry(pc).or_insert_with(|| (input.symbolize)(pc));
+        }
+        let infos: Vec<&FrameInfo> = stack.iter().map(|pc| &names[pc]).collect();
+        let frames = site_frames(&infos);
+        let (bytes, count) = site_use[&id];
+        match by_frames.get(&frames) {
+            Some(&i) => {
+                sites[i].live_bytes += bytes;
+                sites[i].live_count += count;
+                merged_into.insert(id, sites[i].id);
             }
-            let infos: Vec<&FrameInfo> = stack.iter().map(|pc| &names[pc]).collect();
-            // Trim gpuguard's and CUDA's own frames off the top, but never to nothing.
-            let first_user = infos.iter().position(|f| !f.internal).unwrap_or(0);
-            Some(Site {
-                id,
-                frames: infos[first_user..].iter().map(|f| f.text.clone()).collect(),
-                live_bytes: bytes,
-                live_count: count,
-            })
-        })
-        .collect();
+            None => {
+                by_frames.insert(frames.clone(), sites.len());
+                sites.push(Site {
+                    id,
+                    frames,
+                    live_bytes: bytes,
+                    live_count: count,
+                });
+            }
+        }
+    }
     sites.sort_unstable_by(|a, b| b.live_bytes.cmp(&a.live_bytes).then(a.id.cmp(&b.id)));
 
     // Counters and sites above cover every allocation; the list keeps the largest.
@@ -150,7 +190,7 @@ pub fn build(input: &ReportInput<'_>) -> Report {
             api: (input.api_name)(r.api).into(),
             thread: r.thread,
             age_s: input.now_ns.saturating_sub(r.t_ns) as f64 / 1e9,
-            site: (r.site != NO_SITE).then_some(r.site),
+            site: (r.site != NO_SITE).then(|| merged_into.get(&r.site).copied().unwrap_or(r.site)),
             owner: None,
             in_use_bytes: None,
         })
@@ -270,8 +310,13 @@ mod tests {
             sites,
             api_name: &|_| "cuMemAlloc_v2",
             symbolize: &|pc| FrameInfo {
-                text: format!("f{pc}"),
+                text: if pc >= 1000 {
+                    format!("python: p{pc}")
+                } else {
+                    format!("f{pc}")
+                },
                 internal: pc < 10,
+                interpreter: (500..1000).contains(&pc),
             },
             device_total: &|_| 1 << 30,
             config: ReportConfig::default(),
@@ -343,6 +388,45 @@ mod tests {
             ..input(&ledger, &sites)
         });
         assert_eq!((all.live.len(), all.live_omitted), (3, 0));
+    }
+
+    #[test]
+    fn stacks_that_read_the_same_are_one_site() {
+        let ledger = Ledger::new();
+        let sites = SiteTable::new();
+        // Two raw stacks of one place: they differ only in gpuguard's/CUDA's own
+        // frames at the top (trimmed), or in the interpreter's frames before the
+        // Python ones (one capture walked further than the other).
+        let a = sites.intern(&[1, 100, 200]);
+        let b = sites.intern(&[2, 3, 100, 200]);
+        let c = sites.intern(&[1, 100, 600, 601, 1001, 1002]);
+        let d = sites.intern(&[1, 100, 600, 1001, 1002]);
+        let other = sites.intern(&[1, 100, 1003]);
+        let rec = |site| Record {
+            bytes: 8,
+            ctx: 0,
+            t_ns: 0,
+            site,
+            thread: 1,
+            device: 0,
+            kind: Kind::Device,
+            api: 0,
+        };
+        for (i, s) in [a, b, b, c, d, d, other].into_iter().enumerate() {
+            ledger.insert(Key::device(0x1000 * (i as u64 + 1)), rec(s));
+        }
+        let r = build(&input(&ledger, &sites));
+        assert_eq!(r.sites.len(), 3, "{:#?}", r.sites);
+        let by = |f: &[&str]| r.sites.iter().find(|s| s.frames == f).unwrap();
+        let native = by(&["f100", "f200"]);
+        assert_eq!((native.id, native.live_count, native.live_bytes), (a, 3, 24));
+        let py = by(&["f100", "python: p1001", "python: p1002"]);
+        assert_eq!((py.id, py.live_count), (c, 3));
+        assert_eq!(by(&["f100", "python: p1003"]).live_count, 1);
+        // Every live allocation points at a site in the list.
+        for l in &r.live {
+            assert!(r.sites.iter().any(|s| Some(s.id) == l.site), "{l:?}");
+        }
     }
 
     #[test]

@@ -98,7 +98,11 @@ fn every_allocation_from_the_first_names_its_frames() {
             );
             if *bytes == 3 * MIB {
                 let m = p.iter().find(|f| f.contains(&want)).unwrap();
-                let name = if v == "3.10" { "forward" } else { "Model.forward" };
+                let name = if v == "3.10" {
+                    "forward"
+                } else {
+                    "Model.forward"
+                };
                 assert!(m.ends_with(&format!(" in {name}")), "python {v}: {m}");
             }
             // The module's frame is the outermost and is there exactly once: no

@@ -8,8 +8,15 @@
 //! and the site's bytes fell only there (the program freed its list as it returned,
 //! just before exit), the judgment is on the series before that drop, and the
 //! suspect says so. Suspects are ranked by how steadily they grew (the share of
-//! intervals in which they rose), then by how fast (bytes a second over the judged
-//! reports, or per interval without times).
+//! intervals in which they rose); among equally steady ones, a framework's own lines
+//! of its blocks first (block-exact, from its recorder, sampled or not), then lines
+//! from the allocating thread's stack (the line that made the framework take memory
+//! from the driver, which under a cache may be any allocation), then native sites
+//! (a framework's are its allocator): sampled lines count only some blocks, so
+//! speeds compare only within a kind; then by how fast (bytes a second over the
+//! judged reports, or per interval without times). A site that held nothing in the
+//! first reports is judged from the report before it first held memory, over at
+//! least two intervals: one that appears in the last report only is not a suspect.
 
 use crate::report::Report;
 use std::collections::BTreeMap;
@@ -54,6 +61,17 @@ impl Suspect {
     pub fn is_python(&self) -> bool {
         self.key.framework.is_some()
     }
+
+    /// 2: a framework's lines of its own blocks (a recorder's, sampled or not:
+    /// block-exact); 1: lines from the allocating thread's stack (the line that made
+    /// the framework take memory from the driver); 0: native call sites.
+    pub fn precision(&self) -> u8 {
+        match self.key.framework.as_deref() {
+            None => 0,
+            Some(crate::classify::FROM_STACK) => 1,
+            Some(_) => 2,
+        }
+    }
 }
 
 /// Live (bytes, count) per site in one report.
@@ -82,13 +100,21 @@ pub fn site_map(r: &Report) -> BTreeMap<SiteKey, (u64, u64)> {
     m
 }
 
-/// The judgment on one series of live bytes: (rose, intervals, growth) if a suspect.
-fn judge(bytes: &[u64]) -> Option<(usize, usize, u64)> {
+/// The judgment on one series of live bytes: (rose, intervals, growth, first
+/// report judged) if a suspect. A site that holds nothing in the first reports is
+/// judged from the report before it first held memory, and needs two intervals
+/// there (one when the whole series has only one).
+fn judge(all: &[u64]) -> Option<(usize, usize, u64, usize)> {
+    let start = all.iter().position(|b| *b > 0)?.saturating_sub(1);
+    let bytes = &all[start..];
     let intervals = bytes.len().checked_sub(1).filter(|n| *n > 0)?;
+    if intervals < 2 && all.len() > 2 {
+        return None;
+    }
     let rose = bytes.windows(2).filter(|w| w[1] > w[0]).count();
     let growth = bytes.last()?.checked_sub(bytes[0]).filter(|g| *g > 0)?;
     let most = rose * 2 > intervals && (intervals == 1 || rose >= 2);
-    most.then_some((rose, intervals, growth))
+    most.then_some((rose, intervals, growth, start))
 }
 
 /// The suspected leaks across `reports` of one process (any order; sorted by
@@ -119,9 +145,9 @@ pub fn suspects(reports: &[&Report]) -> Vec<Suspect> {
                 }
                 None => (None, false),
             };
-            let (rose, intervals, growth) = judged?;
+            let (rose, intervals, growth, first) = judged?;
             let last = if exit_drop_ignored { n - 2 } else { n - 1 };
-            let secs = series[last].uptime_s - series[0].uptime_s;
+            let secs = series[last].uptime_s - series[first].uptime_s;
             Some(Suspect {
                 key: k.clone(),
                 live,
@@ -136,6 +162,7 @@ pub fn suspects(reports: &[&Report]) -> Vec<Suspect> {
     out.sort_by(|a, b| {
         b.steadiness()
             .total_cmp(&a.steadiness())
+            .then(b.precision().cmp(&a.precision()))
             .then(b.speed().total_cmp(&a.speed()))
             .then(a.key.cmp(&b.key))
     });
@@ -195,6 +222,28 @@ mod tests {
     }
 
     #[test]
+    fn late_sites_are_judged_from_their_start() {
+        let series: [u64; 5] = [0, 0, 5, 10, 15];
+        let rs: Vec<Report> = series
+            .iter()
+            .enumerate()
+            .map(|(i, b)| {
+                rep(
+                    i as u64 + 1,
+                    "snapshot",
+                    i as f64,
+                    &[("late", *b), ("new", if i == 4 { 9 } else { 0 })],
+                )
+            })
+            .collect();
+        let refs: Vec<&Report> = rs.iter().collect();
+        let s = suspects(&refs);
+        assert_eq!(names(&s), ["late"]);
+        assert_eq!((s[0].rose, s[0].intervals), (3, 3));
+        assert_eq!(s[0].per_second, Some(5.0));
+    }
+
+    #[test]
     fn steady_before_fast_and_most_intervals_needed() {
         // "bumpy" grows more but in only 2 of 4 intervals; "steady" in all 4;
         // "mostly" in 3 of 4 and fastest of the two that qualify after "steady".
@@ -251,6 +300,11 @@ mod tests {
         let s = suspects(&[&a, &b]);
         assert_eq!(s.len(), 1);
         assert!(s[0].is_python());
+        // Equally steady: the Python line before a faster native site.
+        b.sites[0].live_bytes = 1000;
+        let s = suspects(&[&a, &b]);
+        assert_eq!(s.len(), 2);
+        assert!(s[0].is_python() && !s[1].is_python());
         assert_eq!(s[0].key.framework.as_deref(), Some("pytorch"));
         assert_eq!(s[0].per_second, None);
         assert_eq!(s[0].speed(), 20.0);

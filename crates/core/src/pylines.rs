@@ -132,10 +132,18 @@ mod tests {
         // form (code 11: +1) of 2 units, a "no column" entry (13) with +3 of 1 unit,
         // a long form (14) of -2, and a "no location" entry.
         let t = [
-            0x80, 0x05, // code 0, length 1
-            0x80 | (11 << 3) | 1, 4, 9, // code 11, length 2: line +1
-            0x80 | (13 << 3), 6, // code 13: svarint 6 -> +3
-            0x80 | (14 << 3), 5, 0, 1, 2, // code 14: svarint 5 -> -2
+            0x80,
+            0x05, // code 0, length 1
+            0x80 | (11 << 3) | 1,
+            4,
+            9, // code 11, length 2: line +1
+            0x80 | (13 << 3),
+            6, // code 13: svarint 6 -> +3
+            0x80 | (14 << 3),
+            5,
+            0,
+            1,
+            2,                // code 14: svarint 5 -> -2
             0x80 | (15 << 3), // no location
         ];
         let at = |o| line_at(Format::Locations311, 10, &t, o);

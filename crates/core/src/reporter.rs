@@ -419,7 +419,10 @@ mod tests {
         assert_eq!(r.sites.len(), 3, "{:#?}", r.sites);
         let by = |f: &[&str]| r.sites.iter().find(|s| s.frames == f).unwrap();
         let native = by(&["f100", "f200"]);
-        assert_eq!((native.id, native.live_count, native.live_bytes), (a, 3, 24));
+        assert_eq!(
+            (native.id, native.live_count, native.live_bytes),
+            (a, 3, 24)
+        );
         let py = by(&["f100", "python: p1001", "python: p1002"]);
         assert_eq!((py.id, py.live_count), (c, 3));
         assert_eq!(by(&["f100", "python: p1003"]).live_count, 1);

@@ -142,7 +142,9 @@ pub(super) fn set_layout(json: &str) {
                 // hooks have already seen code where it said.
                 log(
                     LogLevel::Info,
-                    format_args!("Python frame layout not measured ({json}); the known one is used"),
+                    format_args!(
+                        "Python frame layout not measured ({json}); the known one is used"
+                    ),
                 );
             } else {
                 log(
@@ -239,8 +241,17 @@ pub(crate) fn walk(ts: usize, out: &mut [usize]) -> usize {
         return 0;
     }
     let at = |i: usize| LAYOUT[i].load(Relaxed);
-    let (mode, ts_off, ts_deref, code_off, prev_off, instr_off, base, owner_off, cstack) =
-        (at(0), at(1), at(2), at(3), at(4), at(5), at(6), at(7), at(8));
+    let (mode, ts_off, ts_deref, code_off, prev_off, instr_off, base, owner_off, cstack) = (
+        at(0),
+        at(1),
+        at(2),
+        at(3),
+        at(4),
+        at(5),
+        at(6),
+        at(7),
+        at(8),
+    );
     let code_type = at(18) as usize;
     // SAFETY: reads of this thread's own thread state and frames at offsets known
     // or measured for this interpreter; every pointer is checked for null and
@@ -255,16 +266,16 @@ pub(crate) fn walk(ts: usize, out: &mut [usize]) -> usize {
         while frame != 0 && n < out.len() && hops < 4 * out.len() {
             hops += 1;
             if owner_off >= 0
-                && i64::from(std::ptr::read_volatile((frame + owner_off as usize) as *const u8))
-                    == cstack
+                && i64::from(std::ptr::read_volatile(
+                    (frame + owner_off as usize) as *const u8,
+                )) == cstack
             {
                 // The interpreter's own entry frame: no code of the program's.
                 frame = read::word(frame, prev_off);
                 continue;
             }
             let code = read::word(frame, code_off);
-            if code == 0 || code & 7 != 0 || code > ADDR_MASK || read::word(code, 8) != code_type
-            {
+            if code == 0 || code & 7 != 0 || code > ADDR_MASK || read::word(code, 8) != code_type {
                 if n == 0 && !CONFIRMED.load(Relaxed) {
                     // Not code where the layout says: it is not this interpreter's.
                     STATE.store(OFF, Release);

@@ -326,8 +326,11 @@ pub(crate) unsafe fn builtin() -> Result<Layout, &'static str> {
             return Err("a debug build of CPython");
         }
         let sym = |n: &CStr| lookup(libc::RTLD_DEFAULT, n) as i64;
-        let (code_type, str_type, bytes_type) =
-            (sym(c"PyCode_Type"), sym(c"PyUnicode_Type"), sym(c"PyBytes_Type"));
+        let (code_type, str_type, bytes_type) = (
+            sym(c"PyCode_Type"),
+            sym(c"PyUnicode_Type"),
+            sym(c"PyBytes_Type"),
+        );
         if code_type == 0 {
             return Err("PyCode_Type not found");
         }
@@ -386,16 +389,17 @@ pub(crate) mod read {
             if compact == 0 {
                 return None;
             }
-            let data = s + if ascii == 1 { l.str_ascii } else { l.str_compact } as usize;
+            let data = s + if ascii == 1 {
+                l.str_ascii
+            } else {
+                l.str_compact
+            } as usize;
             Some(match kind {
                 1 => std::slice::from_raw_parts(data as *const u8, len)
                     .iter()
                     .map(|&b| b as char)
                     .collect(),
-                2 => String::from_utf16_lossy(std::slice::from_raw_parts(
-                    data as *const u16,
-                    len,
-                )),
+                2 => String::from_utf16_lossy(std::slice::from_raw_parts(data as *const u16, len)),
                 4 => std::slice::from_raw_parts(data as *const u32, len)
                     .iter()
                     .map(|&c| char::from_u32(c).unwrap_or('\u{fffd}'))
@@ -420,4 +424,3 @@ pub(crate) mod read {
         }
     }
 }
-

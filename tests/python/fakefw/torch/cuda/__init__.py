@@ -18,7 +18,9 @@ ROUND = 512
 _initialized = False
 _cache = {}  # size -> [ptr]: large blocks freed by the program, kept by the allocator
 _blocks = {}  # ptr -> [size, in_use, frames, segment base or None]
-_segments = {}  # base -> [used bytes (bump), {size: [free ptrs]}]
+_segments = {}  # base -> [used bytes (bump), unused]
+_free_small = {}  # size -> [ptr]: small blocks freed by the program, kept cached
+_bump = None  # the segment new small blocks are carved from
 _reserved = 0
 _allocated = 0
 
@@ -56,20 +58,19 @@ def _frames():
 
 
 def _small(nbytes):
-    global _reserved
+    global _reserved, _bump
     size = max(ROUND, (nbytes + ROUND - 1) // ROUND * ROUND)
-    for base, seg in _segments.items():
-        free = seg[1].get(size)
-        if free:
-            return free.pop(), base
-    for base, seg in _segments.items():
-        if seg[0] + size <= SEGMENT:
-            seg[0] += size
-            return base + seg[0] - size, base
-    base = simrt.malloc(SEGMENT)
-    _reserved += SEGMENT
-    _segments[base] = [size, {}]
-    return base, base
+    free = _free_small.get(size)
+    if free:
+        ptr = free.pop()
+        return ptr, _blocks[ptr][3]
+    if _bump is None or _segments[_bump][0] + size > SEGMENT:
+        _bump = simrt.malloc(SEGMENT)
+        _reserved += SEGMENT
+        _segments[_bump] = [0, None]
+    seg = _segments[_bump]
+    seg[0] += size
+    return _bump + seg[0] - size, _bump
 
 
 def _alloc(nbytes):
@@ -100,7 +101,7 @@ def _free(ptr):
     b[2] = []
     _allocated -= b[0]
     if b[3] is not None:
-        _segments[b[3]][1].setdefault(b[0], []).append(ptr)
+        _free_small.setdefault(b[0], []).append(ptr)
     else:
         _cache.setdefault(b[0], []).append(ptr)
 
@@ -113,11 +114,15 @@ def empty_cache():
             del _blocks[p]
             _reserved -= size
     _cache.clear()
-    for base in list(_segments):
-        mine = [p for p, b in _blocks.items() if b[3] == base]
-        if not any(_blocks[p][1] for p in mine):
-            for p in mine:
-                del _blocks[p]
-            del _segments[base]
-            simrt.free(base)
-            _reserved -= SEGMENT
+    global _bump
+    busy = {b[3] for b in _blocks.values() if b[1] and b[3] is not None}
+    for base in [b for b in _segments if b not in busy]:
+        for p in [p for p, b in _blocks.items() if b[3] == base]:
+            del _blocks[p]
+        del _segments[base]
+        simrt.free(base)
+        _reserved -= SEGMENT
+        if _bump == base:
+            _bump = None
+    for size in list(_free_small):
+        _free_small[size] = [p for p in _free_small[size] if p in _blocks]

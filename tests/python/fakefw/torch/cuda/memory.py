@@ -18,18 +18,21 @@ def _snapshot():
     from . import SEGMENT, _blocks, _segments
 
     segs = []
-    for base, (used, _free) in sorted(_segments.items()):
+    by_seg = {}
+    for ptr, b in sorted(_blocks.items()):
+        if b[3] is not None:
+            by_seg.setdefault(b[3], []).append((ptr, b))
+    for base, (used, _unused) in sorted(_segments.items()):
         blocks = []
-        for ptr, (size, in_use, frames, seg) in sorted(_blocks.items()):
-            if seg == base:
-                blocks.append(
-                    {
-                        "address": ptr,
-                        "size": size,
-                        "state": "active_allocated" if in_use else "inactive",
-                        "frames": frames,
-                    }
-                )
+        for ptr, (size, in_use, frames, _seg) in by_seg.get(base, []):
+            blocks.append(
+                {
+                    "address": ptr,
+                    "size": size,
+                    "state": "active_allocated" if in_use else "inactive",
+                    "frames": frames,
+                }
+            )
         if used < SEGMENT:
             blocks.append({"address": base + used, "size": SEGMENT - used, "state": "inactive", "frames": []})
         segs.append({"device": 0, "address": base, "total_size": SEGMENT, "blocks": blocks})

@@ -33,6 +33,15 @@ class Model:
 
 
 KEEP.append(Model().forward())
+
+
+class Holder:
+    def __init__(self):
+        self.p = malloc(4 * MiB)  # INIT-LINE
+
+
+for i in range(4):
+    KEEP.append(Holder())  # INIT-CALL-LINE
 for a in sys.argv[1:]:
     if a.startswith("hold:"):
         end = time.time() + float(a[5:])

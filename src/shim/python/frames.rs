@@ -8,7 +8,8 @@
 //! measured by `bridge.py` (`_gg_calibrate`) on the main thread, which also checks a
 //! known layout and turns frames off if it disagrees. Until one is confirmed,
 //! nothing is read. The interpreter's own entry frames (3.12+: owned by the C
-//! stack) are not frames of code and are skipped.
+//! stack) are not frames of code and are skipped, as are frames of code it made
+//! without a source (first line 0: 3.13's shim between a class call and `__init__`).
 //!
 //! Names: when a capture makes a new call site, its code objects are alive (they are
 //! running), so their names and line tables (immutable fields) are copied then, and
@@ -253,6 +254,7 @@ pub(crate) fn walk(ts: usize, out: &mut [usize]) -> usize {
         at(8),
     );
     let code_type = at(18) as usize;
+    let first_line_off = at(12);
     // SAFETY: reads of this thread's own thread state and frames at offsets known
     // or measured for this interpreter; every pointer is checked for null and
     // alignment before it is followed, and a code pointer's type before it is kept.
@@ -281,6 +283,14 @@ pub(crate) fn walk(ts: usize, out: &mut [usize]) -> usize {
                     STATE.store(OFF, Release);
                 }
                 break;
+            }
+            if first_line_off >= 0
+                && std::ptr::read_volatile((code + first_line_off as usize) as *const i32) == 0
+            {
+                // Code the interpreter made, with no source (3.13's `__init__` shim
+                // between a class call and its `__init__`): not the program's frame.
+                frame = read::word(frame, prev_off);
+                continue;
             }
             let offset = if mode == 1 {
                 let instr = read::word(frame, instr_off);

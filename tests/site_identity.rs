@@ -5,7 +5,6 @@
 mod common;
 mod core_support;
 
-use common::*;
 use core_support::*;
 
 const MIB: u64 = 1 << 20;

@@ -17,7 +17,7 @@
 //! made, `bridge.py` names frames (`_gg_resolve`) while their code is alive.
 
 use super::api::{api, lock};
-use super::layout::{Layout, builtin, read};
+use super::layout::{self as read, Layout, builtin};
 use crate::shim::settings::{LogLevel, log, settings};
 use gpuguard_core::pylines::{self, Format};
 use gpuguard_core::sites::SiteTable;

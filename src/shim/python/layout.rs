@@ -357,70 +357,67 @@ pub(crate) unsafe fn builtin() -> Result<Layout, &'static str> {
     }
 }
 
-/// Reads of a live object's immutable fields, for names.
-pub(crate) mod read {
-    use super::Layout;
+// ---- reads of live objects' immutable fields ------------------------------------------
 
-    /// The word at `base + off`; 0 if `base` is null or misaligned.
-    ///
-    /// # Safety
-    /// `base + off` is readable when `base` is a live object or frame of the layout.
-    pub(crate) unsafe fn word(base: usize, off: i64) -> usize {
-        if base == 0 || base & 7 != 0 || off < 0 {
-            return 0;
-        }
-        // SAFETY: per the caller.
-        unsafe { std::ptr::read_volatile((base as isize + off as isize) as *const usize) }
+/// The word at `base + off`; 0 if `base` is null or misaligned.
+///
+/// # Safety
+/// `base + off` is readable when `base` is a live object or frame of the layout.
+pub(crate) unsafe fn word(base: usize, off: i64) -> usize {
+    if base == 0 || base & 7 != 0 || off < 0 {
+        return 0;
     }
+    // SAFETY: per the caller.
+    unsafe { std::ptr::read_volatile((base as isize + off as isize) as *const usize) }
+}
 
-    /// A compact `str` as text (at most `max` characters), None for anything else.
-    ///
-    /// # Safety
-    /// `s` is null or a live object.
-    pub(crate) unsafe fn string(l: &Layout, s: usize, max: usize) -> Option<String> {
-        // SAFETY: `s` is a live object; its type is checked before the rest is read.
-        unsafe {
-            if s == 0 || s & 7 != 0 || word(s, 8) as i64 != l.str_type {
-                return None;
-            }
-            let len = word(s, 16).min(max);
-            let state = std::ptr::read_volatile((s + 32) as *const u32);
-            let (kind, compact, ascii) = ((state >> 2) & 7, (state >> 5) & 1, (state >> 6) & 1);
-            if compact == 0 {
-                return None;
-            }
-            let data = s + if ascii == 1 {
-                l.str_ascii
-            } else {
-                l.str_compact
-            } as usize;
-            Some(match kind {
-                1 => std::slice::from_raw_parts(data as *const u8, len)
-                    .iter()
-                    .map(|&b| b as char)
-                    .collect(),
-                2 => String::from_utf16_lossy(std::slice::from_raw_parts(data as *const u16, len)),
-                4 => std::slice::from_raw_parts(data as *const u32, len)
-                    .iter()
-                    .map(|&c| char::from_u32(c).unwrap_or('\u{fffd}'))
-                    .collect(),
-                _ => return None,
-            })
+/// A compact `str` as text (at most `max` characters), None for anything else.
+///
+/// # Safety
+/// `s` is null or a live object.
+pub(crate) unsafe fn string(l: &Layout, s: usize, max: usize) -> Option<String> {
+    // SAFETY: `s` is a live object; its type is checked before the rest is read.
+    unsafe {
+        if s == 0 || s & 7 != 0 || word(s, 8) as i64 != l.str_type {
+            return None;
         }
+        let len = word(s, 16).min(max);
+        let state = std::ptr::read_volatile((s + 32) as *const u32);
+        let (kind, compact, ascii) = ((state >> 2) & 7, (state >> 5) & 1, (state >> 6) & 1);
+        if compact == 0 {
+            return None;
+        }
+        let data = s + if ascii == 1 {
+            l.str_ascii
+        } else {
+            l.str_compact
+        } as usize;
+        Some(match kind {
+            1 => std::slice::from_raw_parts(data as *const u8, len)
+                .iter()
+                .map(|&b| b as char)
+                .collect(),
+            2 => String::from_utf16_lossy(std::slice::from_raw_parts(data as *const u16, len)),
+            4 => std::slice::from_raw_parts(data as *const u32, len)
+                .iter()
+                .map(|&c| char::from_u32(c).unwrap_or('\u{fffd}'))
+                .collect(),
+            _ => return None,
+        })
     }
+}
 
-    /// A `bytes` object's first `max` bytes, None if it is not bytes.
-    ///
-    /// # Safety
-    /// `b` is null or a live object.
-    pub(crate) unsafe fn bytes(l: &Layout, b: usize, max: usize) -> Option<Vec<u8>> {
-        // SAFETY: as for `string`.
-        unsafe {
-            if b == 0 || b & 7 != 0 || word(b, 8) as i64 != l.bytes_type {
-                return None;
-            }
-            let len = word(b, 16).min(max);
-            Some(std::slice::from_raw_parts((b + l.bytes_sval as usize) as *const u8, len).to_vec())
+/// A `bytes` object's first `max` bytes, None if it is not bytes.
+///
+/// # Safety
+/// `b` is null or a live object.
+pub(crate) unsafe fn bytes(l: &Layout, b: usize, max: usize) -> Option<Vec<u8>> {
+    // SAFETY: as for `string`.
+    unsafe {
+        if b == 0 || b & 7 != 0 || word(b, 8) as i64 != l.bytes_type {
+            return None;
         }
+        let len = word(b, 16).min(max);
+        Some(std::slice::from_raw_parts((b + l.bytes_sval as usize) as *const u8, len).to_vec())
     }
 }

@@ -472,15 +472,7 @@ pub fn marked_line(script: &str, marker: &str) -> usize {
 /// `tests/python/trainer.py ARGS` under [`python`], on the sim, with the stand-in
 /// frameworks of `tests/python/fakefw` importable (see [`run`] for the rest).
 pub fn run_trainer(args: &[&str], env: &[(&str, &str)], preload: bool) -> Run {
-    let py = python();
-    let dir = manifest_dir().join("tests/python");
-    let script = dir.join("trainer.py").display().to_string();
-    let fakefw = dir.join("fakefw").display().to_string();
-    let mut all: Vec<&str> = vec![&script];
-    all.extend_from_slice(args);
-    let mut e: Vec<(&str, &str)> = vec![("PYTHONPATH", &fakefw), ("PYTHONDONTWRITEBYTECODE", "1")];
-    e.extend_from_slice(env);
-    run(&py.display().to_string(), &all, &e, preload)
+    run_python(&python(), "trainer.py", args, env, preload)
 }
 
 /// The line of `tests/python/trainer.py` that leaks (marked `# LEAK-LINE`).

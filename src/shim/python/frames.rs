@@ -22,7 +22,7 @@ use crate::shim::settings::{LogLevel, log, settings};
 use gpuguard_core::pylines::{self, Format};
 use gpuguard_core::sites::SiteTable;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU8, AtomicUsize, Ordering::*};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering::*};
 use std::sync::{Mutex, OnceLock};
 
 /// Marks a site entry as a Python frame: bit 63, the bytecode offset in bits 47
@@ -39,7 +39,7 @@ const ON: u8 = 2;
 const WAITING: u8 = 3;
 const OFF: u8 = 4;
 static STATE: AtomicU8 = AtomicU8::new(UNTRIED);
-static LAYOUT: [AtomicI64; Layout::FIELDS] = [const { AtomicI64::new(0) }; Layout::FIELDS];
+static LAYOUT: OnceLock<Layout> = OnceLock::new();
 /// Set once a walk found a code object where the layout said: the layout is this
 /// interpreter's. Before that, a frame that is not code turns frames off.
 static CONFIRMED: AtomicBool = AtomicBool::new(false);
@@ -68,14 +68,15 @@ const TABLE_MAX: usize = 128 << 10;
 const TEXT_MAX: usize = 4096;
 
 fn layout() -> Layout {
-    Layout::from_array(std::array::from_fn(|i| LAYOUT[i].load(Relaxed)))
+    LAYOUT.get().copied().unwrap_or_default()
 }
 
-fn publish(l: Layout) {
-    for (slot, v) in LAYOUT.iter().zip(l.to_array()) {
-        slot.store(v, Relaxed);
-    }
-    STATE.store(ON, Release);
+/// Frames on with `l`; a layout is published once (then frames stay on with it, or
+/// go off for good).
+fn publish(l: Layout) -> bool {
+    let ok = LAYOUT.set(l).is_ok();
+    STATE.store(if ok { ON } else { OFF }, Release);
+    ok
 }
 
 #[derive(serde::Deserialize)]
@@ -117,10 +118,7 @@ fn try_builtin() -> bool {
     }
     // SAFETY: Python is initialized.
     match unsafe { builtin() } {
-        Ok(l) => {
-            publish(l);
-            true
-        }
+        Ok(l) => publish(l),
         Err(why) => {
             let _ = NO_BUILTIN.set(why);
             STATE.store(WAITING, Release);
@@ -241,42 +239,33 @@ pub(crate) fn walk(ts: usize, out: &mut [usize]) -> usize {
     if out.is_empty() || ts == 0 {
         return 0;
     }
-    let at = |i: usize| LAYOUT[i].load(Relaxed);
-    let (mode, ts_off, ts_deref, code_off, prev_off, instr_off, base, owner_off, cstack) = (
-        at(0),
-        at(1),
-        at(2),
-        at(3),
-        at(4),
-        at(5),
-        at(6),
-        at(7),
-        at(8),
-    );
-    let code_type = at(18) as usize;
-    let first_line_off = at(12);
+    let Some(l) = LAYOUT.get() else {
+        return 0;
+    };
+    let code_type = l.code_type as usize;
+    let first_line_off = l.co_firstlineno;
     // SAFETY: reads of this thread's own thread state and frames at offsets known
     // or measured for this interpreter; every pointer is checked for null and
     // alignment before it is followed, and a code pointer's type before it is kept.
     unsafe {
-        let mut frame = read::word(ts, ts_off);
-        if ts_deref >= 0 {
-            frame = read::word(frame, ts_deref);
+        let mut frame = read::word(ts, l.ts_off);
+        if l.ts_deref >= 0 {
+            frame = read::word(frame, l.ts_deref);
         }
         let mut n = 0;
         let mut hops = 0;
         while frame != 0 && n < out.len() && hops < 4 * out.len() {
             hops += 1;
-            if owner_off >= 0
+            if l.owner_off >= 0
                 && i64::from(std::ptr::read_volatile(
-                    (frame + owner_off as usize) as *const u8,
-                )) == cstack
+                    (frame + l.owner_off as usize) as *const u8,
+                )) == l.cstack
             {
                 // The interpreter's own entry frame: no code of the program's.
-                frame = read::word(frame, prev_off);
+                frame = read::word(frame, l.prev_off);
                 continue;
             }
-            let code = read::word(frame, code_off);
+            let code = read::word(frame, l.code_off);
             if code == 0 || code & 7 != 0 || code > ADDR_MASK || read::word(code, 8) != code_type {
                 if n == 0 && !CONFIRMED.load(Relaxed) {
                     // Not code where the layout says: it is not this interpreter's.
@@ -289,19 +278,19 @@ pub(crate) fn walk(ts: usize, out: &mut [usize]) -> usize {
             {
                 // Code the interpreter made, with no source (3.13's `__init__` shim
                 // between a class call and its `__init__`): not the program's frame.
-                frame = read::word(frame, prev_off);
+                frame = read::word(frame, l.prev_off);
                 continue;
             }
-            let offset = if mode == 1 {
-                let instr = read::word(frame, instr_off);
-                instr.wrapping_sub(code).wrapping_sub(base as usize)
+            let offset = if l.mode == 1 {
+                let instr = read::word(frame, l.instr_off);
+                instr.wrapping_sub(code).wrapping_sub(l.base as usize)
             } else {
-                let lasti = *((frame as isize + instr_off as isize) as *const i32);
+                let lasti = *((frame as isize + l.instr_off as isize) as *const i32);
                 (lasti.max(0) as usize) * 2
             };
             out[n] = PY_TAG | (offset.min(OFFSET_MAX) << 47) | code;
             n += 1;
-            frame = read::word(frame, prev_off);
+            frame = read::word(frame, l.prev_off);
         }
         if n > 0 && !CONFIRMED.load(Relaxed) {
             CONFIRMED.store(true, Relaxed);

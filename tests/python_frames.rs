@@ -1,5 +1,5 @@
 //! Python frames in call sites (issue 12), on every interpreter of
-//! `GPUGUARD_TEST_PYTHONS` (else `python3`): the allocating thread's frames from
+//! `GG_TEST_PYTHONS` (else `python3`): the allocating thread's frames from
 //! its first allocation on, without the interpreter's own entry frames, each named
 //! even when its code is gone by the time the report is written.
 

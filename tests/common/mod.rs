@@ -428,9 +428,9 @@ pub fn python() -> PathBuf {
 }
 
 /// The interpreters the version-sensitive Python tests run on: the paths in
-/// `GPUGUARD_TEST_PYTHONS` (separated by `:`), else [`python`] alone.
+/// `GG_TEST_PYTHONS` (separated by `:`), else [`python`] alone.
 pub fn pythons() -> Vec<PathBuf> {
-    match std::env::var("GPUGUARD_TEST_PYTHONS") {
+    match std::env::var("GG_TEST_PYTHONS") {
         Ok(v) if !v.trim().is_empty() => v
             .split(':')
             .filter(|p| !p.is_empty())

@@ -310,7 +310,11 @@ pub(crate) fn remember(stack: &[usize]) {
     if !l.names() || COPIED_BYTES.load(Relaxed) > COPY_LIMIT {
         return;
     }
-    let mut copies = lock(&COPIES);
+    // Never waits in a hook: if a report is reading the copies right now, this
+    // site's frames are named by the bridge instead.
+    let Ok(mut copies) = COPIES.try_lock() else {
+        return;
+    };
     let m = copies.get_or_insert_with(HashMap::new);
     for &e in stack.iter().filter(|e| is_python(**e)) {
         let code = e & ADDR_MASK;

@@ -155,6 +155,6 @@ mod tests {
         assert_eq!(at(10), None);
         assert_eq!(at(12), None);
         // A truncated copy gives no answer rather than a wrong one.
-        assert_eq!(line_at(Format::Locations311, 10, &t[..7], 6), None);
+        assert_eq!(line_at(Format::Locations311, 10, &t[..6], 6), None);
     }
 }

@@ -195,3 +195,41 @@ print(json.dumps([sys.version_info[1], out]))
         assert!(checked > 1000, "{checked}");
     }
 }
+
+#[test]
+fn a_thread_with_a_thread_state_but_no_python_keeps_its_native_frames() {
+    // PyTorch's autograd engine gives its worker threads a Python thread state and
+    // releases the GIL; their allocations (which may be the ones that make the cache
+    // take a new segment) run no Python. Such a capture has no Python frames, so its
+    // native frames are not cut to the few kept before Python frames: the deep
+    // caller is there.
+    let script = "import sysconfig, os; d = sysconfig.get_config_var('LIBDIR'); \
+                  n = sysconfig.get_config_var('INSTSONAME') or ''; \
+                  p = os.path.join(d or '', n); print(p if n.endswith(('.so', '.so.1.0')) and os.path.exists(p) else '')";
+    for py in pythons() {
+        let out = std::process::Command::new(&py)
+            .args(["-c", script])
+            .output()
+            .expect("python runs");
+        let lib = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        if lib.is_empty() {
+            eprintln!("{}: no shared libpython to embed; skipped", py.display());
+            continue;
+        }
+        let r = common::run("gg_pyembed", &[&lib], &[], true);
+        r.assert_ok();
+        let rep = exit_report(&r);
+        let live = frames_by_size(&rep);
+        assert_eq!(live.len(), 1, "{}: {rep:#}", py.display());
+        let frames = &live[0].1;
+        assert!(
+            frames.iter().any(|f| f.starts_with("engine_thread_main+")),
+            "{}: {frames:#?}",
+            py.display()
+        );
+        assert!(
+            !frames.iter().any(|f| f.starts_with("python: ")),
+            "{frames:#?}"
+        );
+    }
+}

@@ -25,7 +25,15 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Programs built into [`sim_dir`].
-pub const PROGRAMS: &[&str] = &["gg", "gg_dl", "gg_rt", "hello_gpu", "gg_cap", "gg_nvml"];
+pub const PROGRAMS: &[&str] = &[
+    "gg",
+    "gg_dl",
+    "gg_rt",
+    "hello_gpu",
+    "gg_cap",
+    "gg_nvml",
+    "gg_pyembed",
+];
 
 pub fn manifest_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -283,7 +291,7 @@ fn compile_all(cc: &OsString, out: &Path) {
     std::os::unix::fs::symlink("libnvidia-ml.so.1", out.join("libnvidia-ml.so"))
         .expect("symlink libnvidia-ml.so");
 
-    let programs: [(&str, &[&str]); 6] = [
+    let programs: [(&str, &[&str]); 7] = [
         ("gg", &["-lcuda", "-lcudart", "-ldl", "-lpthread"]),
         ("gg_dl", &["-ldl", "-lpthread"]),
         ("gg_rt", &["-lcudart", "-ldl", "-lpthread"]),
@@ -293,6 +301,7 @@ fn compile_all(cc: &OsString, out: &Path) {
             &["-lcuda", "-lcudart", "-lnvidia-ml", "-ldl", "-lpthread"],
         ),
         ("gg_nvml", &["-lnvidia-ml", "-ldl"]),
+        ("gg_pyembed", &["-lcudart", "-ldl", "-lpthread"]),
     ];
     for (name, libs) in programs {
         let mut a = link(&[]);

@@ -312,10 +312,22 @@ fn a_small_tensor_kept_each_step_is_a_suspected_leak_with_its_line_by_default() 
     // PyTorch's cache absorbs (a 2 MiB segment every 32 steps), over a series of
     // snapshots. The recorder runs in short windows after each report; the blocks it
     // names that live on grow from report to report.
+    small_leak_is_the_first_suspect("small:500:3", "250ms");
+}
+
+#[test]
+fn slow_steps_are_covered_by_a_window_that_waits_for_allocations() {
+    // 60 ms steps of 4 allocations, snapshots every 400 ms: a window of a fiftieth of
+    // the interval would see a step's leak one time in three; it stays open until it
+    // has seen enough allocations (up to a fifth of the interval).
+    small_leak_is_the_first_suspect("small:45:60", "400ms");
+}
+
+fn small_leak_is_the_first_suspect(action: &str, every: &str) {
     let line = common::marked_line("trainer.py", "SMALL-LEAK-LINE");
     let r = run_trainer(
-        &["torch", "ready:0.3", "small:500:3"],
-        &[("GPUGUARD_SNAPSHOT_EVERY", "250ms")],
+        &["torch", "ready:0.3", action],
+        &[("GPUGUARD_SNAPSHOT_EVERY", every)],
         true,
     );
     r.assert_ok();

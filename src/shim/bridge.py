@@ -534,7 +534,7 @@ def _gg_classify_now(args):
                     how = "Python lines from its recorder"
                 elif sampled:
                     how = (
-                        "recorder off but for %.0f ms after each report: Python lines "
+                        "recorder off but for a window after each report (the last %.0f ms): Python lines "
                         "(pytorch-sampled) of the blocks allocated in those windows that "
                         "still live (GPUGUARD_PYTHON=lines records every block)"
                         % _gg_state.get("window_ms", 0)
@@ -762,14 +762,18 @@ def _gg_classify(args):
 # With the recorder off (the default), a small tensor kept each step is invisible: the
 # caching allocator serves it from a segment it already holds, and the hooks see the
 # driver only once per segment, from whichever allocation happened to need it. So after
-# each report PyTorch's recorder is turned on for a short window (a fiftieth of the
-# snapshot interval, 20 ms to 2 s; 50 ms without snapshots) and off again by a timer.
-# A block allocated in a window keeps its stack while it lives (PyTorch keeps a
-# block's context_when_allocated after recording stops), so a line that keeps
-# allocating and never frees shows in each report with more sampled blocks than the
-# last: a steady grower in `gpuguard show`. Transient blocks die before the next report.
-# The recorder costs only while on (about 2 us a tensor allocation on the H200), so
-# the step cost is that times the window's share of the time.
+# each report PyTorch's recorder is turned on for a window and off again by a timer.
+# A window lasts until it has seen _GG_WINDOW_ALLOCS tensor allocations (so a slow step
+# is covered whole) and at least a fiftieth of the snapshot interval (20 ms to 2 s;
+# 50 ms without snapshots), at most a fifth of the interval (0.5 s without). A block
+# allocated in a window keeps its stack while it lives (PyTorch keeps a block's
+# context_when_allocated after recording stops), so a line that keeps allocating and
+# never frees shows in each report with more sampled blocks than the last: a steady
+# grower in `gpuguard show`. Transient blocks die before the next report. The recorder
+# costs per allocation recorded (about 2 us on the H200), so a window costs a few
+# hundred allocations' worth, or a fiftieth of the time when allocations are dense.
+
+_GG_WINDOW_ALLOCS = 256
 
 
 def _gg_sample_window(args):
@@ -782,28 +786,49 @@ def _gg_sample_window(args):
     if t is None or _gg_torch_backend(t) != "native":
         return
     every = args.get("every_ms")
-    window = min(max(every / 50.0, 20.0), 2000.0) / 1000.0 if every else 0.05
+    step = min(max(every / 50.0, 20.0), 2000.0) / 1000.0 if every else 0.05
+    longest = max(step, every / 5000.0 if every else 0.5)
     mem = t.cuda.memory
+
+    def allocations():
+        try:
+            return int(t.cuda.memory_stats().get("allocation.all.allocated", 0))
+        except Exception:
+            return None
+
     try:
         mem._record_memory_history(enabled="state", context="alloc", stacks="python")
     except Exception as e:
         st["torch_recorder"] = "error: " + _gg_err(e)
         return
     st["torch_recorder"] = "sampling"
-    st["window_ms"] = window * 1000.0
+    import threading
+    import time
+
+    opened, first = time.monotonic(), allocations()
 
     def close():
         try:
             mem._record_memory_history(enabled=None)
         except Exception:
             pass
+        st["window_ms"] = (time.monotonic() - opened) * 1000.0
 
-    import threading
+    def check():
+        n = allocations()
+        enough = n is None or first is None or n - first >= _GG_WINDOW_ALLOCS
+        if enough or time.monotonic() - opened + step > longest:
+            close()
+        else:
+            arm()
 
-    timer = threading.Timer(window, close)
-    timer.daemon = True
-    timer.name = "gpuguard-window"
-    timer.start()
+    def arm():
+        timer = threading.Timer(step, check)
+        timer.daemon = True
+        timer.name = "gpuguard-window"
+        timer.start()
+
+    arm()
 
 
 def _gg_at_exit():

@@ -131,13 +131,17 @@ for action in sys.argv[2:]:
     elif name == "small":
         # A training loop that keeps one 64 KiB tensor a step (and makes three
         # temporaries): the cache absorbs it, the driver sees a 2 MiB segment every
-        # 32 steps. small:STEPS:MS, MS of "compute" a step.
+        # 32 steps. small:STEPS:MS, MS of "compute" a step in six parts, so that
+        # gpuguard's calls (which run when the main thread returns to Python) may come
+        # anywhere in a step, mostly away from its allocations.
         steps, _, ms = arg.partition(":")
+        part = float(ms or 2) / 6000.0
         for _ in range(int(steps)):
+            for _ in range(6):
+                time.sleep(part)
             tmp = [alloc(64 << 10) for _ in range(3)]
             del tmp
             LEAKS.append(alloc(64 << 10))  # SMALL-LEAK-LINE
-            time.sleep(float(ms or 2) / 1000.0)
     elif name == "big":
         try:
             LEAKS.append(alloc(int(arg) * MiB))

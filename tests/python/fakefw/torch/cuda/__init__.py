@@ -23,6 +23,7 @@ _free_small = {}  # size -> [ptr]: small blocks freed by the program, kept cache
 _bump = None  # the segment new small blocks are carved from
 _reserved = 0
 _allocated = 0
+_nallocs = 0  # tensor allocations so far (memory_stats' allocation.all.allocated)
 
 
 def _lazy_init():
@@ -46,6 +47,14 @@ def memory_reserved(device=None):
 
 def memory_allocated(device=None):
     return _allocated
+
+
+def memory_stats(device=None):
+    return {
+        "allocation.all.allocated": _nallocs,
+        "allocated_bytes.all.current": _allocated,
+        "reserved_bytes.all.current": _reserved,
+    }
 
 
 def _frames():
@@ -74,8 +83,9 @@ def _small(nbytes):
 
 
 def _alloc(nbytes):
-    global _reserved, _allocated
+    global _reserved, _allocated, _nallocs
     _lazy_init()
+    _nallocs += 1
     if nbytes < SMALL:
         ptr, seg = _small(nbytes)
         size = max(ROUND, (nbytes + ROUND - 1) // ROUND * ROUND)

@@ -7,9 +7,11 @@ temporaries), keeps one 64 KiB tensor (the leak), and synchronizes. Prints, as J
   recorder_off_us / recorder_on_us: mean step time with PyTorch's recorder off and
     on all the time (state, alloc context, Python stacks), measured here without
     gpuguard's help: the recorder's own cost per step;
-  window_share: the share of time gpuguard keeps it on (window / snapshot interval,
-    1/50 with GPUGUARD_SNAPSHOT_EVERY set);
-  estimated_cost_pct: (on - off) / off * window_share * 100, the sampling's cost;
+  window_share: the share of time gpuguard keeps it on where allocations are dense
+    (a fiftieth of the snapshot interval; a window also closes once it has seen 256
+    tensor allocations, so sparse allocations cost 256 recorded allocations a report);
+  estimated_cost_pct: (on - off) / off * window_share * 100, the sampling's cost
+    (an upper bound for dense allocation);
   under_gpuguard_us: mean step time of this process as it runs (run it under
     `gpuguard run` with and without GPUGUARD_SNAPSHOT_EVERY to compare directly).
 Works on real PyTorch (GPU) and on the stand-in of tests/python/fakefw (simulator).

@@ -48,6 +48,37 @@ int gpuguard_host_pinned(uint64_t *current_bytes, uint64_t *peak_bytes);
  * then went to stderr). */
 int gpuguard_write_report(const char *reason, char *path_out, size_t path_len);
 
+/* Trims now: framework caches (PyTorch, CuPy), then CUDA pools, as a trim signal
+ * does, and waits up to timeout_ms for the trim's report. Returns 0 when it is
+ * written (its path copied into path_out as above; empty when it went to stderr), 1
+ * on timeout (the trim still runs), -1 when gpuguard is disabled. Called from the
+ * main thread of a Python process (which would have to run the framework part), the
+ * trim runs in the calling thread and leaves the framework caches alone: call e.g.
+ * torch.cuda.empty_cache() first. */
+int gpuguard_trim(uint32_t timeout_ms, char *path_out, size_t path_len);
+
+/* Sets device `device`'s cap to `bytes` while the program runs (0 lifts it; above the
+ * device's memory it is clamped). Usage already above the new cap stays: the
+ * allocations that follow are refused until usage is back under it. Returns 0, 1
+ * when usage is already above the new cap, -1 for a bad device or when gpuguard is
+ * disabled. GPUGUARD_WARN_AT and GPUGUARD_TRIM_AT apply to the new cap. */
+int gpuguard_set_cap(int device, uint64_t bytes);
+
+/* Phase labels, per thread: allocations the thread makes between
+ * gpuguard_push_tag("eval") and the matching gpuguard_pop_tag() carry the innermost
+ * label; in reports their sites end in a "tag: eval" frame (the outermost), so sites
+ * and the flame graph split by phase. Labels nest (64 deep); longer than 256 bytes
+ * they are cut. With GPUGUARD_STACK_DEPTH=0 there are no sites and no labels.
+ * Return 0, or -1 (NULL tag, too deep, 65536 distinct labels; pop: none pushed). */
+int gpuguard_push_tag(const char *tag);
+int gpuguard_pop_tag(void);
+
+/* Benchmark aid, not a user feature: on = 0 makes every hook pass straight through
+ * (nothing recorded, counted or capped; the books are not true afterwards), on = 1
+ * turns the books back on, on < 0 only asks. Returns the setting before: 1 on, 0 off.
+ * For scripts/bench/train_bench.py --ab-blocks (docs/performance.md). */
+int gpuguard_bench_set_books(int on);
+
 #ifdef __cplusplus
 }
 #endif

@@ -19,19 +19,6 @@ fn cap_run(args: &[&str], env: &[(&str, &str)]) -> Run {
     gg_run("gg_cap", args, env)
 }
 
-/// `key=value` words of each line tagged `tag`, values as text.
-fn fields(out: Out<'_>, tag: &str) -> Vec<BTreeMap<String, String>> {
-    out.lines(tag)
-        .into_iter()
-        .map(|w| {
-            w.iter()
-                .filter_map(|kv| kv.split_once('='))
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect()
-        })
-        .collect()
-}
-
 fn num(m: &BTreeMap<String, String>, key: &str) -> u64 {
     m.get(key)
         .unwrap_or_else(|| panic!("no {key}= in {m:?}"))
@@ -1219,8 +1206,10 @@ fn gpuguard_run_refuses_a_malformed_cap() {
     assert_eq!(r.status.code(), Some(2), "{}", r.describe());
     assert_eq!(r.stdout, "", "{}", r.describe());
     assert!(
-        r.stderr.contains("GPUGUARD_CAP") && r.stderr.contains("abc"),
-        "{}",
+        r.stderr.contains("--cap") && r.stderr.contains("abc"),
+        "the command names its own option\n{}",
         r.describe()
     );
+    // Refused before starting anything: the program wrote no line.
+    assert!(!r.stderr.contains("OK"), "{}", r.describe());
 }

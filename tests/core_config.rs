@@ -1,5 +1,6 @@
-//! Configuration: a malformed or unknown `GPUGUARD_*` variable stops the program
-//! before it runs, with status 2 and one line naming the variable and its value.
+//! Configuration: a malformed value of a `GPUGUARD_*` variable stops the program
+//! before it runs, with status 2 and one line naming the variable and its value; an
+//! unknown `GPUGUARD_*` name does not stop it.
 
 mod common;
 mod core_support;
@@ -67,17 +68,50 @@ fn empty_dir() {
     );
 }
 
+/// Signals a program cannot handle: glibc's own 32 and 33 (32 would kill the process,
+/// 33 would be swallowed), past SIGRTMAX, and real-time offsets out of range.
 #[test]
-fn unknown_variable() {
-    assert_refused("GPUGUARD_TYPO", "1");
+fn signals_the_program_cannot_handle() {
+    for value in [
+        "32", "33", "65", "0", "RTMAX+1", "RTMIN+-1", "RTMIN+31", "ABRT",
+    ] {
+        assert_refused("GPUGUARD_REPORT_SIGNAL", value);
+    }
+    assert_refused("GPUGUARD_TRIM_SIGNAL", "33");
 }
 
-/// Also a program that never uses CUDA is stopped: the check is at load time.
+/// An unknown name (a typo, or a variable of a newer version) does not stop the
+/// program, nor one that never uses CUDA: the check is at load time.
 #[test]
-fn refused_before_any_cuda_call() {
-    let r = gg_run("/bin/true", &[], &[("GPUGUARD_TYPO", "1")]);
+fn unknown_variable_runs_the_program() {
+    let r = gg_run("gg", &["leak", "1"], &[("GPUGUARD_TYPO", "1")]);
+    r.assert_ok();
+    let (_, rep) = exit_report(&r);
+    assert_eq!(live_set(&rep), leak_set(r.out()));
+    let r = gg_run(
+        "/bin/sh",
+        &["-c", "echo hi"],
+        &[("GPUGUARD_CAPP", "1GiB"), ("GPUGUARD_TRACE", "t.json")],
+    );
+    assert_eq!(r.status.code(), Some(0), "{}", r.describe());
+    assert_eq!(r.stdout, "hi\n");
+}
+
+/// A malformed value of a known variable still stops the program, next to an unknown
+/// one.
+#[test]
+fn malformed_known_variable_beside_an_unknown_one() {
+    let r = gg_run(
+        "/bin/true",
+        &[],
+        &[("GPUGUARD_TYPO", "1"), ("GPUGUARD_CAP", "lots")],
+    );
     assert_eq!(r.status.code(), Some(2), "{}", r.describe());
-    assert!(r.stderr.contains("GPUGUARD_TYPO"), "{}", r.describe());
+    assert!(
+        r.stderr.contains("GPUGUARD_CAP=\"lots\""),
+        "{}",
+        r.describe()
+    );
 }
 
 /// Accepted spellings run the program normally.
@@ -90,6 +124,9 @@ fn accepted_values_run() {
         ("GPUGUARD_STACK_DEPTH", "0"),
         ("GPUGUARD_REPORT_SIGNAL", "SIGUSR2"),
         ("GPUGUARD_REPORT_SIGNAL", "RTMIN+2"),
+        ("GPUGUARD_REPORT_SIGNAL", "RTMAX"),
+        ("GPUGUARD_REPORT_SIGNAL", "RTMIN+30"),
+        ("GPUGUARD_REPORT_SIGNAL", "34"),
     ];
     for (var, value) in cases {
         let r = gg_run("gg", &["leak", "1"], &[(var, value)]);

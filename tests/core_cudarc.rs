@@ -6,6 +6,7 @@ mod core_support;
 
 use common::*;
 use core_support::*;
+use serde_json::Value;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 
@@ -53,6 +54,42 @@ fn cudarc_client_leak_is_in_exit_report() {
         leak.0,
         leak.1,
         r.describe()
+    );
+    // Its Rust frames are demangled (no `_ZN...17h<hash>E`), with file:line.
+    let e = live(&rep)
+        .into_iter()
+        .find(|e| (addr_of(e), u(&e["bytes"])) == leak)
+        .unwrap();
+    let id = e["site"].as_u64().unwrap();
+    let site = rep["sites"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["id"].as_u64() == Some(id))
+        .unwrap();
+    let frames: Vec<&str> = site["frames"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    assert!(
+        frames
+            .iter()
+            .all(|f| !f.starts_with("_ZN") && !f.starts_with("_R")),
+        "{frames:#?}"
+    );
+    assert!(
+        frames
+            .iter()
+            .any(|f| f.starts_with("cudarc::") && f.contains(".rs:")),
+        "{frames:#?}"
+    );
+    assert!(
+        frames
+            .iter()
+            .any(|f| f.starts_with("cudarc_client::") && f.contains("cudarc_client.rs:")),
+        "{frames:#?}"
     );
     // the client compares its own books with gpuguard's counters at each step
     let mismatches: Vec<&str> = r

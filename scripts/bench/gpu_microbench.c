@@ -29,6 +29,7 @@
  *   GG allocs=.. frees=.. unknown_frees=..   gpuguard's counters at the end, if loaded
  *
  * Usage: gpu_microbench [--threads T] [--reps R] [--block-ms M] [--paths a,b] [--pad D]
+ * MICROBENCH_PAUSE=1 pauses gpuguard's books first (see pause_books).
  * Compile-checks against the simulated driver too: -DGG_SIM -I tests/sim.
  */
 #define _GNU_SOURCE
@@ -50,6 +51,8 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+
+#include "bench_pause.h"
 
 #ifndef CU_STREAM_NON_BLOCKING
 #define CU_STREAM_NON_BLOCKING 0x1
@@ -451,6 +454,7 @@ int main(int argc, char **argv)
     cuDeviceGetName(name, sizeof name, dev);
     for (char *c = name; *c; c++)
         if (*c == ' ') *c = '_';
+    printf("INFO paused=%d\n", pause_books());
     int shim = dlsym(RTLD_DEFAULT, "gpuguard_version") != NULL;
     const char *depth = getenv("GPUGUARD_STACK_DEPTH");
     printf("INFO shim=%d stack_depth=%s threads=%d reps=%d block_ms=%.0f pad=%d device=%s "

@@ -42,6 +42,7 @@
  * iters/2, pool iters*4 (their costs in the sim differ). --pad D calls the timed loop
  * under D extra frames so a stack of default depth (16) is really walked, as in a
  * framework. The program ends with _exit(), so gpuguard writes no exit report.
+ * MICROBENCH_PAUSE=1 pauses the books after the prefill (see pause_books).
  */
 #define _GNU_SOURCE
 #include "cuda_sim.h"
@@ -57,6 +58,8 @@
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
+
+#include "bench_pause.h"
 
 #if defined(__has_include)
 #if __has_include(<valgrind/callgrind.h>)
@@ -538,6 +541,7 @@ int main(int argc, char **argv)
     prefill(live);
     long rss1 = vmrss_kb();
     printf("RSS before_kb=%ld after_kb=%ld live=%ld\n", rss0, rss1, live);
+    printf("INFO paused=%d\n", pause_books());
 
     if (do_report) {
         timed_report(live);

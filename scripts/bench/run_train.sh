@@ -19,7 +19,7 @@
 # Knobs: OUT (/tmp/gg-bench-out), PAIRS (5), WORKLOADS ("torch-default torch-async jax
 # cupy"), TORCH_STEPS (60), JAX_STEPS (300), CUPY_STEPS (300), WARMUP (20), RUN_TIMEOUT_S
 # (150), MICRO_RESULTS (a micro_results.txt for the bound; default $OUT/micro_results.txt),
-# TORCH_RESERVE (1), GG_BENCH_AB and GG_BENCH_WAIT_S (train_bench.py's diagnostics).
+# TORCH_RESERVE (1), GG_BENCH_WAIT_S (train_bench.py's diagnostics).
 # Writes $OUT/train_results.txt and $OUT/train_summary.md; logs under $BENCH_WORK/train.
 set -u
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)

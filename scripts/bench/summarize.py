@@ -416,8 +416,8 @@ def train(path, micro_path=None):
         print("### framework recorders (train_bench.py diagnostics)")
         print()
         print("FW: the recorder gpuguard turns on (before/after the timed steps); FWCALLS: "
-              "framework allocations per timed step; ABSUM: the same steps in one process "
-              "with gpuguard's recorder off and on.")
+              "framework allocations per timed step; ABSUM (runs before the A/B experiment was removed): "
+              "the same steps in one process with gpuguard's recorder off and on.")
         print()
         print("| round | variant | record | fields |")
         print("|---:|---|---|---|")

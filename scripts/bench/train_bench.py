@@ -20,6 +20,21 @@ Prints (stdout):
 CALLS counts what gpuguard intercepted on device 0 during the timed steps, read through
 its C API (ctypes.CDLL(None).gpuguard_device_counters) before and after them.
 
+In-process A/B mode (docs/performance.md, "Training overhead to ±0.5%: method"):
+  train_bench.py W --ab-blocks N [--block-steps K | --block-ms 150] [--ab-seconds S]
+      after the warm-up, up to N blocks (N/2 pairs, stopping early after S seconds) of
+      K identical steps (the same fixed shape sequence every block), alternately with
+      gpuguard's books on and paused (gpuguard_bench_set_books, a benchmark aid), in
+      ABBA order (pair p is on,off for even p, off,on for odd p); with
+      GPUGUARD_PYTHON=lines PyTorch's memory recorder is switched with the books.
+      Every block is CUDA-synchronized at both ends and written as one line
+        AB {"record": "ab_block", "workload", "pair", "mode": "on"|"off", "steps",
+            "wall_s", "cpu_s" (process CPU time), "thread_cpu_s" (this thread's),
+            "allocs", "frees", "unknown_frees", "failed" (gpuguard's counter deltas)}
+      after one AB {"record": "ab_meta", ...} line; ab_analyze.py reads them. Without
+      gpuguard (or without the switch) both halves are identical: an A/A control.
+      K defaults to whole passes of the shape sequence lasting >= --block-ms.
+
 Diagnostics, printed after RESULT (so a failure in them never loses the result):
   FW workload=W before=S after=S [wait_s=X extra_steps=N]
       the framework recorder gpuguard turns on with GPUGUARD_PYTHON=lines, as seen by
@@ -32,22 +47,19 @@ Diagnostics, printed after RESULT (so a failure in them never loses the result):
       framework-level allocations per timed step: torch: memory_stats()
       allocation.all.allocated/freed; cupy: pool mallocs/frees counted by a hook over
       100 extra steps after the timing.
-  AB workload=W seg=K mode=off|on step_ms=Y   and   ABSUM ...
-      only under gpuguard with GG_BENCH_AB=K > 0: K pairs of segments of the same steps
-      in the same process with gpuguard's recorder off and on (torch-default: the
-      PyTorch recorder, 10 steps a segment; cupy: gpuguard's CuPy hook, 500 steps):
-      the recorder's own cost, without run-to-run noise.
 """
 import argparse
 import ctypes
+import json
 import os
 import random
-import statistics
 import sys
 import time
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "gpu", "lib"))
+import ggv  # noqa: E402  (scripts/gpu/lib/ggv.py: gpuguard's C API through ctypes)
+
 WAIT_S = float(os.environ.get("GG_BENCH_WAIT_S", "15"))
-AB = int(os.environ.get("GG_BENCH_AB", "0") or 0)
 
 
 def diag(fn, *a):
@@ -59,48 +71,17 @@ def diag(fn, *a):
         return None
 
 
-def ab_summary(name, res, seg_steps):
-    off, on = res["off"], res["on"]
-    ratios = [b / a for a, b in zip(off, on) if a]
-    if not off or not on:
-        return
-    mo, mn = statistics.median(off), statistics.median(on)
-    print(f"ABSUM workload={name} pairs={len(ratios)} seg_steps={seg_steps} off_ms={mo:.4f} "
-          f"on_ms={mn:.4f} cost_pct={100 * (mn / mo - 1):.2f} "
-          f"pair_cost_pct={','.join(f'{100 * (r - 1):.2f}' for r in ratios)} "
-          f"median_pair_cost_pct={100 * (statistics.median(ratios) - 1):.2f}", flush=True)
-
-
-class GGCounters(ctypes.Structure):
-    _fields_ = [
-        ("device", ctypes.c_int32),
-        ("reserved0", ctypes.c_uint32),
-        ("total_bytes", ctypes.c_uint64),
-        ("cap_bytes", ctypes.c_uint64),
-        ("current_bytes", ctypes.c_uint64),
-        ("peak_bytes", ctypes.c_uint64),
-        ("allocs", ctypes.c_uint64),
-        ("frees", ctypes.c_uint64),
-        ("failed", ctypes.c_uint64),
-        ("denied", ctypes.c_uint64),
-        ("unknown_frees", ctypes.c_uint64),
-    ]
-
-
 def gg_reader():
     """A function returning (allocs, frees) of device 0, or None without gpuguard."""
-    try:
-        fn = ctypes.CDLL(None).gpuguard_device_counters
-    except (AttributeError, OSError):
+    g = ggv.Guard()
+    if not g.present:
         return None
-    fn.argtypes = [ctypes.c_int, ctypes.POINTER(GGCounters)]
-    fn.restype = ctypes.c_int
 
     def read():
-        c = GGCounters()
-        if fn(0, ctypes.byref(c)) != 0:
+        c = g.counters(0)
+        if not c or "error" in c:
             return None
-        return c.allocs, c.frees
+        return c["allocs"], c["frees"]
 
     return read
 
@@ -112,6 +93,86 @@ def report(name, steps, seconds, loss, before, after):
     if before is not None and after is not None:
         print(f"CALLS workload={name} steps={steps} allocs={after[0] - before[0]} "
               f"frees={after[1] - before[1]} step_ms={1e3 / sps:.4f}", flush=True)
+
+
+# ---------------------------------------------------------------------------------------
+# In-process A/B blocks.
+
+def bench_switch():
+    """gpuguard_bench_set_books (a benchmark aid) through ctypes, or None."""
+    try:
+        fn = ctypes.CDLL(None).gpuguard_bench_set_books
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_int]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+AB_COUNTERS = ("allocs", "frees", "unknown_frees", "failed")
+
+
+def run_ab(args, name, step, sched, sync, toggle=None):
+    """Blocks of the same steps, books on and paused in ABBA order (see the header).
+    step(x) runs one step on schedule entry x; sync() waits for the device; toggle(on)
+    switches whatever else belongs to the measured configuration (a recorder)."""
+    switch = bench_switch()
+    guard = ggv.Guard()
+
+    def counters():
+        c = guard.counters(0) if guard.present else None
+        return c if c and "error" not in c else None
+
+    def mode(on):
+        if switch is not None:
+            switch(1 if on else 0)
+        if toggle is not None:
+            toggle(on)
+
+    k = args.block_steps
+    if not k:
+        # Whole passes of the schedule lasting at least --block-ms (one timed pass,
+        # which also warms up once more).
+        sync()
+        t0 = time.perf_counter()
+        for x in sched:
+            step(x)
+        sync()
+        per_pass = max(time.perf_counter() - t0, 1e-6)
+        k = len(sched) * max(1, int(-(-args.block_ms / 1e3 // per_pass)))
+    meta = {"record": "ab_meta", "workload": name, "gpuguard": guard.present,
+            "switch": switch is not None, "toggle": toggle is not None, "block_steps": k,
+            "max_blocks": args.ab_blocks, "max_seconds": args.ab_seconds,
+            "env": {v: os.environ.get(v) for v in ("GPUGUARD_PYTHON", "GPUGUARD_STACK_DEPTH",
+                                                   "PYTORCH_CUDA_ALLOC_CONF", "XLA_PYTHON_CLIENT_ALLOCATOR")
+                    if os.environ.get(v) is not None}}
+    print("AB " + json.dumps(meta), flush=True)
+    t_start = time.perf_counter()
+    blocks = 0
+    last = None
+    for p in range(max(1, args.ab_blocks // 2)):
+        for m in (("on", "off") if p % 2 == 0 else ("off", "on")):
+            mode(m == "on")
+            sync()
+            c0 = counters()
+            w0, p0, h0 = time.perf_counter(), time.process_time(), time.thread_time()
+            for i in range(k):
+                last = step(sched[i % len(sched)])
+            sync()
+            w1, p1, h1 = time.perf_counter(), time.process_time(), time.thread_time()
+            c1 = counters()
+            rec = {"record": "ab_block", "workload": name, "pair": p, "mode": m, "steps": k,
+                   "wall_s": round(w1 - w0, 7), "cpu_s": round(p1 - p0, 7), "thread_cpu_s": round(h1 - h0, 7)}
+            if c0 and c1:
+                rec.update({c: c1[c] - c0[c] for c in AB_COUNTERS})
+            print("AB " + json.dumps(rec), flush=True)
+            blocks += 1
+        if args.ab_seconds and time.perf_counter() - t_start >= args.ab_seconds:
+            break
+    mode(True)
+    print(f"AB_DONE workload={name} blocks={blocks} block_steps={k} "
+          f"seconds={time.perf_counter() - t_start:.1f}", flush=True)
+    return last
 
 
 # ---------------------------------------------------------------------------------------
@@ -197,6 +258,24 @@ def run_torch(args, gg):
             torch.cuda.synchronize()
             state0 = diag(recorder)
         wait = time.perf_counter() - w0
+    if args.ab_blocks:
+        toggle = None
+        if gg and state0 == "on" and os.environ.get("GPUGUARD_PYTHON") == "lines":
+            # The recorder gpuguard turned on belongs to the measured configuration.
+            def toggle(on):
+                if on:
+                    torch.cuda.memory._record_memory_history(enabled="state", context="state",
+                                                             stacks="python")
+                else:
+                    torch.cuda.memory._record_memory_history(enabled=None)
+        sched = list(shapes)
+        random.Random(99).shuffle(sched)
+        loss = run_ab(args, name, step, sched, torch.cuda.synchronize, toggle)
+        print(f"FW workload={name} recorder={state0} toggled={toggle is not None}", flush=True)
+        if float(loss.item()) != float(loss.item()):
+            print("ERROR loss is NaN", file=sys.stderr)
+            sys.exit(1)
+        return
     stats0 = diag(torch.cuda.memory_stats)
     torch.cuda.synchronize()
     before = gg() if gg else None
@@ -219,30 +298,6 @@ def run_torch(args, gg):
         print(f"FWCALLS workload={name} steps={args.steps} "
               f"allocs={stats1.get(k_a, -1) - stats0.get(k_a, 0)} "
               f"frees={stats1.get(k_f, -1) - stats0.get(k_f, 0)}", flush=True)
-
-    def ab():
-        seg = lens[args.warmup:args.warmup + 10]
-        on_args = dict(enabled="state", context="state", stacks="python")
-        res = {"off": [], "on": []}
-        for k in range(AB):
-            for mode in (("off", "on") if k % 2 == 0 else ("on", "off")):
-                if mode == "off":
-                    torch.cuda.memory._record_memory_history(enabled=None)
-                else:
-                    torch.cuda.memory._record_memory_history(**on_args)
-                torch.cuda.synchronize()
-                t1 = time.perf_counter()
-                for t in seg:
-                    step(t)
-                torch.cuda.synchronize()
-                ms = (time.perf_counter() - t1) * 1e3 / len(seg)
-                res[mode].append(ms)
-                print(f"AB workload={name} seg={k} mode={mode} step_ms={ms:.4f}", flush=True)
-        torch.cuda.memory._record_memory_history(**on_args)
-        ab_summary(name, res, len(seg))
-
-    if gg and AB > 0 and state0 == "on":
-        diag(ab)
 
 
 # ---------------------------------------------------------------------------------------
@@ -285,6 +340,15 @@ def run_jax(args, gg):
     for b in order[:warm]:
         params, loss = step(params, *data[b])
     loss.block_until_ready()
+    if args.ab_blocks:
+        state = {"p": params, "l": loss}
+
+        def ab_step(b):
+            state["p"], state["l"] = step(state["p"], *data[b])
+            return state["l"]
+
+        run_ab(args, "jax", ab_step, batches * 2, lambda: state["l"].block_until_ready())
+        return
     before = gg() if gg else None
     t0 = time.perf_counter()
     for b in order[warm:]:
@@ -343,6 +407,9 @@ def run_cupy(args, gg):
             cp.cuda.Device().synchronize()
             state0 = diag(hooks)
         wait = time.perf_counter() - w0
+    if args.ab_blocks:
+        run_ab(args, "cupy", step, list(range(min(10, args.warmup))), cp.cuda.Device().synchronize)
+        return
     before = gg() if gg else None
     t0 = time.perf_counter()
     for i in range(args.warmup, args.warmup + args.steps):
@@ -377,40 +444,17 @@ def run_cupy(args, gg):
 
     diag(count)
 
-    def ab():
-        h = memory_hook.get_memory_hooks().get("gpuguard")
-        if h is None:
-            return
-        n = min(500, args.steps)
-        res = {"off": [], "on": []}
-        for k in range(AB):
-            for mode in (("off", "on") if k % 2 == 0 else ("on", "off")):
-                hs = memory_hook.get_memory_hooks()
-                if mode == "off" and "gpuguard" in hs:
-                    h.__exit__(None, None, None)
-                elif mode == "on" and "gpuguard" not in hs:
-                    h.__enter__()
-                cp.cuda.Device().synchronize()
-                t1 = time.perf_counter()
-                for i in range(args.warmup, args.warmup + n):
-                    step(i)
-                cp.cuda.Device().synchronize()
-                ms = (time.perf_counter() - t1) * 1e3 / n
-                res[mode].append(ms)
-                print(f"AB workload=cupy seg={k} mode={mode} step_ms={ms:.4f}", flush=True)
-        if "gpuguard" not in memory_hook.get_memory_hooks():
-            h.__enter__()
-        ab_summary("cupy", res, n)
-
-    if gg and AB > 0 and "gpuguard" in (state0 or ""):
-        diag(ab)
-
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("workload", choices=["torch", "jax", "cupy"])
     ap.add_argument("--warmup", type=int, default=20)
     ap.add_argument("--steps", type=int, default=None)
+    ap.add_argument("--ab-blocks", type=int, default=0,
+                    help="in-process A/B mode: at most this many blocks (see the header)")
+    ap.add_argument("--block-steps", type=int, default=0, help="steps per block (0: by --block-ms)")
+    ap.add_argument("--block-ms", type=float, default=150.0, help="least block length when K is automatic")
+    ap.add_argument("--ab-seconds", type=float, default=0.0, help="stop the A/B blocks after this long")
     args = ap.parse_args()
     if args.steps is None:
         args.steps = 100 if args.workload == "torch" else 300

@@ -21,31 +21,15 @@ import os
 import re
 import sys
 
-REPORT_RE = re.compile(r"^gpuguard\.(?P<prog>.+)\.(?P<pid>\d+)\.(?P<seq>\d+)\.(?P<reason>[a-z_]+)\.json$")
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "lib"))
+import ggv  # noqa: E402  (scripts/gpu/lib/ggv.py)
+
+REPORT_RE = ggv.REPORT_RE
 LEAK_RE = re.compile(r"^LEAK (0x[0-9a-fA-F]+) bytes (\d+)(.*)$")
 STDERR_REPORT_RE = re.compile(r"gpuguard\[(\d+)\]: report")
 MiB = 1 << 20
-
-
-def load_json(path):
-    try:
-        with open(path) as f:
-            return json.load(f), None
-    except (OSError, ValueError) as e:
-        return None, str(e)
-
-
-def as_int(v):
-    if isinstance(v, bool):
-        return None
-    if isinstance(v, int):
-        return v
-    if isinstance(v, str):
-        try:
-            return int(v, 0)
-        except ValueError:
-            return None
-    return None
+load_json = ggv.load_json
+as_int = ggv.as_int
 
 
 def dev0(rep, key="current_bytes"):
@@ -281,22 +265,12 @@ def cmd_run(a):
         if exit_rep else None,
         "elapsed_s": float(a.elapsed) if a.elapsed else None,
     }
-    with open(os.path.join(d, "check.json"), "w") as f:
-        json.dump(row, f, indent=1)
-    if a.summary:
-        with open(a.summary, "a") as f:
-            f.write(json.dumps(row) + "\n")
+    ggv.save_row(d, row, a.summary)
     return 0
 
 
 def cmd_table(a):
-    rows = []
-    try:
-        for ln in open(a.summary):
-            if ln.strip():
-                rows.append(json.loads(ln))
-    except OSError:
-        pass
+    rows = ggv.load_rows(a.summary)
     print("%-20s %-6s %4s %5s %5s %5s %4s %4s %4s %6s %7s  %s" % (
         "workload", "status", "rc", "agree", "expl", "mism", "sig", "exit", "req", "leaks", "time_s", "first problem"))
     for r in rows:

@@ -104,8 +104,10 @@ pub(crate) struct Thresholds {
     pub(super) trim_fired: AtomicBool,
     pub warn_pending: AtomicBool,
     pub trim_pending: AtomicBool,
-    /// What was charged when a threshold was last crossed.
+    /// What was charged when the warning threshold was last crossed, and the peak
+    /// then.
     pub crossed_at: AtomicU64,
+    pub crossed_peak: AtomicU64,
 }
 
 /// A memory pool: its device, and what it held from the driver when last measured

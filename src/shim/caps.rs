@@ -10,6 +10,34 @@ use gpuguard_core::ledger::Kind;
 use gpuguard_core::report::human_bytes;
 use std::sync::atomic::Ordering::*;
 
+/// A fired threshold re-arms once usage falls under this share of it.
+pub(crate) const REARM_PERCENT: u64 = 90;
+
+fn rearm_below(threshold: u64) -> u64 {
+    ((u128::from(threshold) * u128::from(REARM_PERCENT)) / 100) as u64
+}
+
+/// The `GPUGUARD_WARN_AT` line, written by the thread that crossed the threshold.
+fn warn_line(device: i32, charged: u64, cap: u64, peak: u64, threshold: u64) {
+    use super::line::{HumanBytes as H, StackLine};
+    use std::fmt::Write;
+    if settings().cfg.log < LogLevel::Warn {
+        return;
+    }
+    let mut l = StackLine::<320>::new();
+    let _ = write!(
+        l,
+        "gpuguard[{}]: device {device}: {} of its {} cap in use (peak {}), past GPUGUARD_WARN_AT ({}); warns again after usage falls below {}",
+        std::process::id(),
+        H(charged),
+        H(cap),
+        H(peak),
+        H(threshold),
+        H(rearm_below(threshold)),
+    );
+    l.emit();
+}
+
 impl Books {
     /// First use of a device: its size, then its cap (clamped to the size), set
     /// before the size is published so no allocation sees the device uncapped.
@@ -59,7 +87,7 @@ impl Books {
         let at = |f: Option<f64>| f.map_or(0, |f| ((cap as f64) * f) as u64);
         t.warn_bytes.store(at(cfg.warn_at), Relaxed);
         t.trim_bytes.store(at(cfg.trim_at), Relaxed);
-        c.limit.store(cap, Release);
+        c.set_limit(cap);
         log(
             LogLevel::Info,
             format_args!("device {device}: cap {}", human_bytes(cap)),
@@ -121,10 +149,7 @@ impl Books {
 
     pub fn remove_pool(&self, pool: u64) {
         if let Some((_, info)) = self.pools.remove(&pool) {
-            let c = self.ledger.device(info.device);
-            let _ = c
-                .pool_reserved
-                .fetch_update(Relaxed, Relaxed, |v| Some(v.saturating_sub(info.held)));
+            self.ledger.device(info.device).pool_reserved_sub(info.held);
         }
     }
 
@@ -165,12 +190,10 @@ impl Books {
             }
         };
         let c = self.ledger.device(device);
-        if held >= old {
-            c.pool_reserved.fetch_add(held - old, Relaxed);
-        } else {
-            let _ = c
-                .pool_reserved
-                .fetch_update(Relaxed, Relaxed, |v| Some(v.saturating_sub(old - held)));
+        if held > old {
+            c.pool_reserved_add(held - old);
+        } else if held < old {
+            c.pool_reserved_sub(old - held);
         }
     }
 
@@ -217,6 +240,9 @@ impl Books {
     /// devices are measured only here, so between reports their figure is the last
     /// one measured.
     pub fn refresh_pools(&self, device: i32) {
+        // The device's current pool is measured even if the program never looked it
+        // up (`cuMemAllocAsync` draws from it unasked).
+        let _ = self.current_pool(device);
         for p in self.device_pools(device) {
             self.measure_pool(device, p);
         }
@@ -232,17 +258,26 @@ impl Books {
         {
             self.measure_pool(device, p);
         }
-        let charged = self.ledger.device(device).charged();
+        let c = self.ledger.device(device);
+        let charged = c.charged();
         let t = &self.thresholds[device as usize];
         let mut wake = false;
-        for (limit, fired, pending) in [
-            (&t.warn_bytes, &t.warn_fired, &t.warn_pending),
-            (&t.trim_bytes, &t.trim_fired, &t.trim_pending),
+        for (limit, fired, pending, warn) in [
+            (&t.warn_bytes, &t.warn_fired, &t.warn_pending, true),
+            (&t.trim_bytes, &t.trim_fired, &t.trim_pending, false),
         ] {
             let at = limit.load(Relaxed);
             if at > 0 && charged >= at && !fired.swap(true, Relaxed) {
-                // The usage at the crossing, for the message written later.
-                t.crossed_at.store(charged, Relaxed);
+                if warn {
+                    // The figures at the crossing, for the line and the timeline.
+                    let peak = c.peak.load(Relaxed).max(charged);
+                    t.crossed_at.store(charged, Relaxed);
+                    t.crossed_peak.store(peak, Relaxed);
+                    // Written now, by the crossing thread: the program may die of its
+                    // next allocation before the helper thread would run. Rare (once
+                    // per crossing, re-armed with hysteresis), bounded, no allocation.
+                    warn_line(device, charged, c.cap().unwrap_or(0), peak, at);
+                }
                 pending.store(true, Relaxed);
                 wake = true;
             }
@@ -252,7 +287,9 @@ impl Books {
         }
     }
 
-    /// After a free: a threshold re-arms once usage is back below it.
+    /// After a free: a threshold re-arms once usage is clearly back below it, under
+    /// `REARM_PERCENT` of it, so usage hovering at the threshold does not fire on
+    /// every step.
     pub fn after_free(&self, device: i32, _kind: Kind) {
         if !self.capped(device) {
             return;
@@ -263,10 +300,34 @@ impl Books {
             (&t.warn_bytes, &t.warn_fired),
             (&t.trim_bytes, &t.trim_fired),
         ] {
-            if fired.load(Relaxed) && charged < limit.load(Relaxed) {
+            if fired.load(Relaxed) && charged < rearm_below(limit.load(Relaxed)) {
                 fired.store(false, Relaxed);
             }
         }
+    }
+
+    /// Sets or lifts (`bytes` 0) a device's cap while the program runs (the C API's
+    /// `gpuguard_set_cap`): `GPUGUARD_CAP` is resolved first for a device not used
+    /// yet, so it cannot overwrite this later. A cap above the device's memory is
+    /// clamped to it. Usage already above the new cap stays; the allocations that
+    /// follow are refused until usage is back under it. Returns the cap in force.
+    pub fn set_cap_now(&self, device: i32, bytes: u64) -> u64 {
+        self.note_device(device);
+        let total = self.total(device);
+        let cap = if total > 0 { bytes.min(total) } else { bytes };
+        let cfg = &settings().cfg;
+        let t = &self.thresholds[device as usize];
+        let at = |f: Option<f64>| f.map_or(0, |f| ((cap as f64) * f) as u64);
+        t.warn_bytes.store(at(cfg.warn_at), Relaxed);
+        t.trim_bytes.store(at(cfg.trim_at), Relaxed);
+        // A new cap starts armed unless usage is already past its thresholds.
+        let charged = self.ledger.device(device).charged();
+        t.warn_fired
+            .store(at(cfg.warn_at) > 0 && charged >= at(cfg.warn_at), Relaxed);
+        t.trim_fired
+            .store(at(cfg.trim_at) > 0 && charged >= at(cfg.trim_at), Relaxed);
+        self.ledger.device(device).set_limit(cap);
+        cap
     }
 
     /// What the process holds from the driver on a device as gpuguard counts it: live
@@ -280,6 +341,8 @@ impl Books {
     /// helper thread woken to write it (and to trim framework caches).
     pub fn refused(&self, device: i32, bytes: u64, api: u8, site: u32) {
         let c = self.ledger.device(device);
+        // A device whose only calls were refused is still in use: reports list it.
+        c.seen.store(1, Relaxed);
         c.denied.fetch_add(1, Relaxed);
         let d = Denial {
             device,

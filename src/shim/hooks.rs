@@ -1,23 +1,24 @@
-//! The FFI surface towards CUDA callers, the shim's top layer: the list of hooked
-//! functions (`table`) expanded row by row into the exported symbol, the wrapper the
-//! `dlsym` override hands out, the wrapper `cuGetProcAddress` hands out (by base name
-//! and version) and the real-pointer slots; the `dlsym` override itself; and the
-//! handlers. Every wrapper is thin: find the real pointer, call the row's handler
-//! with it.
+//! The FFI surface towards CUDA callers: the list of hooked functions (`table`)
+//! expanded row by row into the exported symbol, the wrapper the `dlsym` override
+//! hands out, the wrapper `cuGetProcAddress` hands out (by base name and version), the
+//! real-pointer slots and the row's handler, whose body the row's rule gives
+//! (`handle!`); the `dlsym` override and the `cuGetProcAddress` answer; the few
+//! custom handlers. Every wrapper is thin: find the real pointer, call the handler.
+//!
+//! Why one file of about 750 lines: the rows' tokens (types, rule helpers such as
+//! `out`, custom handler names) resolve where the list is expanded, which is here,
+//! and the lookup answers read the table this expansion makes. The last 80 lines are
+//! the table's unit tests.
 
 use super::books::Books;
-use super::lifecycle::books;
-use super::real::{Path, Slots};
+use super::cuda::*;
+use super::real::{PER_PATH, Path, SLOTS_PER_ROW, Slots, fn_at, path_base};
 use super::settings::config_ptds_default;
-use super::state::{active_books, shielded};
-use super::track::{self, Made, Plan, SUCCESS};
+use super::state::{active_books, books, shielded};
+use super::track::{self, Made, Plan};
 use gpuguard_core::ledger::{Key, Kind};
 use std::ffi::{CStr, c_char, c_int, c_uint, c_void};
-
-pub type CUdeviceptr = cudarc::driver::sys::CUdeviceptr;
-type Stream = *mut c_void;
-type Ctx = *mut c_void;
-type MemHandle = u64;
+use std::sync::atomic::Ordering::Relaxed;
 
 /// Which library a hooked function belongs to.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -40,8 +41,8 @@ impl Lib {
     /// library's own "not initialized" code, a valid value of its error enum.
     fn missing(self) -> c_int {
         match self {
-            Lib::Driver => cudarc::driver::sys::cudaError_enum::CUDA_ERROR_NOT_INITIALIZED as c_int,
-            Lib::Runtime => cudarc::runtime::sys::cudaError::cudaErrorInitializationError as c_int,
+            Lib::Driver => NOT_INITIALIZED,
+            Lib::Runtime => RT_NOT_INITIALIZED,
             Lib::Nvml => NVML_ERROR_UNINITIALIZED,
         }
     }
@@ -57,8 +58,31 @@ pub struct Entry {
     /// The per-thread-default-stream (`_ptsz`) variant of its base name.
     pub ptds: bool,
     pub slots: &'static Slots,
-    /// Wrappers by path: exported symbol, `dlsym`, `cuGetProcAddress`.
-    pub wrappers: [Wrapper; 3],
+    /// Wrappers by slot (`real::path_base`): the exported symbol, then `PER_PATH` for
+    /// `dlsym` and as many for `cuGetProcAddress`, each calling its slot's pointer.
+    pub wrappers: [Wrapper; SLOTS_PER_ROW],
+}
+
+impl Entry {
+    /// The wrapper of slot `i` of `path`.
+    fn wrapper(&self, path: Path, i: usize) -> *const c_void {
+        self.wrappers[path_base(path) + i].0
+    }
+}
+
+/// Real pointers handed out unhooked because every slot of their path was taken.
+static UNHOOKED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Counts a real pointer handed out unhooked (said once, at debug level).
+fn unhooked(name: &str) {
+    if UNHOOKED.fetch_add(1, Relaxed) == 0 {
+        super::settings::log(
+            super::settings::LogLevel::Debug,
+            format_args!(
+                "{name}: a lookup returned a real pointer past the {PER_PATH} this path keeps; handed out unhooked"
+            ),
+        );
+    }
 }
 
 #[derive(Clone, Copy)]
@@ -69,7 +93,7 @@ unsafe impl Sync for Wrapper {}
 macro_rules! hooks {
     ($(
         $lib:ident fn $name:ident ( $($arg:ident : $ty:ty),* $(,)? )
-            [$base:literal, $since:literal, $ptds:literal] => $handler:path;
+            [$base:literal, $since:literal, $ptds:literal] => $rule:ident $how:tt;
     )*) => {
         /// Every hooked function, in table order; `Api::X as u8` is its row.
         #[allow(non_camel_case_types, clippy::upper_case_acronyms)]
@@ -90,24 +114,30 @@ macro_rules! hooks {
                     Err(_) => panic!("bad name"),
                 };
 
+                /// The row's handler: what its rule says, around the real call.
+                #[allow(unused_variables)]
+                unsafe fn handler(api: u8, real: Real, $($arg: $ty),*) -> c_int {
+                    unsafe { handle!(api, real, ($($arg),*), $rule $how) }
+                }
+
                 #[inline(always)]
-                pub unsafe fn call(path: Path, $($arg: $ty),*) -> c_int {
-                    match SLOTS.get(path, NAME, Lib::$lib.soname()) {
-                        // SAFETY: the slot holds the real function of this row's signature.
+                pub unsafe fn call(slot: usize, $($arg: $ty),*) -> c_int {
+                    match SLOTS.get_at(slot, NAME, Lib::$lib.soname()) {
+                        // SAFETY: the slot holds the real function looked up by this
+                        // row's name, whose signature is `Real`.
                         Some(p) => unsafe {
-                            let real = std::mem::transmute::<*mut c_void, Real>(p);
-                            $handler(Api::$name as u8, real, $($arg),*)
+                            handler(Api::$name as u8, fn_at::<Real>(p as usize), $($arg),*)
                         },
                         None => Lib::$lib.missing(),
                     }
                 }
 
-                pub unsafe extern "C" fn via_dlsym($($arg: $ty),*) -> c_int {
-                    unsafe { call(Path::Dlsym, $($arg),*) }
+                pub unsafe extern "C" fn via_dlsym<const I: usize>($($arg: $ty),*) -> c_int {
+                    unsafe { call(path_base(Path::Dlsym) + I, $($arg),*) }
                 }
 
-                pub unsafe extern "C" fn via_proc($($arg: $ty),*) -> c_int {
-                    unsafe { call(Path::Proc, $($arg),*) }
+                pub unsafe extern "C" fn via_proc<const I: usize>($($arg: $ty),*) -> c_int {
+                    unsafe { call(path_base(Path::Proc) + I, $($arg),*) }
                 }
             }
             )*
@@ -117,7 +147,7 @@ macro_rules! hooks {
             #[allow(non_snake_case, clippy::missing_safety_doc)]
             #[cfg_attr(not(test), unsafe(no_mangle))]
             pub unsafe extern "C" fn $name($($arg: $ty),*) -> c_int {
-                unsafe { row::$name::call(Path::Symbol, $($arg),*) }
+                unsafe { row::$name::call(0, $($arg),*) }
             }
         )*
 
@@ -131,11 +161,86 @@ macro_rules! hooks {
                 slots: &row::$name::SLOTS,
                 wrappers: [
                     Wrapper($name as *const c_void),
-                    Wrapper(row::$name::via_dlsym as *const c_void),
-                    Wrapper(row::$name::via_proc as *const c_void),
+                    Wrapper(row::$name::via_dlsym::<0> as *const c_void),
+                    Wrapper(row::$name::via_dlsym::<1> as *const c_void),
+                    Wrapper(row::$name::via_dlsym::<2> as *const c_void),
+                    Wrapper(row::$name::via_dlsym::<3> as *const c_void),
+                    Wrapper(row::$name::via_proc::<0> as *const c_void),
+                    Wrapper(row::$name::via_proc::<1> as *const c_void),
+                    Wrapper(row::$name::via_proc::<2> as *const c_void),
+                    Wrapper(row::$name::via_proc::<3> as *const c_void),
                 ],
             }
         ),*];
+    };
+}
+
+/// A row's rule expanded into its handler's body (the rules are described in
+/// `table`). `$real` is the real function, `($a),*` the row's arguments.
+macro_rules! handle {
+    ($api:ident, $real:ident, ($($a:ident),*), custom($handler:path)) => {
+        $handler($api, $real, $($a),*)
+    };
+    ($api:ident, $real:ident, ($($a:ident),*),
+        alloc { kind: $kind:ident, out: $out:ident, key: $key:ident, size: $size:expr }) => {
+        handle!($api, $real, ($($a),*), alloc_measured {
+            kind: $kind, out: $out, key: $key, estimate: ($size) as u64, size: Some(($size) as u64)
+        })
+    };
+    ($api:ident, $real:ident, ($($a:ident),*),
+        alloc { kind: $kind:ident, out: $out:ident, key: $key:ident, size: $size:expr,
+                device: $device:expr, pool: $pool:expr }) => {
+        track::driver_alloc(
+            $api,
+            Kind::$kind,
+            Plan { bytes: ($size) as u64, device: $device, pool: $pool },
+            || $real($($a),*),
+            || Some(Made { key: Key::$key(out($out)? as u64), bytes: ($size) as u64 }),
+        )
+    };
+    ($api:ident, $real:ident, ($($a:ident),*),
+        alloc_measured { kind: $kind:ident, out: $out:ident, key: $key:ident,
+                         estimate: $estimate:expr, size: $size:expr }) => {
+        track::driver_alloc(
+            $api,
+            Kind::$kind,
+            Plan::bytes($estimate),
+            || $real($($a),*),
+            || {
+                let key = Key::$key(out($out)? as u64);
+                Some(Made { key, bytes: $size? })
+            },
+        )
+    };
+    ($api:ident, $real:ident, ($($a:ident),*), free { key: $key:ident, arg: $arg:ident }) => {
+        track::driver_free(Key::$key($arg as u64), || $real($($a),*))
+    };
+    ($api:ident, $real:ident, ($($a:ident),*),
+        rt_alloc { kind: $kind:ident, out: $out:ident, key: $key:ident, size: $size:expr }) => {
+        track::runtime_alloc(
+            $api,
+            Kind::$kind,
+            || $real($($a),*),
+            || {
+                let key = Key::$key(out($out)? as u64);
+                Some(Made { key, bytes: ($size) as u64 })
+            },
+        )
+    };
+    ($api:ident, $real:ident, ($($a:ident),*), rt_free { key: $key:ident, arg: $arg:ident }) => {
+        track::runtime_free($api, Key::$key($arg as u64), || $real($($a),*))
+    };
+    ($api:ident, $real:ident, ($($a:ident),*), observe { note: $note:expr }) => {
+        track::observe(|| $real($($a),*), $note)
+    };
+    ($api:ident, $real:ident, ($($a:ident),*), observe { before: $before:expr, note: $note:expr }) => {
+        track::observe(
+            || {
+                $before;
+                $real($($a),*)
+            },
+            $note,
+        )
     };
 }
 
@@ -188,7 +293,10 @@ pub unsafe extern "C" fn dlsym(_handle: *mut c_void, _name: *const c_char) -> *m
 
 /// 0: not ours, forward to glibc (every name not starting `cu` or `nv` at once). 1: answer NULL. Otherwise the pointer to return.
 unsafe extern "C" fn dlsym_answer(handle: *mut c_void, name: *const c_char) -> usize {
-    if super::real::real_dlsym().is_none() || name.is_null() {
+    if super::real::real_dlsym().is_none() {
+        return 1; // no glibc `dlsym` to jump to: answer NULL rather than jump to 0
+    }
+    if name.is_null() {
         return 0;
     }
     // SAFETY: name is a C string from the caller; only two bytes read before the
@@ -198,7 +306,8 @@ unsafe extern "C" fn dlsym_answer(handle: *mut c_void, name: *const c_char) -> u
         if !((a == b'c' && b == b'u') || (a == b'n' && b == b'v')) {
             return 0;
         }
-        dlsym_swap(handle, CStr::from_ptr(name))
+        let name = CStr::from_ptr(name);
+        shielded(|| dlsym_swap(handle, name)).unwrap_or(0)
     }
 }
 
@@ -233,10 +342,12 @@ unsafe fn dlsym_swap(handle: *mut c_void, name: &CStr) -> usize {
             .is_some();
         return if present { real as usize } else { 1 };
     }
-    if entry.slots.offer(Path::Dlsym, real) {
-        entry.wrappers[Path::Dlsym as usize].0 as usize
-    } else {
-        real as usize
+    match entry.slots.offer(Path::Dlsym, real) {
+        Some(i) => entry.wrapper(Path::Dlsym, i) as usize,
+        None => {
+            unhooked(entry.name);
+            real as usize
+        }
     }
 }
 
@@ -292,8 +403,22 @@ fn proc_entry(
     }
 }
 
-/// After the real `cuGetProcAddress` answered: swap in our wrapper for hooked rows.
-unsafe fn swap_proc(symbol: *const c_char, pfn: *mut *mut c_void, version: c_int, flags: u64) {
+/// After the real `cuGetProcAddress` answered `rc`: on success, swap in our wrapper
+/// for hooked rows.
+unsafe fn swap_proc(
+    rc: c_int,
+    symbol: *const c_char,
+    pfn: *mut *mut c_void,
+    version: c_int,
+    flags: u64,
+) {
+    if rc != SUCCESS {
+        return;
+    }
+    shielded(|| unsafe { swap_answer(symbol, pfn, version, flags) });
+}
+
+unsafe fn swap_answer(symbol: *const c_char, pfn: *mut *mut c_void, version: c_int, flags: u64) {
     if symbol.is_null() || pfn.is_null() {
         return;
     }
@@ -304,121 +429,24 @@ unsafe fn swap_proc(symbol: *const c_char, pfn: *mut *mut c_void, version: c_int
             return;
         }
         let base = CStr::from_ptr(symbol).to_bytes();
-        if let Some(e) = proc_entry(base, version, flags, real)
-            && e.slots.offer(Path::Proc, real)
-        {
-            *pfn = e.wrappers[Path::Proc as usize].0 as *mut c_void;
+        if let Some(e) = proc_entry(base, version, flags, real) {
+            match e.slots.offer(Path::Proc, real) {
+                Some(i) => *pfn = e.wrapper(Path::Proc, i) as *mut c_void,
+                None => unhooked(e.name),
+            }
         }
     }
 }
 
-// ---- CUDA structures read by the handlers ---------------------------------------------
-// Mirrors with plain integer fields: reading a C enum into a Rust enum would be
-// undefined for values the bindings do not list.
+// ---- what the rules' expressions use ------------------------------------------------
 
-#[repr(C)]
-pub struct MemAllocationProp {
-    pub kind: c_uint,
-    pub requested_handle_types: c_uint,
-    pub location_type: c_uint,
-    pub location_id: c_int,
-}
-
-/// `nvmlMemory_t`.
-#[repr(C)]
-pub struct NvmlMemory {
-    pub total: u64,
-    pub free: u64,
-    pub used: u64,
-}
-
-/// `nvmlMemory_v2_t`.
-#[repr(C)]
-pub struct NvmlMemoryV2 {
-    pub version: c_uint,
-    pub total: u64,
-    pub reserved: u64,
-    pub free: u64,
-    pub used: u64,
-}
-
-const NVML_ERROR_UNINITIALIZED: c_int = 1;
-
-#[repr(C)]
-pub struct MemPoolProps {
-    pub alloc_type: c_uint,
-    pub handle_types: c_uint,
-    pub location_type: c_uint,
-    pub location_id: c_int,
-}
-
-#[repr(C)]
-pub struct ArrayDescriptor {
-    pub width: usize,
-    pub height: usize,
-    pub format: c_uint,
-    pub channels: c_uint,
-}
-
-#[repr(C)]
-pub struct Array3dDescriptor {
-    pub width: usize,
-    pub height: usize,
-    pub depth: usize,
-    pub format: c_uint,
-    pub channels: c_uint,
-    pub flags: c_uint,
-}
-
-#[repr(C)]
-pub struct PitchedPtr {
-    pub ptr: *mut c_void,
-    pub pitch: usize,
-    pub xsize: usize,
-    pub ysize: usize,
-}
-
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct Extent {
-    pub width: usize,
-    pub height: usize,
-    pub depth: usize,
-}
-
-const CU_MEM_LOCATION_TYPE_DEVICE: c_uint = 1;
-
-/// Bytes per element of a `CUarray_format`; an estimate for the packed and block
-/// formats, whose true footprint the driver does not state.
-fn format_bytes(format: c_uint) -> u64 {
-    match format {
-        0x01 | 0x08 => 1,        // (UN)SIGNED_INT8
-        0x02 | 0x09 | 0x10 => 2, // (UN)SIGNED_INT16, HALF
-        0x03 | 0x0a | 0x20 => 4, // (UN)SIGNED_INT32, FLOAT
-        _ => 4,
-    }
-}
-
-fn array_bytes(w: usize, h: usize, d: usize, format: c_uint, channels: c_uint) -> u64 {
-    (w.max(1) as u64)
-        * (h.max(1) as u64)
-        * (d.max(1) as u64)
-        * format_bytes(format)
-        * u64::from(channels.max(1))
-}
-
-fn mipmapped_bytes(d: &Array3dDescriptor, levels: c_uint) -> u64 {
-    (0..levels.max(1))
-        .map(|l| {
-            array_bytes(
-                d.width >> l,
-                d.height >> l,
-                d.depth >> l,
-                d.format,
-                d.channels,
-            )
-        })
-        .sum()
+/// Reads an out-pointer the call wrote (`None` for NULL).
+///
+/// # Safety
+/// Called only after the real call succeeded, which wrote `*p` (or `p` is NULL).
+unsafe fn out<T: Copy>(p: *const T) -> Option<T> {
+    // SAFETY: as above.
+    (!p.is_null()).then(|| unsafe { p.read() })
 }
 
 /// The driver aligns a pitch to at most 512 bytes on current GPUs; reserving that
@@ -427,492 +455,35 @@ fn pitch_estimate(width: usize, height: usize) -> u64 {
     (width.div_ceil(512) * 512) as u64 * height as u64
 }
 
-/// The device a `cuMemCreate` names in its properties.
-unsafe fn vmm_device(prop: *const MemAllocationProp) -> Option<i32> {
-    // SAFETY: NULL or the caller's structure; the driver rejects bad ones after.
-    unsafe { prop.as_ref() }
-        .filter(|p| p.location_type == CU_MEM_LOCATION_TYPE_DEVICE)
-        .map(|p| p.location_id)
+/// A context made with `cuCtxCreate`: its records are told apart from the primary
+/// context's.
+fn note_created(books: &Books, ctx: CUcontext) -> Option<()> {
+    books.created_ctx.insert(ctx as u64, ());
+    Some(())
 }
 
-// ---- handlers: one per signature ------------------------------------------------------
+// ---- the custom handlers ------------------------------------------------------------
 
-/// The allocation an out-parameter names, as a record in `key`'s number space.
-unsafe fn made_at(out_ptr: *const u64, key: fn(u64) -> Key, bytes: u64) -> Option<Made> {
-    // SAFETY: called only after the real call succeeded, which wrote the value.
-    let v = unsafe { out(out_ptr) }?;
-    Some(Made { key: key(v), bytes })
-}
-
-/// The same for an out-parameter of pointer type (`void **`).
-unsafe fn made_ptr(out_ptr: *const *mut c_void, key: fn(u64) -> Key, bytes: u64) -> Option<Made> {
-    // SAFETY: as above.
-    let v = unsafe { out(out_ptr) }?;
-    Some(Made {
-        key: key(v as u64),
-        bytes,
-    })
-}
-
-/// Reads an out-pointer the driver wrote after success.
-unsafe fn out<T: Copy>(p: *const T) -> Option<T> {
-    // SAFETY: called only after the real call succeeded, which wrote *p.
-    (!p.is_null()).then(|| unsafe { p.read() })
-}
-
-unsafe fn mem_alloc(
-    api: u8,
-    real: row::cuMemAlloc_v2::Real,
-    dptr: *mut CUdeviceptr,
-    bytes: usize,
-) -> c_int {
-    track::driver_alloc(
-        api,
-        Kind::Device,
-        Plan::bytes(bytes as u64),
-        || unsafe { real(dptr, bytes) },
-        || unsafe { made_at(dptr, Key::device, bytes as u64) },
-    )
-}
-
-unsafe fn mem_alloc_v1(
-    api: u8,
-    real: row::cuMemAlloc::Real,
-    dptr: *mut u32,
-    bytes: c_uint,
-) -> c_int {
-    track::driver_alloc(
-        api,
-        Kind::Device,
-        Plan::bytes(bytes.into()),
-        || unsafe { real(dptr, bytes) },
-        || {
-            let a = unsafe { out(dptr) }?;
-            Some(Made {
-                key: Key::device(a.into()),
-                bytes: bytes.into(),
-            })
-        },
-    )
-}
-
-unsafe fn mem_free_v1(_api: u8, real: row::cuMemFree::Real, dptr: u32) -> c_int {
-    track::driver_free(Key::device(dptr.into()), || unsafe { real(dptr) })
-}
-
-unsafe fn mem_alloc_pitch(
-    api: u8,
-    real: row::cuMemAllocPitch_v2::Real,
-    dptr: *mut CUdeviceptr,
-    pitch: *mut usize,
-    width: usize,
-    height: usize,
-    elem: c_uint,
-) -> c_int {
-    track::driver_alloc(
-        api,
-        Kind::Pitch,
-        Plan::bytes(pitch_estimate(width, height)),
-        || unsafe { real(dptr, pitch, width, height, elem) },
-        || {
-            let a = unsafe { out(dptr) }?;
-            let p = unsafe { out(pitch) }.unwrap_or(width);
-            Some(Made {
-                key: Key::device(a),
-                bytes: (p as u64) * (height as u64),
-            })
-        },
-    )
-}
-
-unsafe fn mem_alloc_managed(
-    api: u8,
-    real: row::cuMemAllocManaged::Real,
-    dptr: *mut CUdeviceptr,
-    bytes: usize,
-    flags: c_uint,
-) -> c_int {
-    track::driver_alloc(
-        api,
-        Kind::Managed,
-        Plan::bytes(bytes as u64),
-        || unsafe { real(dptr, bytes, flags) },
-        || unsafe { made_at(dptr, Key::device, bytes as u64) },
-    )
-}
-
-unsafe fn mem_free(_api: u8, real: row::cuMemFree_v2::Real, dptr: CUdeviceptr) -> c_int {
-    track::driver_free(Key::device(dptr), || unsafe { real(dptr) })
-}
-
-unsafe fn mem_alloc_async(
-    api: u8,
-    real: row::cuMemAllocAsync::Real,
-    dptr: *mut CUdeviceptr,
-    bytes: usize,
-    stream: Stream,
-) -> c_int {
-    track::driver_alloc(
-        api,
-        Kind::Pool,
-        Plan::bytes(bytes as u64),
-        || unsafe { real(dptr, bytes, stream) },
-        || unsafe { made_at(dptr, Key::device, bytes as u64) },
-    )
-}
-
-unsafe fn mem_alloc_from_pool(
-    api: u8,
-    real: row::cuMemAllocFromPoolAsync::Real,
-    dptr: *mut CUdeviceptr,
-    bytes: usize,
-    pool: *mut c_void,
-    stream: Stream,
-) -> c_int {
-    track::driver_alloc(
-        api,
-        Kind::Pool,
-        Plan {
-            bytes: bytes as u64,
-            device: track::pool_device(pool),
-            pool: Some(pool as u64),
-        },
-        || unsafe { real(dptr, bytes, pool, stream) },
-        || unsafe { made_at(dptr, Key::device, bytes as u64) },
-    )
-}
-
-unsafe fn pool_create(
+unsafe fn mem_release(
     _api: u8,
-    real: row::cuMemPoolCreate::Real,
-    pool: *mut *mut c_void,
-    props: *const MemPoolProps,
+    real: row::cuMemRelease::Real,
+    handle: CUmemGenericAllocationHandle,
 ) -> c_int {
-    track::observe(
-        || unsafe { real(pool, props) },
-        |books| {
-            // SAFETY: written/accepted by the driver on success.
-            let (p, props) = unsafe { (out(pool)?, props.as_ref()?) };
-            if props.location_type == CU_MEM_LOCATION_TYPE_DEVICE {
-                books.add_pool(p as u64, props.location_id);
-            }
-            Some(())
-        },
-    )
-}
-
-unsafe fn pool_destroy(_api: u8, real: row::cuMemPoolDestroy::Real, pool: *mut c_void) -> c_int {
-    track::observe(
-        || unsafe { real(pool) },
-        |books| {
-            books.remove_pool(pool as u64);
-            Some(())
-        },
-    )
-}
-
-unsafe fn pool_trim_to(
-    _api: u8,
-    real: row::cuMemPoolTrimTo::Real,
-    pool: *mut c_void,
-    keep: usize,
-) -> c_int {
-    track::observe(
-        || unsafe { real(pool, keep) },
-        |books| {
-            books.pool_trimmed(pool as u64);
-            Some(())
-        },
-    )
-}
-
-unsafe fn device_set_pool(
-    _api: u8,
-    real: row::cuDeviceSetMemPool::Real,
-    dev: c_int,
-    pool: *mut c_void,
-) -> c_int {
-    track::observe(
-        || unsafe { real(dev, pool) },
-        |books| {
-            books.add_pool(pool as u64, dev);
-            books
-                .current_pool
-                .get(usize::try_from(dev).ok()?)?
-                .store(pool as u64, std::sync::atomic::Ordering::Relaxed);
-            Some(())
-        },
-    )
-}
-
-unsafe fn device_pool(
-    _api: u8,
-    real: row::cuDeviceGetDefaultMemPool::Real,
-    pool: *mut *mut c_void,
-    dev: c_int,
-) -> c_int {
-    track::observe(
-        || unsafe { real(pool, dev) },
-        |books| {
-            books.add_pool(unsafe { out(pool) }? as u64, dev);
-            Some(())
-        },
-    )
-}
-
-unsafe fn mem_free_async(
-    _api: u8,
-    real: row::cuMemFreeAsync::Real,
-    dptr: CUdeviceptr,
-    stream: Stream,
-) -> c_int {
-    track::driver_free(Key::device(dptr), || unsafe { real(dptr, stream) })
-}
-
-unsafe fn mem_create(
-    api: u8,
-    real: row::cuMemCreate::Real,
-    handle: *mut MemHandle,
-    bytes: usize,
-    prop: *const MemAllocationProp,
-    flags: u64,
-) -> c_int {
-    track::driver_alloc(
-        api,
-        Kind::Vmm,
-        Plan {
-            bytes: bytes as u64,
-            device: unsafe { vmm_device(prop) },
-            pool: None,
-        },
-        || unsafe { real(handle, bytes, prop, flags) },
-        || unsafe { made_at(handle, Key::vmm, bytes as u64) },
-    )
-}
-
-unsafe fn mem_release(_api: u8, real: row::cuMemRelease::Real, handle: MemHandle) -> c_int {
-    if active_books().is_some_and(|b| b.vmm.is_mapped(handle)) {
-        // Still mapped: the memory lives until the last unmap; keep the record.
-        return track::observe(
-            || unsafe { real(handle) },
-            |books| {
-                books.vmm.released(handle);
-                Some(())
-            },
-        );
+    // One decision, under the VMM maps' own lock: still mapped (the memory lives until
+    // the last unmap, which frees the record), or freed now.
+    let deferred =
+        shielded(|| active_books().is_some_and(|b| b.vmm.released(handle))).unwrap_or(false);
+    if deferred {
+        let rc = unsafe { real(handle) };
+        if rc != SUCCESS {
+            shielded(|| active_books().map(|b| b.vmm.release_failed(handle)));
+        }
+        return rc;
     }
-    let rc = track::driver_free(Key::vmm(handle), || unsafe { real(handle) });
-    if rc == SUCCESS
-        && let Some(b) = active_books()
-    {
-        b.vmm.released(handle);
-    }
-    rc
+    track::driver_free(Key::vmm(handle), || unsafe { real(handle) })
 }
 
-unsafe fn mem_map(
-    _api: u8,
-    real: row::cuMemMap::Real,
-    va: CUdeviceptr,
-    size: usize,
-    offset: usize,
-    handle: MemHandle,
-    flags: u64,
-) -> c_int {
-    track::observe(
-        || unsafe { real(va, size, offset, handle, flags) },
-        |books| {
-            books.vmm.mapped(va, size as u64, handle);
-            Some(())
-        },
-    )
-}
-
-unsafe fn mem_unmap(_api: u8, real: row::cuMemUnmap::Real, va: CUdeviceptr, size: usize) -> c_int {
-    track::observe(
-        || unsafe { real(va, size) },
-        |books| {
-            for handle in books.vmm.unmapped(va, size as u64) {
-                if let Some(rec) = books.ledger.take(Key::vmm(handle)) {
-                    books.ledger.confirm_free(&rec);
-                }
-            }
-            Some(())
-        },
-    )
-}
-
-unsafe fn mem_host_alloc(
-    api: u8,
-    real: row::cuMemHostAlloc::Real,
-    pp: *mut *mut c_void,
-    bytes: usize,
-    flags: c_uint,
-) -> c_int {
-    track::driver_alloc(
-        api,
-        Kind::Host,
-        Plan::bytes(bytes as u64),
-        || unsafe { real(pp, bytes, flags) },
-        || unsafe { made_ptr(pp, Key::host, bytes as u64) },
-    )
-}
-
-unsafe fn mem_alloc_host(
-    api: u8,
-    real: row::cuMemAllocHost_v2::Real,
-    pp: *mut *mut c_void,
-    bytes: usize,
-) -> c_int {
-    track::driver_alloc(
-        api,
-        Kind::Host,
-        Plan::bytes(bytes as u64),
-        || unsafe { real(pp, bytes) },
-        || unsafe { made_ptr(pp, Key::host, bytes as u64) },
-    )
-}
-
-unsafe fn mem_free_host(_api: u8, real: row::cuMemFreeHost::Real, p: *mut c_void) -> c_int {
-    track::driver_free(Key::host(p as u64), || unsafe { real(p) })
-}
-
-unsafe fn array_create(
-    api: u8,
-    real: row::cuArrayCreate_v2::Real,
-    arr: *mut *mut c_void,
-    desc: *const ArrayDescriptor,
-) -> c_int {
-    track::driver_alloc(
-        api,
-        Kind::Array,
-        Plan::bytes(unsafe { desc.as_ref() }.map_or(0, |d| {
-            array_bytes(d.width, d.height, 1, d.format, d.channels)
-        })),
-        || unsafe { real(arr, desc) },
-        || {
-            let a = unsafe { out(arr) }?;
-            // SAFETY: accepted by the driver, so valid.
-            let d = unsafe { desc.as_ref() }?;
-            Some(Made {
-                key: Key::array(a as u64),
-                bytes: array_bytes(d.width, d.height, 1, d.format, d.channels),
-            })
-        },
-    )
-}
-
-unsafe fn array3d_create(
-    api: u8,
-    real: row::cuArray3DCreate_v2::Real,
-    arr: *mut *mut c_void,
-    desc: *const Array3dDescriptor,
-) -> c_int {
-    track::driver_alloc(
-        api,
-        Kind::Array,
-        Plan::bytes(unsafe { desc.as_ref() }.map_or(0, |d| {
-            array_bytes(d.width, d.height, d.depth, d.format, d.channels)
-        })),
-        || unsafe { real(arr, desc) },
-        || {
-            let a = unsafe { out(arr) }?;
-            let d = unsafe { desc.as_ref() }?;
-            Some(Made {
-                key: Key::array(a as u64),
-                bytes: array_bytes(d.width, d.height, d.depth, d.format, d.channels),
-            })
-        },
-    )
-}
-
-unsafe fn mipmapped_create(
-    api: u8,
-    real: row::cuMipmappedArrayCreate::Real,
-    arr: *mut *mut c_void,
-    desc: *const Array3dDescriptor,
-    levels: c_uint,
-) -> c_int {
-    track::driver_alloc(
-        api,
-        Kind::Array,
-        Plan::bytes(unsafe { desc.as_ref() }.map_or(0, |d| mipmapped_bytes(d, levels))),
-        || unsafe { real(arr, desc, levels) },
-        || {
-            let a = unsafe { out(arr) }?;
-            let d = unsafe { desc.as_ref() }?;
-            Some(Made {
-                key: Key::array(a as u64),
-                bytes: mipmapped_bytes(d, levels),
-            })
-        },
-    )
-}
-
-unsafe fn array_destroy(_api: u8, real: row::cuArrayDestroy::Real, arr: *mut c_void) -> c_int {
-    track::driver_free(Key::array(arr as u64), || unsafe { real(arr) })
-}
-
-fn note_created(ctx: *mut Ctx) -> impl FnOnce(&Books) -> Option<()> {
-    move |books| {
-        // SAFETY: written by the driver on success.
-        books.created_ctx.insert(unsafe { out(ctx) }? as u64, ());
-        Some(())
-    }
-}
-
-unsafe fn ctx_create_v2(
-    _api: u8,
-    real: row::cuCtxCreate_v2::Real,
-    ctx: *mut Ctx,
-    flags: c_uint,
-    dev: c_int,
-) -> c_int {
-    track::observe(
-        || {
-            track::creating_context();
-            unsafe { real(ctx, flags, dev) }
-        },
-        note_created(ctx),
-    )
-}
-
-unsafe fn ctx_create_v3(
-    _api: u8,
-    real: row::cuCtxCreate_v3::Real,
-    ctx: *mut Ctx,
-    params: *mut c_void,
-    n: c_int,
-    flags: c_uint,
-    dev: c_int,
-) -> c_int {
-    track::observe(
-        || {
-            track::creating_context();
-            unsafe { real(ctx, params, n, flags, dev) }
-        },
-        note_created(ctx),
-    )
-}
-
-unsafe fn ctx_create_v4(
-    _api: u8,
-    real: row::cuCtxCreate_v4::Real,
-    ctx: *mut Ctx,
-    params: *mut c_void,
-    flags: c_uint,
-    dev: c_int,
-) -> c_int {
-    track::observe(
-        || {
-            track::creating_context();
-            unsafe { real(ctx, params, flags, dev) }
-        },
-        note_created(ctx),
-    )
-}
-
-unsafe fn ctx_destroy(_api: u8, real: row::cuCtxDestroy_v2::Real, ctx: Ctx) -> c_int {
+unsafe fn ctx_destroy(_api: u8, real: row::cuCtxDestroy_v2::Real, ctx: CUcontext) -> c_int {
     let rc = track::teardown(|| unsafe { real(ctx) }, |_, r, _| r.ctx == ctx as u64);
     if rc == SUCCESS
         && let Some(b) = active_books()
@@ -923,14 +494,14 @@ unsafe fn ctx_destroy(_api: u8, real: row::cuCtxDestroy_v2::Real, ctx: Ctx) -> c
 }
 
 /// Records of the primary context of `dev`: on that device, not in a created one.
-fn in_primary(dev: c_int) -> impl Fn(&Key, &gpuguard_core::ledger::Record, &Books) -> bool {
+fn in_primary(dev: CUdevice) -> impl Fn(&Key, &gpuguard_core::ledger::Record, &Books) -> bool {
     move |_, r, books| i32::from(r.device) == dev && !books.created_ctx.contains_key(&r.ctx)
 }
 
 unsafe fn primary_ctx_reset(
     _api: u8,
     real: row::cuDevicePrimaryCtxReset_v2::Real,
-    dev: c_int,
+    dev: CUdevice,
 ) -> c_int {
     track::teardown(|| unsafe { real(dev) }, in_primary(dev))
 }
@@ -939,7 +510,7 @@ unsafe fn primary_ctx_reset(
 unsafe fn primary_ctx_release(
     _api: u8,
     real: row::cuDevicePrimaryCtxRelease_v2::Real,
-    dev: c_int,
+    dev: CUdevice,
 ) -> c_int {
     let gone = std::cell::Cell::new(false);
     track::teardown(
@@ -949,6 +520,34 @@ unsafe fn primary_ctx_release(
             rc
         },
         |k, r, books| gone.get() && in_primary(dev)(k, r, books),
+    )
+}
+
+unsafe fn rt_device_reset(_api: u8, real: row::cudaDeviceReset::Real) -> c_int {
+    // The device is the current one; ask before the reset takes the context away.
+    let dev = super::real::DRIVER.current_device().unwrap_or(-1);
+    track::teardown(|| unsafe { real() }, in_primary(dev))
+}
+
+unsafe fn rt_malloc_3d(
+    api: u8,
+    real: row::cudaMalloc3D::Real,
+    pitched: *mut cudaPitchedPtr,
+    extent: cudaExtent,
+) -> c_int {
+    track::runtime_alloc(
+        api,
+        Kind::Pitch,
+        || unsafe { real(pitched, extent) },
+        || {
+            // SAFETY: written by the runtime on success.
+            let pp = unsafe { pitched.as_ref() }?;
+            let bytes = (pp.pitch * extent.height.max(1) * extent.depth.max(1)) as u64;
+            Some(Made {
+                key: Key::device(pp.ptr as u64),
+                bytes,
+            })
+        },
     )
 }
 
@@ -994,7 +593,7 @@ unsafe fn device_total_mem(
     _api: u8,
     real: row::cuDeviceTotalMem_v2::Real,
     bytes: *mut usize,
-    dev: c_int,
+    dev: CUdevice,
 ) -> c_int {
     let Some(_scope) = track::enter_driver() else {
         return unsafe { real(bytes, dev) };
@@ -1022,52 +621,53 @@ fn capped_view(cap: u64, used: u64, real_free: u64) -> (u64, u64, u64) {
     (cap, used, real_free.min(cap - used))
 }
 
-/// The cap and the charge of an NVML device, once CUDA is in use in this process
-/// (an NVML-only process, such as nvidia-smi, is left alone).
-fn nvml_cap(handle: *mut c_void) -> Option<(u64, u64)> {
-    let books = active_books()?;
-    let dev = books.nvml_ordinal(handle as u64)?;
-    books.note_device(dev);
-    let c = books.ledger.device(dev);
-    Some((c.cap()?, c.charged()))
+/// After an NVML memory query succeeded: the capped view, once CUDA is in use in this
+/// process (an NVML-only process, such as nvidia-smi, is left alone): `view` gets
+/// the device's cap and charge, to write into the answer.
+fn nvml_capped(rc: c_int, dev: NvmlDevice, view: impl FnOnce(u64, u64)) {
+    if rc != SUCCESS {
+        return;
+    }
+    shielded(|| {
+        let books = active_books()?;
+        let d = books.nvml_ordinal(dev as u64)?;
+        books.note_device(d);
+        let c = books.ledger.device(d);
+        view(c.cap()?, c.charged());
+        Some(())
+    });
 }
 
 unsafe fn nvml_memory(
     _api: u8,
     real: row::nvmlDeviceGetMemoryInfo::Real,
-    dev: *mut c_void,
+    dev: NvmlDevice,
     mem: *mut NvmlMemory,
 ) -> c_int {
     let rc = unsafe { real(dev, mem) };
-    if rc == SUCCESS {
-        shielded(|| {
-            let (cap, used) = nvml_cap(dev)?;
-            // SAFETY: written by NVML on success.
-            let m = unsafe { mem.as_mut() }?;
+    nvml_capped(rc, dev, |cap, used| {
+        // SAFETY: written by NVML on success.
+        if let Some(m) = unsafe { mem.as_mut() } {
             (m.total, m.used, m.free) = capped_view(cap, used, m.free);
-            Some(())
-        });
-    }
+        }
+    });
     rc
 }
 
 unsafe fn nvml_memory_v2(
     _api: u8,
     real: row::nvmlDeviceGetMemoryInfo_v2::Real,
-    dev: *mut c_void,
+    dev: NvmlDevice,
     mem: *mut NvmlMemoryV2,
 ) -> c_int {
     let rc = unsafe { real(dev, mem) };
-    if rc == SUCCESS {
-        shielded(|| {
-            let (cap, used) = nvml_cap(dev)?;
-            // SAFETY: written by NVML on success.
-            let m = unsafe { mem.as_mut() }?;
+    nvml_capped(rc, dev, |cap, used| {
+        // SAFETY: written by NVML on success.
+        if let Some(m) = unsafe { mem.as_mut() } {
             (m.total, m.used, m.free) = capped_view(cap, used, m.free);
             m.reserved = 0;
-            Some(())
-        });
-    }
+        }
+    });
     rc
 }
 
@@ -1080,9 +680,7 @@ unsafe fn get_proc_address(
     flags: u64,
 ) -> c_int {
     let rc = unsafe { real(symbol, pfn, version, flags) };
-    if rc == SUCCESS {
-        shielded(|| unsafe { swap_proc(symbol, pfn, version, flags) });
-    }
+    unsafe { swap_proc(rc, symbol, pfn, version, flags) };
     rc
 }
 
@@ -1096,165 +694,77 @@ unsafe fn get_proc_address_v2(
     status: *mut c_int,
 ) -> c_int {
     let rc = unsafe { real(symbol, pfn, version, flags, status) };
-    if rc == SUCCESS {
-        shielded(|| unsafe { swap_proc(symbol, pfn, version, flags) });
-    }
+    unsafe { swap_proc(rc, symbol, pfn, version, flags) };
     rc
 }
 
-unsafe fn rt_malloc(
-    api: u8,
-    real: row::cudaMalloc::Real,
-    p: *mut *mut c_void,
-    bytes: usize,
-) -> c_int {
-    track::runtime_alloc(
-        api,
-        Kind::Device,
-        || unsafe { real(p, bytes) },
-        || unsafe { made_ptr(p, Key::device, bytes as u64) },
-    )
-}
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashSet;
 
-unsafe fn rt_malloc_managed(
-    api: u8,
-    real: row::cudaMallocManaged::Real,
-    p: *mut *mut c_void,
-    bytes: usize,
-    flags: c_uint,
-) -> c_int {
-    track::runtime_alloc(
-        api,
-        Kind::Managed,
-        || unsafe { real(p, bytes, flags) },
-        || unsafe { made_ptr(p, Key::device, bytes as u64) },
-    )
-}
+    #[test]
+    fn names_are_unique_and_in_row_order() {
+        let mut seen = HashSet::new();
+        for (i, e) in TABLE.iter().enumerate() {
+            assert!(seen.insert(e.name), "{} twice", e.name);
+            assert_eq!(super::super::table::api_name(i as u8), e.name);
+        }
+        assert!(TABLE.len() < u8::MAX as usize, "a record's api is a u8");
+        assert_eq!(Api::cuMemAlloc_v2 as u8, 0);
+        assert_eq!(TABLE[Api::cudaDeviceReset as usize].name, "cudaDeviceReset");
+        assert_eq!(
+            by_name(b"cuMemFree_v2").map(|e| e.name),
+            Some("cuMemFree_v2")
+        );
+    }
 
-unsafe fn rt_malloc_pitch(
-    api: u8,
-    real: row::cudaMallocPitch::Real,
-    p: *mut *mut c_void,
-    pitch: *mut usize,
-    width: usize,
-    height: usize,
-) -> c_int {
-    track::runtime_alloc(
-        api,
-        Kind::Pitch,
-        || unsafe { real(p, pitch, width, height) },
-        || {
-            let a = unsafe { out(p) }?;
-            let pitch = unsafe { out(pitch) }.unwrap_or(width);
-            Some(Made {
-                key: Key::device(a as u64),
-                bytes: (pitch * height.max(1)) as u64,
-            })
-        },
-    )
-}
+    #[test]
+    fn every_row_has_distinct_wrappers() {
+        let mut all = HashSet::new();
+        for e in TABLE {
+            for w in &e.wrappers {
+                assert!(!w.0.is_null(), "{}", e.name);
+                assert!(all.insert(w.0 as usize), "{}: a wrapper shared", e.name);
+                assert!(is_wrapper(w.0 as *mut c_void));
+            }
+        }
+        assert!(!is_wrapper(std::ptr::null_mut()));
+    }
 
-unsafe fn rt_malloc_3d(
-    api: u8,
-    real: row::cudaMalloc3D::Real,
-    pitched: *mut PitchedPtr,
-    extent: Extent,
-) -> c_int {
-    track::runtime_alloc(
-        api,
-        Kind::Pitch,
-        || unsafe { real(pitched, extent) },
-        || {
-            // SAFETY: written by the runtime on success.
-            let pp = unsafe { pitched.as_ref() }?;
-            let bytes = (pp.pitch * extent.height.max(1) * extent.depth.max(1)) as u64;
-            Some(Made {
-                key: Key::device(pp.ptr as u64),
-                bytes,
-            })
-        },
-    )
-}
+    #[test]
+    fn proc_rows_have_a_base_name_and_version() {
+        for e in TABLE {
+            match e.lib {
+                Lib::Driver => {
+                    assert!(e.name.starts_with(e.base), "{} / {}", e.name, e.base);
+                    assert!(e.since >= 2000, "{}", e.name);
+                    assert_eq!(e.ptds, e.name.ends_with("_ptsz"), "{}", e.name);
+                }
+                Lib::Runtime | Lib::Nvml => {
+                    assert_eq!((e.base, e.since, e.ptds), ("", 0, false), "{}", e.name);
+                }
+            }
+        }
+        // A base name and version pick one row: no two variants collide.
+        let mut variants = HashSet::new();
+        for e in TABLE.iter().filter(|e| e.lib == Lib::Driver) {
+            assert!(variants.insert((e.base, e.since, e.ptds)), "{}", e.name);
+        }
+    }
 
-unsafe fn rt_malloc_async(
-    api: u8,
-    real: row::cudaMallocAsync::Real,
-    p: *mut *mut c_void,
-    bytes: usize,
-    stream: Stream,
-) -> c_int {
-    track::runtime_alloc(
-        api,
-        Kind::Pool,
-        || unsafe { real(p, bytes, stream) },
-        || unsafe { made_ptr(p, Key::device, bytes as u64) },
-    )
-}
+    #[test]
+    fn missing_functions_answer_valid_codes() {
+        assert_eq!(Lib::Driver.missing(), NOT_INITIALIZED);
+        assert_eq!(Lib::Runtime.missing(), RT_NOT_INITIALIZED);
+        assert_eq!(Lib::Nvml.missing(), NVML_ERROR_UNINITIALIZED);
+    }
 
-unsafe fn rt_malloc_from_pool(
-    api: u8,
-    real: row::cudaMallocFromPoolAsync::Real,
-    p: *mut *mut c_void,
-    bytes: usize,
-    pool: *mut c_void,
-    stream: Stream,
-) -> c_int {
-    track::runtime_alloc(
-        api,
-        Kind::Pool,
-        || unsafe { real(p, bytes, pool, stream) },
-        || unsafe { made_ptr(p, Key::device, bytes as u64) },
-    )
-}
-
-unsafe fn rt_free(api: u8, real: row::cudaFree::Real, p: *mut c_void) -> c_int {
-    track::runtime_free(api, Key::device(p as u64), || unsafe { real(p) })
-}
-
-unsafe fn rt_free_async(
-    api: u8,
-    real: row::cudaFreeAsync::Real,
-    p: *mut c_void,
-    stream: Stream,
-) -> c_int {
-    track::runtime_free(api, Key::device(p as u64), || unsafe { real(p, stream) })
-}
-
-unsafe fn rt_malloc_host(
-    api: u8,
-    real: row::cudaMallocHost::Real,
-    p: *mut *mut c_void,
-    bytes: usize,
-) -> c_int {
-    track::runtime_alloc(
-        api,
-        Kind::Host,
-        || unsafe { real(p, bytes) },
-        || unsafe { made_ptr(p, Key::host, bytes as u64) },
-    )
-}
-
-unsafe fn rt_host_alloc(
-    api: u8,
-    real: row::cudaHostAlloc::Real,
-    p: *mut *mut c_void,
-    bytes: usize,
-    flags: c_uint,
-) -> c_int {
-    track::runtime_alloc(
-        api,
-        Kind::Host,
-        || unsafe { real(p, bytes, flags) },
-        || unsafe { made_ptr(p, Key::host, bytes as u64) },
-    )
-}
-
-unsafe fn rt_free_host(api: u8, real: row::cudaFreeHost::Real, p: *mut c_void) -> c_int {
-    track::runtime_free(api, Key::host(p as u64), || unsafe { real(p) })
-}
-
-unsafe fn rt_device_reset(_api: u8, real: row::cudaDeviceReset::Real) -> c_int {
-    // The device is the current one; ask before the reset takes the context away.
-    let dev = super::real::DRIVER.current_device().unwrap_or(-1);
-    track::teardown(|| unsafe { real() }, in_primary(dev))
+    #[test]
+    fn pitch_estimate_is_an_upper_bound() {
+        assert_eq!(pitch_estimate(1, 3), 512 * 3);
+        assert_eq!(pitch_estimate(513, 1), 1024);
+        assert_eq!(capped_view(100, 150, 500), (100, 100, 0));
+        assert_eq!(capped_view(100, 40, 30), (100, 40, 30));
+    }
 }

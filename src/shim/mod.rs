@@ -10,32 +10,51 @@
 // on itself), so much of this module is unreachable there.
 #![cfg_attr(test, allow(dead_code))]
 
-// The layers, each using only those listed before it (`rust-import-cycles.py`
-// finds no circle):
-// - `sys`, `real`, `table`, `wake`: the C library, the real CUDA functions, the list
-//   of hooked functions, the helper thread's doorbell; no state of gpuguard's.
-// - `settings`, `unwind`, `python::api`, `python::frames`: configuration and log
-//   lines; stack capture; the CPython functions, and the Python frames hooks read.
-// - `books`, `caps`: the process's books and the cap logic on them.
-// - `state`: the lifecycle state and the books of the active process.
-// - `report`: building and writing reports.
-// - `python`, `trim`, `worker`: the bridge to the Python side, trims, the helper
-//   thread and its signals.
-// - `lifecycle`: load, activation (which starts the helper thread), fork, exit.
-// - `track`: what a hook does around the real call (the hot path).
-// - `hooks`, `capi`: the FFI surface (the exports).
+// The layers, lowest first; each module uses only those of the layers below it and,
+// in its own layer, those listed before it (`scripts/check-layers.py` checks it,
+// `docs/architecture.md` draws it; `rust-import-cycles.py` finds no circle):
+// - ffi: `fault`, `sys`, `cuda`, `wake`, `endings`, `real`, `table`: test-only fault
+//   injection (a constant `false` in production builds), the C library, the CUDA/NVML
+//   types and codes (cudarc's), the helper thread's doorbell, the end of a process
+//   (the ending signals' handler; waiting for the helper before the exit report), the
+//   real functions (per lookup path, and gpuguard's own typed driver calls), the list
+//   of hooked functions.
+// - base: `line`, `events`, `control`, `tags`, `settings`, `unwind`, `python::api`,
+//   `python::frames`: heap-free lines for a threshold crossing, what the timeline
+//   learns from reports and warnings, the C API's requests to the helper, the threads'
+//   phase labels; configuration and log lines; stack capture; the CPython functions,
+//   and the Python frames hooks read.
+// - books: `books`, `caps`: the process's books and the cap logic on them.
+// - state: `state`: the lifecycle state, the books of the active process, and the
+//   activation action the service registers at load.
+// - track: `track`: what a hook does around the real call (the hot path).
+// - hooks: `hooks`: the exports, the table expanded into wrappers and handlers.
+// - service, beside the hot path (never imported by it, never importing it), reading
+//   the books: `symbolize` (frames as text), `report`, `python` (the bridge), `trim`,
+//   `observe` (trace, status file, memory line), `worker`, `lifecycle`.
+// - capi: `capi`, the C API, at the top.
+mod bench_switch;
 mod books;
 pub mod capi;
 mod caps;
+mod control;
+mod cuda;
+mod endings;
+mod events;
+mod fault;
 pub mod hooks;
 mod lifecycle;
+mod line;
+mod observe;
 mod python;
 mod real;
 mod report;
 mod settings;
 mod state;
+mod symbolize;
 mod sys;
 mod table;
+mod tags;
 mod track;
 mod trim;
 mod unwind;

@@ -12,9 +12,9 @@
 //! The CPython functions it calls are found at run time (`api`); the Python frames
 //! hooks read are in `frames`.
 
-use super::report;
 use super::settings::{LogLevel, log, settings};
 use super::state::{active_books, shielded};
+use super::{endings, report};
 use std::ffi::{CStr, CString, c_char, c_int, c_void};
 use std::sync::atomic::{AtomicPtr, Ordering::*};
 use std::sync::{Condvar, Mutex};
@@ -94,6 +94,8 @@ struct Exchange {
     outstanding: bool,
     /// The last finished request's answer.
     reply: Option<Result<String, String>>,
+    /// The last request given up on before it started: the pending call skips it.
+    cancelled: u64,
 }
 
 static EXCHANGE: Mutex<Exchange> = Mutex::new(Exchange {
@@ -102,6 +104,7 @@ static EXCHANGE: Mutex<Exchange> = Mutex::new(Exchange {
     done_id: 0,
     outstanding: false,
     reply: None,
+    cancelled: 0,
 });
 static DONE: Condvar = Condvar::new();
 /// What `_gg_submit("reply\n...")` handed back during the current call.
@@ -136,7 +139,7 @@ pub(crate) fn run(call: &str, wait: Option<Duration>) -> Outcome {
     // SAFETY: these only read the runtime's state. Finalizing first: an interpreter
     // shutting down already says it is not initialized.
     unsafe {
-        if a.is_finalizing.is_some_and(|f| f() != 0) {
+        if endings::exiting() || a.is_finalizing.is_some_and(|f| f() != 0) {
             return Outcome::Finalizing;
         }
         if (a.is_initialized)() == 0 {
@@ -155,12 +158,15 @@ pub(crate) fn run(call: &str, wait: Option<Duration>) -> Outcome {
         let Some(d) = deadline else {
             return Outcome::Queued;
         };
+        if endings::exiting() {
+            return Outcome::Finalizing;
+        }
         let left = d.saturating_duration_since(Instant::now());
         if left.is_zero() {
             return Outcome::Timeout;
         }
         ex = DONE
-            .wait_timeout(ex, left)
+            .wait_timeout(ex, left.min(WAIT_SLICE))
             .unwrap_or_else(|e| e.into_inner())
             .0;
     }
@@ -179,12 +185,20 @@ pub(crate) fn run(call: &str, wait: Option<Duration>) -> Outcome {
         return Outcome::Queued;
     };
     while ex.done_id < id {
+        // A request given up on is cancelled if it has not started: it must not run
+        // later, unreported (a trim's `empty_cache()` in the middle of a graph
+        // capture).
+        if endings::exiting() {
+            cancel(&mut ex, id);
+            return Outcome::Finalizing;
+        }
         let left = d.saturating_duration_since(Instant::now());
         if left.is_zero() {
+            cancel(&mut ex, id);
             return Outcome::Timeout;
         }
         ex = DONE
-            .wait_timeout(ex, left)
+            .wait_timeout(ex, left.min(WAIT_SLICE))
             .unwrap_or_else(|e| e.into_inner())
             .0;
     }
@@ -197,6 +211,17 @@ pub(crate) fn run(call: &str, wait: Option<Duration>) -> Outcome {
         Some(Err(e)) if e == "finalizing" => Outcome::Finalizing,
         Some(Err(e)) => Outcome::Failed(e),
         None => Outcome::Failed("no answer".into()),
+    }
+}
+
+/// How often a wait for the main thread looks whether the process is ending.
+const WAIT_SLICE: Duration = Duration::from_millis(50);
+
+/// Gives up request `id` if it is still queued and has not started: the pending
+/// call then runs nothing (the slot stays free for the next request to take over).
+fn cancel(ex: &mut Exchange, id: u64) {
+    if ex.queued_id == id && ex.code.is_some() {
+        ex.cancelled = id;
     }
 }
 
@@ -239,6 +264,7 @@ pub(crate) fn at_exit_answer() -> Option<String> {
 static BROKEN: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 pub(super) fn after_fork_in_child() {
+    frames::after_fork_in_child();
     // The parent's queued call is not the child's; forget it. A lock held at the
     // fork would never be released here, so only try them.
     let ok = match (EXCHANGE.try_lock(), AT_EXIT.try_lock(), ANSWER.try_lock()) {
@@ -261,7 +287,10 @@ extern "C" fn pending(_arg: *mut c_void) -> c_int {
     shielded(|| {
         let (code, id) = {
             let mut ex = lock(&EXCHANGE);
-            (ex.code.take(), ex.queued_id)
+            let code = ex.code.take();
+            // Given up on by the thread that asked: run nothing.
+            let code = code.filter(|_| ex.cancelled != ex.queued_id);
+            (code, ex.queued_id)
         };
         let reply = match (code, api()) {
             (Some(code), Some(a)) => run_here(a, &code),

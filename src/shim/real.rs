@@ -1,10 +1,17 @@
 //! Finding the real functions: the real `dlsym`, the per-path slots that hold the
-//! real pointer each lookup path returned, and gpuguard's private driver calls.
+//! real pointer each lookup path returned, gpuguard's own driver and NVML calls (one
+//! typed slot each, `own_functions!`), and `fn_at`, where an address found for a CUDA,
+//! NVML or glibc function becomes a typed function pointer.
 //!
-//! The lowest layer of the shim: it knows nothing of the hooks above it (the `dlsym`
-//! override that uses it is in `hooks`).
+//! The lowest layer of the shim with `cuda`: it knows nothing of the hooks above it
+//! (the `dlsym` override that uses it is in `hooks`).
 
-use std::ffi::{CStr, c_char, c_int, c_void};
+use super::cuda::{
+    CUcontext, CUdevice, CUdeviceptr, CUmemPool_attribute, CUmemoryPool, CUuuid, NVML_SUCCESS,
+    NvmlDevice, SUCCESS,
+};
+use std::ffi::{CStr, c_char, c_int, c_uint, c_void};
+use std::marker::PhantomData;
 use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering::*};
 
 unsafe extern "C" {
@@ -19,6 +26,9 @@ pub(crate) static GPUGUARD_REAL_DLSYM: AtomicUsize = AtomicUsize::new(0);
 /// Resolves glibc's `dlsym` by version, since `dlsym(RTLD_NEXT, "dlsym")` would go
 /// through ourselves.
 pub(crate) fn real_dlsym() -> Option<DlsymFn> {
+    if super::fault::hit("no-dlsym") {
+        return None;
+    }
     let mut p = GPUGUARD_REAL_DLSYM.load(Acquire);
     if p == 0 {
         for v in [c"GLIBC_2.34", c"GLIBC_2.2.5"] {
@@ -32,7 +42,7 @@ pub(crate) fn real_dlsym() -> Option<DlsymFn> {
         GPUGUARD_REAL_DLSYM.store(p, Release);
     }
     // SAFETY: p is glibc's dlsym, whose signature DlsymFn matches.
-    (p != 0).then(|| unsafe { std::mem::transmute::<usize, DlsymFn>(p) })
+    (p != 0).then(|| unsafe { fn_at::<DlsymFn>(p) })
 }
 
 /// `dlsym(handle, name)` through glibc, never through our override.
@@ -53,32 +63,52 @@ pub enum Path {
     Proc = 2,
 }
 
-/// The real pointers of one hooked function, one per path.
+/// Wrappers (and real-pointer slots) each lookup path has per hooked function: a
+/// path may offer different real pointers for one function (two copies of a driver,
+/// a lookup answering per request), and each must still get a wrapper of its own.
+pub const PER_PATH: usize = 4;
+/// Slots per function: the symbol's, then `PER_PATH` for `dlsym`, then for
+/// `cuGetProcAddress`.
+pub const SLOTS_PER_ROW: usize = 1 + 2 * PER_PATH;
+
+/// The first slot of a path.
+pub const fn path_base(path: Path) -> usize {
+    match path {
+        Path::Symbol => 0,
+        Path::Dlsym => 1,
+        Path::Proc => 1 + PER_PATH,
+    }
+}
+
+/// The real pointers of one hooked function: the symbol's, and up to `PER_PATH` per
+/// lookup path.
 pub struct Slots {
-    real: [AtomicPtr<c_void>; 3],
+    real: [AtomicPtr<c_void>; SLOTS_PER_ROW],
 }
 
 impl Slots {
     pub const fn new() -> Slots {
         Slots {
-            real: [
-                AtomicPtr::new(std::ptr::null_mut()),
-                AtomicPtr::new(std::ptr::null_mut()),
-                AtomicPtr::new(std::ptr::null_mut()),
-            ],
+            real: [const { AtomicPtr::new(std::ptr::null_mut()) }; SLOTS_PER_ROW],
         }
     }
 
-    /// The real function for `path`. The symbol path resolves itself on first use
-    /// (the next definition after gpuguard, or the loaded library's own); the others
-    /// were filled when their pointer was handed out.
+    /// The real function for `path`'s first slot (see `get_at`).
     #[inline]
     pub fn get(&self, path: Path, name: &CStr, soname: &CStr) -> Option<*mut c_void> {
-        let p = self.real[path as usize].load(Acquire);
+        self.get_at(path_base(path), name, soname)
+    }
+
+    /// The real function of slot `i`. The symbol's slot (0) resolves itself on first
+    /// use (the next definition after gpuguard, or the loaded library's own); the
+    /// others were filled when their pointer was handed out.
+    #[inline]
+    pub fn get_at(&self, i: usize, name: &CStr, soname: &CStr) -> Option<*mut c_void> {
+        let p = self.real.get(i)?.load(Acquire);
         if !p.is_null() {
             return Some(p);
         }
-        if path != Path::Symbol {
+        if i != 0 {
             return None;
         }
         let p = resolve_next(name, soname)?;
@@ -86,14 +116,19 @@ impl Slots {
         Some(p)
     }
 
-    /// Keeps `real` for `path` if the slot is empty or holds the same pointer. False
-    /// when another pointer is already there: then the caller gets `real` unhooked.
-    pub fn offer(&self, path: Path, real: *mut c_void) -> bool {
-        match self.real[path as usize].compare_exchange(std::ptr::null_mut(), real, AcqRel, Acquire)
-        {
-            Ok(_) => true,
-            Err(cur) => cur == real,
-        }
+    /// Keeps `real` in a slot of `path` (one already holding it, or a free one):
+    /// which one, counted from the path's first. `None` when every slot of the path
+    /// holds another pointer: then the caller gets `real` unhooked.
+    pub fn offer(&self, path: Path, real: *mut c_void) -> Option<usize> {
+        let base = path_base(path);
+        let n = if path == Path::Symbol { 1 } else { PER_PATH };
+        (0..n).find(|&i| {
+            match self.real[base + i].compare_exchange(std::ptr::null_mut(), real, AcqRel, Acquire)
+            {
+                Ok(_) => true,
+                Err(cur) => cur == real,
+            }
+        })
     }
 
     /// Forget every pointer (a child after fork keeps them: same mappings).
@@ -140,159 +175,197 @@ fn in_own_object(p: *mut c_void) -> bool {
     }
 }
 
-/// gpuguard's own calls into the driver, through pointers it resolved itself, so they
-/// never re-enter a hook.
-pub(crate) struct Driver {
-    ctx_get_current: AtomicUsize,
-    ctx_get_device: AtomicUsize,
-    device_total_mem: AtomicUsize,
-    device_get_count: AtomicUsize,
-    primary_ctx_get_state: AtomicUsize,
-    mem_free: AtomicUsize,
-    device_get_mem_pool: AtomicUsize,
-    pool_get_attribute: AtomicUsize,
-    pool_trim_to: AtomicUsize,
-    device_get_uuid: AtomicUsize,
-    device_get_uuid_v1: AtomicUsize,
+/// Turns the address of a C function into a typed function pointer: the shim's one
+/// transmute from an address to a function.
+///
+/// # Safety
+/// `p` is the address of a function whose C signature and calling convention are
+/// exactly `F`'s (an `unsafe extern "C" fn` type): the address was looked up by the
+/// function's own name, and `F` is the signature declared for that name (the hooked
+/// functions' in `table`, gpuguard's own calls' in `own_functions!` below).
+#[inline(always)]
+pub(crate) unsafe fn fn_at<F: Copy>(p: usize) -> F {
+    const { assert!(std::mem::size_of::<F>() == std::mem::size_of::<usize>()) };
+    // SAFETY: F is a function pointer type of the same size (asserted above), and by
+    // the caller's promise `p` is a function of that type.
+    unsafe { std::mem::transmute_copy::<usize, F>(&p) }
 }
-
-pub(crate) static DRIVER: Driver = Driver {
-    ctx_get_current: AtomicUsize::new(0),
-    ctx_get_device: AtomicUsize::new(0),
-    device_total_mem: AtomicUsize::new(0),
-    device_get_count: AtomicUsize::new(0),
-    primary_ctx_get_state: AtomicUsize::new(0),
-    mem_free: AtomicUsize::new(0),
-    device_get_mem_pool: AtomicUsize::new(0),
-    pool_get_attribute: AtomicUsize::new(0),
-    pool_trim_to: AtomicUsize::new(0),
-    device_get_uuid: AtomicUsize::new(0),
-    device_get_uuid_v1: AtomicUsize::new(0),
-};
 
 /// Marks a slot whose lookup failed, so it is not retried on every call.
 const MISSING: usize = 1;
 
-fn driver_fn(slot: &AtomicUsize, name: &CStr) -> Option<usize> {
-    let p = slot.load(Acquire);
-    if p > MISSING {
-        return Some(p);
-    }
-    if p == MISSING {
-        return None;
-    }
-    let found = resolve_next(name, c"libcuda.so.1").map(|p| p as usize);
-    slot.store(found.unwrap_or(MISSING), Release);
-    found
+/// One function gpuguard calls itself: its name, its library, and the address found
+/// on first use (the next definition after gpuguard, so never one of our hooks).
+pub(crate) struct OwnFn<F> {
+    name: &'static CStr,
+    soname: &'static CStr,
+    slot: AtomicUsize,
+    signature: PhantomData<F>,
 }
+
+impl<F: Copy> OwnFn<F> {
+    const fn new(name: &'static CStr, soname: &'static CStr) -> OwnFn<F> {
+        OwnFn {
+            name,
+            soname,
+            slot: AtomicUsize::new(0),
+            signature: PhantomData,
+        }
+    }
+
+    /// The function, or `None` when the library or the symbol is missing (asked once).
+    pub fn get(&self) -> Option<F> {
+        let mut p = self.slot.load(Acquire);
+        if p == 0 {
+            p = resolve_next(self.name, self.soname).map_or(MISSING, |p| p as usize);
+            self.slot.store(p, Release);
+        }
+        // SAFETY: `p` was looked up by `self.name`, whose signature is `F` (the list
+        // in `own_functions!` pairs each name with its signature).
+        (p > MISSING).then(|| unsafe { fn_at::<F>(p) })
+    }
+}
+
+// SAFETY: PhantomData of a function pointer type; the slot is atomic.
+unsafe impl<F> Sync for OwnFn<F> {}
+
+/// Declares gpuguard's own driver and NVML calls: one typed slot per function. Each
+/// returns the library's status as a plain `c_int`: a Rust enum (`CUresult`) would be
+/// undefined for a code the bindings do not list. cudarc 0.19's `sys` modules have no
+/// function pointer types (its functions are loaded by its own loader, which panics
+/// when the library is missing), so each signature is declared here, once.
+macro_rules! own_functions {
+    ($( $field:ident: $lib:literal $name:literal fn($($ty:ty),* $(,)?); )*) => {
+        /// gpuguard's own calls into the driver and NVML, through pointers it resolved
+        /// itself, so they never re-enter a hook.
+        pub(crate) struct OwnFns {
+            $(pub $field: OwnFn<unsafe extern "C" fn($($ty),*) -> c_int>,)*
+        }
+
+        pub(crate) static OWN: OwnFns = OwnFns {
+            $($field: OwnFn::new($name, $lib),)*
+        };
+    };
+}
+
+own_functions! {
+    ctx_get_current: c"libcuda.so.1" c"cuCtxGetCurrent" fn(*mut CUcontext);
+    ctx_get_device: c"libcuda.so.1" c"cuCtxGetDevice" fn(*mut CUdevice);
+    device_total_mem: c"libcuda.so.1" c"cuDeviceTotalMem_v2" fn(*mut usize, CUdevice);
+    device_get_count: c"libcuda.so.1" c"cuDeviceGetCount" fn(*mut c_int);
+    primary_ctx_get_state: c"libcuda.so.1" c"cuDevicePrimaryCtxGetState" fn(CUdevice, *mut c_uint, *mut c_int);
+    mem_free: c"libcuda.so.1" c"cuMemFree_v2" fn(CUdeviceptr);
+    device_get_mem_pool: c"libcuda.so.1" c"cuDeviceGetMemPool" fn(*mut CUmemoryPool, CUdevice);
+    pool_get_attribute: c"libcuda.so.1" c"cuMemPoolGetAttribute" fn(CUmemoryPool, CUmemPool_attribute, *mut c_void);
+    pool_trim_to: c"libcuda.so.1" c"cuMemPoolTrimTo" fn(CUmemoryPool, usize);
+    device_get_uuid: c"libcuda.so.1" c"cuDeviceGetUuid_v2" fn(*mut CUuuid, CUdevice);
+    device_get_uuid_v1: c"libcuda.so.1" c"cuDeviceGetUuid" fn(*mut CUuuid, CUdevice);
+    nvml_device_get_uuid: c"libnvidia-ml.so.1" c"nvmlDeviceGetUUID" fn(NvmlDevice, *mut c_char, c_uint);
+}
+
+/// gpuguard's own driver calls, as answers.
+pub(crate) struct Driver;
+
+pub(crate) static DRIVER: Driver = Driver;
 
 impl Driver {
     /// The calling thread's current context, 0 when none or unknown.
     pub fn current_ctx(&self) -> u64 {
-        type F = unsafe extern "C" fn(*mut *mut c_void) -> c_int;
-        let Some(p) = driver_fn(&self.ctx_get_current, c"cuCtxGetCurrent") else {
+        let Some(f) = OWN.ctx_get_current.get() else {
             return 0;
         };
-        let mut ctx: *mut c_void = std::ptr::null_mut();
-        // SAFETY: p is the driver's cuCtxGetCurrent.
-        let rc = unsafe { std::mem::transmute::<usize, F>(p)(&mut ctx) };
-        if rc == 0 { ctx as u64 } else { 0 }
+        let mut ctx: CUcontext = std::ptr::null_mut();
+        // SAFETY: cuCtxGetCurrent writes one context handle.
+        let rc = unsafe { f(&mut ctx) };
+        if rc == SUCCESS { ctx as u64 } else { 0 }
     }
 
     /// The device of the current context.
     pub fn current_device(&self) -> Option<i32> {
-        type F = unsafe extern "C" fn(*mut c_int) -> c_int;
-        let p = driver_fn(&self.ctx_get_device, c"cuCtxGetDevice")?;
-        let mut dev: c_int = -1;
-        // SAFETY: p is the driver's cuCtxGetDevice.
-        let rc = unsafe { std::mem::transmute::<usize, F>(p)(&mut dev) };
-        (rc == 0 && dev >= 0).then_some(dev)
+        let f = OWN.ctx_get_device.get()?;
+        let mut dev: CUdevice = -1;
+        // SAFETY: cuCtxGetDevice writes one device ordinal.
+        let rc = unsafe { f(&mut dev) };
+        (rc == SUCCESS && dev >= 0).then_some(dev)
     }
 
     /// Frees device memory gpuguard must take back (an allocation past the cap).
     pub fn free(&self, addr: u64) {
-        type F = unsafe extern "C" fn(u64) -> c_int;
-        if let Some(p) = driver_fn(&self.mem_free, c"cuMemFree_v2") {
-            // SAFETY: p is the driver's cuMemFree_v2; addr came from the driver.
-            unsafe { std::mem::transmute::<usize, F>(p)(addr) };
+        if let Some(f) = OWN.mem_free.get() {
+            // SAFETY: addr came from the driver.
+            unsafe { f(addr) };
         }
     }
 
     /// The device's current stream-ordered memory pool.
     pub fn device_mem_pool(&self, device: i32) -> Option<u64> {
-        type F = unsafe extern "C" fn(*mut *mut c_void, c_int) -> c_int;
-        let p = driver_fn(&self.device_get_mem_pool, c"cuDeviceGetMemPool")?;
-        let mut pool: *mut c_void = std::ptr::null_mut();
-        // SAFETY: p is the driver's cuDeviceGetMemPool.
-        let rc = unsafe { std::mem::transmute::<usize, F>(p)(&mut pool, device) };
-        (rc == 0 && !pool.is_null()).then_some(pool as u64)
+        let f = OWN.device_get_mem_pool.get()?;
+        let mut pool: CUmemoryPool = std::ptr::null_mut();
+        // SAFETY: cuDeviceGetMemPool writes one pool handle.
+        let rc = unsafe { f(&mut pool, device) };
+        (rc == SUCCESS && !pool.is_null()).then_some(pool as u64)
     }
 
     /// What a pool holds from the driver (`CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT`).
     pub fn pool_reserved(&self, pool: u64) -> Option<u64> {
-        type F = unsafe extern "C" fn(*mut c_void, c_int, *mut c_void) -> c_int;
-        const RESERVED_MEM_CURRENT: c_int = 5;
-        let p = driver_fn(&self.pool_get_attribute, c"cuMemPoolGetAttribute")?;
+        let f = OWN.pool_get_attribute.get()?;
         let mut v: u64 = 0;
-        // SAFETY: p is the driver's cuMemPoolGetAttribute; the attribute is a u64.
+        // SAFETY: this attribute's value is a cuuint64_t, written to `v`.
         let rc = unsafe {
-            std::mem::transmute::<usize, F>(p)(
-                pool as *mut c_void,
-                RESERVED_MEM_CURRENT,
+            f(
+                pool as CUmemoryPool,
+                CUmemPool_attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT,
                 &mut v as *mut u64 as *mut c_void,
             )
         };
-        (rc == 0).then_some(v)
+        (rc == SUCCESS).then_some(v)
     }
 
     /// Releases what a pool holds unused (`cuMemPoolTrimTo(pool, 0)`).
     pub fn pool_trim(&self, pool: u64) {
-        type F = unsafe extern "C" fn(*mut c_void, usize) -> c_int;
-        if let Some(p) = driver_fn(&self.pool_trim_to, c"cuMemPoolTrimTo") {
-            // SAFETY: p is the driver's cuMemPoolTrimTo.
-            unsafe { std::mem::transmute::<usize, F>(p)(pool as *mut c_void, 0) };
+        if let Some(f) = OWN.pool_trim_to.get() {
+            // SAFETY: a pool handle the driver handed out.
+            unsafe { f(pool as CUmemoryPool, 0) };
         }
     }
 
     /// A device's UUID, formatted as NVML formats it (`GPU-xxxxxxxx-xxxx-...`).
     pub fn device_uuid(&self, device: i32) -> Option<String> {
-        type F = unsafe extern "C" fn(*mut [u8; 16], c_int) -> c_int;
-        let p = driver_fn(&self.device_get_uuid, c"cuDeviceGetUuid_v2")
-            .or_else(|| driver_fn(&self.device_get_uuid_v1, c"cuDeviceGetUuid"))?;
-        let mut u = [0u8; 16];
-        // SAFETY: p is the driver's cuDeviceGetUuid(_v2), which writes 16 bytes.
-        let rc = unsafe { std::mem::transmute::<usize, F>(p)(&mut u, device) };
-        (rc == 0).then(|| gpuguard_core::cap::uuid_string(&u))
+        let f = OWN
+            .device_get_uuid
+            .get()
+            .or_else(|| OWN.device_get_uuid_v1.get())?;
+        let mut u = CUuuid { bytes: [0; 16] };
+        // SAFETY: cuDeviceGetUuid(_v2) writes one 16-byte CUuuid.
+        let rc = unsafe { f(&mut u, device) };
+        (rc == SUCCESS).then(|| gpuguard_core::cap::uuid_string(&u.bytes.map(|b| b as u8)))
     }
 
     /// How many devices the process sees; `None` before cuInit or without a driver.
     pub fn device_count(&self) -> Option<i32> {
-        type F = unsafe extern "C" fn(*mut c_int) -> c_int;
-        let p = driver_fn(&self.device_get_count, c"cuDeviceGetCount")?;
+        let f = OWN.device_get_count.get()?;
         let mut n: c_int = 0;
-        // SAFETY: p is the driver's cuDeviceGetCount.
-        let rc = unsafe { std::mem::transmute::<usize, F>(p)(&mut n) };
-        (rc == 0).then_some(n)
+        // SAFETY: cuDeviceGetCount writes one int.
+        let rc = unsafe { f(&mut n) };
+        (rc == SUCCESS).then_some(n)
     }
 
     /// Whether the primary context of `device` still exists.
     pub fn primary_ctx_active(&self, device: i32) -> Option<bool> {
-        type F = unsafe extern "C" fn(c_int, *mut u32, *mut c_int) -> c_int;
-        let p = driver_fn(&self.primary_ctx_get_state, c"cuDevicePrimaryCtxGetState")?;
-        let (mut flags, mut active): (u32, c_int) = (0, 0);
-        // SAFETY: p is the driver's cuDevicePrimaryCtxGetState.
-        let rc = unsafe { std::mem::transmute::<usize, F>(p)(device, &mut flags, &mut active) };
-        (rc == 0).then_some(active != 0)
+        let f = OWN.primary_ctx_get_state.get()?;
+        let (mut flags, mut active): (c_uint, c_int) = (0, 0);
+        // SAFETY: cuDevicePrimaryCtxGetState writes the flags and the state.
+        let rc = unsafe { f(device, &mut flags, &mut active) };
+        (rc == SUCCESS).then_some(active != 0)
     }
 
     /// Device memory size as the driver states it.
     pub fn total_mem(&self, device: i32) -> Option<u64> {
-        type F = unsafe extern "C" fn(*mut usize, c_int) -> c_int;
-        let p = driver_fn(&self.device_total_mem, c"cuDeviceTotalMem_v2")?;
+        let f = OWN.device_total_mem.get()?;
         let mut bytes: usize = 0;
-        // SAFETY: p is the driver's cuDeviceTotalMem_v2.
-        let rc = unsafe { std::mem::transmute::<usize, F>(p)(&mut bytes, device) };
-        (rc == 0).then_some(bytes as u64)
+        // SAFETY: cuDeviceTotalMem_v2 writes one size.
+        let rc = unsafe { f(&mut bytes, device) };
+        (rc == SUCCESS).then_some(bytes as u64)
     }
 }
 
@@ -345,26 +418,11 @@ pub(crate) fn is_own_code(pc: usize) -> bool {
 /// gpuguard's own NVML call: the UUID of an NVML device, to match it with its CUDA
 /// ordinal.
 pub(crate) fn nvml_uuid(handle: u64) -> Option<String> {
-    type F = unsafe extern "C" fn(*mut c_void, *mut c_char, u32) -> c_int;
-    static SLOT: AtomicUsize = AtomicUsize::new(0);
-    let p = {
-        let p = SLOT.load(Acquire);
-        if p > MISSING {
-            p
-        } else if p == MISSING {
-            return None;
-        } else {
-            let found =
-                resolve_next(c"nvmlDeviceGetUUID", c"libnvidia-ml.so.1").map(|p| p as usize);
-            SLOT.store(found.unwrap_or(MISSING), Release);
-            found?
-        }
-    };
+    let f = OWN.nvml_device_get_uuid.get()?;
     let mut buf = [0 as c_char; 96];
-    // SAFETY: p is NVML's nvmlDeviceGetUUID, writing at most 96 bytes.
-    let rc =
-        unsafe { std::mem::transmute::<usize, F>(p)(handle as *mut c_void, buf.as_mut_ptr(), 96) };
-    if rc != 0 {
+    // SAFETY: nvmlDeviceGetUUID writes at most 96 bytes, NUL-terminated.
+    let rc = unsafe { f(handle as NvmlDevice, buf.as_mut_ptr(), 96) };
+    if rc != NVML_SUCCESS {
         return None;
     }
     // SAFETY: NVML wrote a NUL-terminated string.

@@ -5,44 +5,18 @@
 use super::books::Books;
 use super::settings::{LogLevel, log, settings};
 use super::state::{active_books, shielded};
+use super::symbolize::{Tables, symbolize};
 use super::sys::{self, write_stderr};
-use super::{real, table};
+use super::{endings, events, fault, table};
 use gpuguard_core::classify::Answer;
 use gpuguard_core::report::{ReportConfig, TrimReport, human_bytes};
 use gpuguard_core::reporter::{self, FrameInfo, ReportInput};
-use gpuguard_core::symbols::SymbolTable;
 use std::cell::RefCell;
-use std::collections::HashMap;
-use std::ffi::{CStr, c_char, c_int, c_void};
+use std::ffi::c_int;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering::*};
 
 static DIR_WARNED: AtomicBool = AtomicBool::new(false);
-
-fn program_name() -> String {
-    unsafe extern "C" {
-        static program_invocation_short_name: *const std::ffi::c_char;
-    }
-    // SAFETY: glibc sets this before constructors run; it is a C string.
-    unsafe {
-        let p = program_invocation_short_name;
-        if p.is_null() {
-            return "unknown".into();
-        }
-        CStr::from_ptr(p).to_string_lossy().into_owned()
-    }
-}
-
-fn argv() -> Vec<String> {
-    std::fs::read("/proc/self/cmdline")
-        .map(|b| {
-            b.split(|c| *c == 0)
-                .filter(|s| !s.is_empty())
-                .map(|s| String::from_utf8_lossy(s).into_owned())
-                .collect()
-        })
-        .unwrap_or_default()
-}
 
 fn unix_ms() -> u64 {
     std::time::SystemTime::now()
@@ -50,150 +24,54 @@ fn unix_ms() -> u64 {
         .map_or(0, |d| d.as_millis() as u64)
 }
 
-/// Symbol tables read so far for one report, by module path.
-type Tables = RefCell<HashMap<String, Option<SymbolTable>>>;
-
-/// `function+0x.. (module+0x..)`, the function from the module's ELF symbols (or the
-/// loader's), else `module+0x..`. Frames of gpuguard and the CUDA libraries are marked
-/// internal, so a site starts at the caller.
-fn symbolize(pc: usize, tables: &Tables) -> FrameInfo {
-    use super::python::frames;
-    if frames::is_python(pc) {
-        return FrameInfo {
-            text: match frames::text(pc) {
-                Some(t) => format!("{}{t}", gpuguard_core::report::PY_FRAME),
-                None => format!("{}(code no longer alive)", gpuguard_core::report::PY_FRAME),
-            },
-            internal: false,
-            interpreter: false,
-        };
-    }
-    // A return address points after the call; look up the call itself.
-    let at = pc.saturating_sub(1);
-    // SAFETY: dladdr only reads the loader's tables.
-    let mut dl: libc::Dl_info = unsafe { std::mem::zeroed() };
-    if unsafe { libc::dladdr(at as *const c_void, &mut dl) } == 0 || dl.dli_fname.is_null() {
-        return FrameInfo {
-            text: format!("{pc:#x}"),
-            internal: false,
-            interpreter: false,
-        };
-    }
-    // SAFETY: dladdr filled these with C strings owned by the loader.
-    let path = unsafe { CStr::from_ptr(dl.dli_fname) }
-        .to_string_lossy()
-        .into_owned();
-    let base = dl.dli_fbase as usize;
-    let module = match path.rsplit('/').next() {
-        Some(m) if !m.is_empty() => m.to_string(),
-        _ => program_name(),
-    };
-    let off = at - base;
-    let internal = real::is_own_code(at)
-        || module.starts_with("libcuda.so")
-        || module.starts_with("libcudart.so");
-    // CPython (a shared libpython or a python executable) and the foreign-function
-    // layer ctypes calls C through.
-    let interpreter = module.starts_with("libpython")
-        || module.starts_with("python")
-        || module.starts_with("libffi.so")
-        || module.starts_with("_ctypes");
-    let file = if path.is_empty() {
-        "/proc/self/exe".to_string()
-    } else {
-        path
-    };
-    let mut tables = tables.borrow_mut();
-    let table = tables
-        .entry(file.clone())
-        .or_insert_with(|| SymbolTable::load(std::path::Path::new(&file)));
-    let from_elf = table.as_ref().and_then(|t| {
-        let addr = if t.absolute { at } else { off } as u64;
-        t.lookup(addr).map(|(n, o)| (demangle(n), o))
-    });
-    let from_loader = || {
-        (!dl.dli_sname.is_null()).then(|| {
-            // SAFETY: as above.
-            let n = unsafe { CStr::from_ptr(dl.dli_sname) }.to_string_lossy();
-            (demangle(&n), (at - dl.dli_saddr as usize) as u64)
-        })
-    };
-    let text = match from_elf.or_else(from_loader) {
-        Some((name, o)) => format!("{name}+{o:#x} ({module}+{off:#x})"),
-        None => format!("{module}+{off:#x}"),
-    };
-    FrameInfo {
-        text,
-        internal,
-        interpreter,
-    }
-}
-
-/// C++ (and Rust legacy) names through the process's own `__cxa_demangle`, where a
-/// C++ runtime is loaded; otherwise the name as it is.
-fn demangle(name: &str) -> String {
-    type Demangle =
-        unsafe extern "C" fn(*const c_char, *mut c_char, *mut usize, *mut c_int) -> *mut c_char;
-    if !name.starts_with("_Z") {
-        return name.to_string();
-    }
-    let Ok(cname) = std::ffi::CString::new(name) else {
-        return name.to_string();
-    };
-    // SAFETY: a lookup through glibc; the function, if any, is libstdc++'s demangler,
-    // which returns a malloc'ed string or NULL.
-    unsafe {
-        // The C++ runtime is often loaded privately (by a dlopen'ed framework), so
-        // look in libstdc++ itself too.
-        let mut f = real::lookup(libc::RTLD_DEFAULT, c"__cxa_demangle");
-        if f.is_null() {
-            let h = libc::dlopen(
-                c"libstdc++.so.6".as_ptr(),
-                libc::RTLD_LAZY | libc::RTLD_NOLOAD,
-            );
-            if !h.is_null() {
-                f = real::lookup(h, c"__cxa_demangle");
-                libc::dlclose(h);
-            }
-        }
-        if f.is_null() {
-            return name.to_string();
-        }
-        let f: Demangle = std::mem::transmute(f);
-        let mut status: c_int = -1;
-        let out = f(
-            cname.as_ptr(),
-            std::ptr::null_mut(),
-            std::ptr::null_mut(),
-            &mut status,
-        );
-        if out.is_null() {
-            return name.to_string();
-        }
-        let s = CStr::from_ptr(out).to_string_lossy().into_owned();
-        libc::free(out as *mut c_void);
-        if status == 0 { s } else { name.to_string() }
-    }
-}
-
 /// What some reports carry beyond the books.
 #[derive(Default)]
 pub(crate) struct Extra {
     pub trim: Option<gpuguard_core::report::TrimReport>,
+    /// The signal ending the process, for its final report.
+    pub ending: Option<gpuguard_core::report::Ending>,
 }
 
 /// Set once the exit report is written (from Python's `atexit` in a Python process,
 /// else from the C-level exit handler), so it is written once.
 static EXIT_WRITTEN: AtomicBool = AtomicBool::new(false);
 
+/// How long the exit waits for the helper thread to finish what it was asked for.
+const SETTLE_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// The exit report, the first time this is asked for in the process, with the
 /// frameworks' account `at_exit_answer` gives (what Python's `atexit` handed over).
 pub(crate) fn write_exit_report(at_exit_answer: impl FnOnce() -> Option<String>) {
+    write_final_report(None, at_exit_answer);
+}
+
+/// The exit report, marked with the signal ending the process if one is. Reports
+/// already asked for are written first (bounded); none is written after it.
+pub(crate) fn write_final_report(
+    ending: Option<c_int>,
+    at_exit_answer: impl FnOnce() -> Option<String>,
+) {
+    if active_books().is_none() || EXIT_WRITTEN.load(Acquire) {
+        return;
+    }
+    endings::settle(SETTLE_WAIT);
     if let Some(books) = active_books()
         && !EXIT_WRITTEN.swap(true, AcqRel)
     {
-        shielded(|| write(books, "exit", Extra::default(), at_exit_answer()));
+        let extra = Extra {
+            ending: ending.map(|signal| gpuguard_core::report::Ending {
+                signal,
+                name: endings::name(signal).to_string(),
+            }),
+            ..Extra::default()
+        };
+        shielded(|| write(books, "exit", extra, at_exit_answer()));
     }
+}
+
+/// Whether the exit report was written (or is being written).
+pub(crate) fn exit_written() -> bool {
+    EXIT_WRITTEN.load(Acquire)
 }
 
 /// In a forked child: the parent's exit report is not the child's.
@@ -225,12 +103,20 @@ pub(crate) fn write(
         }
     });
     let _guard = books.report_lock.lock().unwrap_or_else(|e| e.into_inner());
+    fault::point("report");
+    if reason != "exit" && EXIT_WRITTEN.load(Acquire) {
+        // The exit report is the last one of the process; a trim is still said.
+        if let Some(t) = &extra.trim {
+            announce(t, None);
+        }
+        return None;
+    }
     let s = settings();
     let seq = books.seq.fetch_add(1, Relaxed) + 1;
     let pid = std::process::id();
-    let program = program_name();
+    let program = sys::program_name();
     let now = sys::monotonic_ns();
-    let tables: Tables = RefCell::new(HashMap::new());
+    let tables: Tables = RefCell::default();
     // Pools also give memory back at stream synchronization: measure them now.
     for d in books.ledger.seen_devices() {
         books.refresh_pools(d);
@@ -240,7 +126,7 @@ pub(crate) fn write(
         seq,
         pid,
         program: &program,
-        argv: argv(),
+        argv: sys::argv(),
         time_unix_ms: unix_ms(),
         uptime_s: now.saturating_sub(books.started_ns) as f64 / 1e9,
         now_ns: now,
@@ -264,16 +150,45 @@ pub(crate) fn write(
         max_live: s.cfg.max_live,
         launch: &s.launch,
     };
-    let mut report = reporter::build(&input);
+    // The live list stays compact (sorted entries) and is streamed into the file;
+    // it is built as report objects only where something needs them: a framework's
+    // blocks joined by address, or the stderr fallback.
+    let (mut report, live) = reporter::build_parts(&input);
+    if classes.is_some() {
+        reporter::materialize(&mut report, &live, &input);
+    }
     report.trim = extra.trim;
+    report.ending = extra.ending;
     let recorded = classes.is_some_and(|c| gpuguard_core::classify::apply(&mut report, c));
+    for d in &report.devices {
+        if let (Some(u), Some(c)) = (d.in_use_bytes, d.cached_bytes) {
+            events::set_framework(d.device, u, c);
+        }
+    }
     gpuguard_core::classify::python_sites_from_stacks(&mut report, recorded);
     let name = reporter::file_name(&program, s.launch.rank, pid, seq, reason);
     let headline = headline(&report);
     // Compact JSON, streamed to the file: `gpuguard show` is for reading it.
     let written = reporter::write_atomic_with(&s.dir, &name, |w| {
-        serde_json::to_writer(&mut *w, &report).map_err(std::io::Error::other)?;
+        reporter::write_json(w, &report, &live, &input)?;
         w.write_all(b"\n")
+    });
+    // For the timeline: the trim, then the report.
+    let t_ns = sys::monotonic_ns();
+    if let Some(t) = &report.trim {
+        events::push(events::Event::Trim {
+            t_ns,
+            trigger: t.trigger.clone(),
+            released_bytes: t.released_bytes,
+        });
+    }
+    events::push(events::Event::Report {
+        t_ns,
+        reason: reason.to_string(),
+        path: written
+            .as_ref()
+            .ok()
+            .map(|p| p.to_string_lossy().into_owned()),
     });
     match written {
         Ok(path) => {
@@ -303,6 +218,9 @@ pub(crate) fn write(
                 LogLevel::Warn,
                 format_args!("report ({reason}) follows: {headline}"),
             );
+            if report.live.is_empty() {
+                reporter::materialize(&mut report, &live, &input);
+            }
             let mut json = serde_json::to_vec_pretty(&report).unwrap_or_default();
             json.push(b'\n');
             write_stderr(&json);

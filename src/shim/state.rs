@@ -1,12 +1,14 @@
 //! The lifecycle state: INERT at load -> ACTIVE at the first CUDA call gpuguard
 //! tracks -> DISABLED if gpuguard itself failed; and the books of the ACTIVE
-//! process. What activation starts (the helper thread) is `lifecycle`'s, which passes
-//! it in, so this layer knows nothing above it.
+//! process. What activation starts (the helper thread) belongs to the service above:
+//! `lifecycle` registers it once at load (`on_activation`), so the hot path asks this
+//! layer for the books and never imports the service.
 
 use super::books::Books;
 use super::settings::{LogLevel, log};
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, Ordering::*};
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, Ordering::*, fence};
 
 const INERT: u8 = 0;
 const ACTIVE: u8 = 1;
@@ -15,15 +17,50 @@ const DISABLED: u8 = 2;
 static STATE: AtomicU8 = AtomicU8::new(INERT);
 static ACTIVATING: AtomicBool = AtomicBool::new(false);
 static BOOKS: AtomicPtr<Books> = AtomicPtr::new(std::ptr::null_mut());
+/// What activation starts, registered once at load by the service (`lifecycle`).
+static ACTIVATION_ACTION: OnceLock<fn()> = OnceLock::new();
+/// Whether this process's activation action has run (reset in a forked child).
+static ACTION_RAN: AtomicBool = AtomicBool::new(false);
 
 /// The books, activating gpuguard on first use: the thread that activates it runs
-/// `on_activation` (shielded) once the books exist. `None` once disabled.
+/// the registered activation action (shielded) once the books exist. `None` once
+/// disabled.
 #[inline]
-pub(crate) fn books_or_activate(on_activation: fn()) -> Option<&'static Books> {
+pub(crate) fn books() -> Option<&'static Books> {
     if STATE.load(Acquire) == ACTIVE {
+        if super::wake::helper_missing() {
+            shielded(super::wake::retry);
+        }
         active_books()
     } else {
-        activate(on_activation)
+        activate()
+    }
+}
+
+/// Registers what activation starts; called once, at load, from the service layer
+/// (cold path). Should a CUDA call have activated gpuguard before (another library's
+/// constructor ran first), the action runs now.
+pub(crate) fn on_activation(action: fn()) {
+    let _ = ACTIVATION_ACTION.set(action);
+    fence(SeqCst);
+    run_activation_action();
+}
+
+/// Runs the activation action once per process, once both gpuguard is ACTIVE and the
+/// action is registered. Called after each of the two happens, each side behind a
+/// SeqCst fence, so at least one of them sees both.
+fn run_activation_action() {
+    if STATE.load(Acquire) != ACTIVE {
+        return;
+    }
+    let Some(action) = ACTIVATION_ACTION.get() else {
+        return;
+    };
+    if ACTION_RAN
+        .compare_exchange(false, true, AcqRel, Acquire)
+        .is_ok()
+    {
+        shielded(action);
     }
 }
 
@@ -37,7 +74,7 @@ pub(crate) fn active_books() -> Option<&'static Books> {
 }
 
 #[cold]
-fn activate(on_activation: fn()) -> Option<&'static Books> {
+fn activate() -> Option<&'static Books> {
     loop {
         match STATE.load(Acquire) {
             ACTIVE => return active_books(),
@@ -49,9 +86,11 @@ fn activate(on_activation: fn()) -> Option<&'static Books> {
             .is_ok()
         {
             if STATE.load(Acquire) == INERT {
+                quiet_panics();
                 BOOKS.store(Box::into_raw(Box::new(Books::new())), Release);
                 STATE.store(ACTIVE, Release);
-                shielded(on_activation);
+                fence(SeqCst);
+                run_activation_action();
                 log(LogLevel::Info, format_args!("active: first CUDA call seen"));
             }
             ACTIVATING.store(false, Release);
@@ -68,9 +107,16 @@ pub(crate) fn shielded<R>(f: impl FnOnce() -> R) -> Option<R> {
         Ok(r) => Some(r),
         Err(_) => {
             if STATE.swap(DISABLED, AcqRel) != DISABLED {
+                let what = PANIC_TEXT
+                    .try_lock()
+                    .ok()
+                    .and_then(|mut t| t.take())
+                    .unwrap_or_default();
                 log(
                     LogLevel::Warn,
-                    format_args!("internal error; tracking is off for the rest of this process"),
+                    format_args!(
+                        "internal error ({what}); tracking is off for the rest of this process, every CUDA call goes straight through"
+                    ),
                 );
             }
             None
@@ -83,7 +129,25 @@ pub(crate) fn shielded<R>(f: impl FnOnce() -> R) -> Option<R> {
 pub(crate) fn forget_after_fork() {
     BOOKS.store(std::ptr::null_mut(), Release);
     ACTIVATING.store(false, Release);
+    ACTION_RAN.store(false, Release);
     if STATE.load(Acquire) == ACTIVE {
         STATE.store(INERT, Release);
     }
+}
+
+/// The text of the last panic in gpuguard, for its one message.
+static PANIC_TEXT: std::sync::Mutex<Option<String>> = std::sync::Mutex::new(None);
+
+/// Panics in gpuguard print nothing themselves: `shielded` says it once, in one
+/// line. (The hook belongs to gpuguard's own copy of the Rust runtime, never the
+/// program's.)
+pub(crate) fn quiet_panics() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        std::panic::set_hook(Box::new(|info| {
+            if let Ok(mut t) = PANIC_TEXT.try_lock() {
+                *t = Some(info.to_string().replace('\n', " "));
+            }
+        }));
+    });
 }

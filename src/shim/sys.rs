@@ -29,3 +29,30 @@ pub(crate) fn write_stderr(mut bytes: &[u8]) {
         bytes = &bytes[n as usize..];
     }
 }
+
+/// The program's short name (`program_invocation_short_name`).
+pub(crate) fn program_name() -> String {
+    unsafe extern "C" {
+        static program_invocation_short_name: *const std::ffi::c_char;
+    }
+    // SAFETY: glibc sets this before constructors run; it is a C string.
+    unsafe {
+        let p = program_invocation_short_name;
+        if p.is_null() {
+            return "unknown".into();
+        }
+        std::ffi::CStr::from_ptr(p).to_string_lossy().into_owned()
+    }
+}
+
+/// The command line, from /proc/self/cmdline.
+pub(crate) fn argv() -> Vec<String> {
+    std::fs::read("/proc/self/cmdline")
+        .map(|b| {
+            b.split(|c| *c == 0)
+                .filter(|s| !s.is_empty())
+                .map(|s| String::from_utf8_lossy(s).into_owned())
+                .collect()
+        })
+        .unwrap_or_default()
+}

@@ -2,14 +2,14 @@
 //! the device and context of the call, the stack, and the hand-off to the ledger.
 //! No lock shared by all threads, no I/O, no formatting here.
 
+use super::bench_switch;
 use super::books::Books;
-use super::lifecycle::books;
 use super::python::frames;
 use super::real::{DRIVER, is_own_code};
 use super::settings::config;
-use super::state::{active_books, shielded};
+use super::state::{active_books, books, shielded};
 use super::sys::monotonic_ns;
-use super::unwind;
+use super::{fault, tags, unwind};
 use gpuguard_core::ledger::{Key, Kind, NO_SITE, Record};
 use std::cell::{Cell, UnsafeCell};
 use std::ffi::{c_int, c_void};
@@ -22,12 +22,16 @@ struct RuntimeFrame {
     api: u8,
     active: bool,
     seen: bool,
+    /// A runtime free takes the record before the real free; the driver free
+    /// beneath uses it (instead of looking the address up again).
+    taken: Option<(Key, Record)>,
 }
 
 const NO_FRAME: RuntimeFrame = RuntimeFrame {
     api: 0,
     active: false,
     seen: false,
+    taken: None,
 };
 
 /// Everything a hook keeps per thread, in one thread-local so a hook looks its thread
@@ -50,7 +54,8 @@ struct ThreadState {
     last_site: Cell<(usize, usize, u32)>,
 }
 
-const STACK_SLOTS: usize = MAX_FRAMES + PY_FRAMES;
+/// Room for the native and Python frames, and the thread's tag (`tags`).
+const STACK_SLOTS: usize = MAX_FRAMES + PY_FRAMES + 1;
 
 thread_local! {
     static THREAD: ThreadState = const {
@@ -96,6 +101,11 @@ pub(crate) fn enter_driver() -> Option<DriverScope> {
     let t = thread();
     let d = &t.driver_depth;
     if d.get() > 0 {
+        None
+    } else if bench_switch::paused() {
+        // Benchmark pass-through (`gpuguard_bench_set_books(0)`): the call goes
+        // through untouched, and a runtime call above it records nothing either.
+        claim_for_runtime(t, 0);
         None
     } else {
         d.set(1);
@@ -214,6 +224,12 @@ fn capture_site_in(books: &Books, t: &ThreadState) -> u32 {
         pcs.copy_within(MAX_FRAMES..MAX_FRAMES + py_n, n);
         n += py_n;
     }
+    // The thread's phase label (`gpuguard_push_tag`), as the outermost frame.
+    let tag = tags::current();
+    if tag != 0 {
+        pcs[n] = tags::entry(tag);
+        n += 1;
+    }
     if n == 0 {
         return NO_SITE;
     }
@@ -234,7 +250,7 @@ fn capture_site_in(books: &Books, t: &ThreadState) -> u32 {
 
 // ---- the hook bodies ---------------------------------------------------------------
 
-pub(crate) const SUCCESS: c_int = 0;
+pub(crate) use super::cuda::{OUT_OF_MEMORY, SUCCESS};
 
 /// What an allocation will take, known before the real call: the bytes (an upper
 /// estimate where the driver rounds, as for pitched memory) and the device when the
@@ -293,6 +309,7 @@ fn record(
     device: i32,
     reserved: bool,
 ) {
+    fault::point("record");
     let label = claim_for_runtime(t, api);
     let rec = Record {
         bytes: made.bytes,
@@ -311,9 +328,6 @@ fn record(
         books.ledger.insert(made.key, rec);
     }
 }
-
-/// The API's own out-of-memory code: what a framework already handles.
-pub(crate) const OUT_OF_MEMORY: c_int = 2; // CUDA_ERROR_OUT_OF_MEMORY
 
 /// Stream-ordered pools take memory from the driver in chunks of (at least) this size;
 /// on a capped device a pool allocation reserves a whole chunk, so a pool that must
@@ -368,6 +382,40 @@ fn admit(t: &ThreadState, api: u8, kind: Kind, plan: &Plan) -> Option<Admission>
     Some(Admission::Refused)
 }
 
+/// What a hook answers when gpuguard failed inside the real call's own closure (it
+/// cannot tell whether the call happened): `CUDA_ERROR_UNKNOWN`.
+const UNKNOWN: c_int = 999;
+
+/// Runs a hook's whole body under one catch: `body` gets the real call (to make
+/// exactly once, through the given closure). If gpuguard's logic panics, gpuguard
+/// is off for the process and the real call's code is returned, the call made now
+/// if it had not been yet.
+#[inline]
+fn guarded(
+    call: impl FnOnce() -> c_int,
+    body: impl FnOnce(&mut dyn FnMut() -> c_int) -> c_int,
+) -> c_int {
+    let mut call = Some(call);
+    let mut rc: Option<c_int> = None;
+    let out = shielded(|| {
+        let mut real = || match call.take() {
+            Some(c) => {
+                let r = c();
+                rc = Some(r);
+                r
+            }
+            None => rc.unwrap_or(UNKNOWN),
+        };
+        body(&mut real)
+    });
+    match (out, rc, call) {
+        (Some(r), _, _) => r,
+        (None, Some(r), _) => r,
+        (None, None, Some(c)) => c(),
+        (None, None, None) => UNKNOWN,
+    }
+}
+
 /// A driver allocation: reservation against the cap, real call, then the record (or
 /// the reservation given back).
 #[inline]
@@ -382,20 +430,19 @@ pub(crate) fn driver_alloc(
         return call();
     };
     let t = scope.0;
-    let (books, ctx, dev, reserved) = match shielded(|| admit(t, api, kind, &plan)).flatten() {
-        Some(Admission::Admitted {
-            books,
-            ctx,
-            dev,
-            reserved,
-        }) => (books, ctx, dev, reserved),
-        Some(Admission::Refused) => return OUT_OF_MEMORY,
-        None => return call(), // gpuguard is off: the call goes through untouched
-    };
-    let host = kind.is_host();
-    let rc = call();
-    let mut result = rc;
-    shielded(|| {
+    guarded(call, |real| {
+        let (books, ctx, dev, reserved) = match admit(t, api, kind, &plan) {
+            Some(Admission::Admitted {
+                books,
+                ctx,
+                dev,
+                reserved,
+            }) => (books, ctx, dev, reserved),
+            Some(Admission::Refused) => return OUT_OF_MEMORY,
+            None => return real(), // gpuguard is off: the call goes through untouched
+        };
+        let host = kind.is_host();
+        let rc = real();
         let ledger = &books.ledger;
         let m = if rc == SUCCESS { made() } else { None };
         let Some(m) = m else {
@@ -403,7 +450,7 @@ pub(crate) fn driver_alloc(
             if rc != SUCCESS {
                 ledger.failed(dev, host);
             }
-            return;
+            return rc;
         };
         if m.bytes > reserved && !ledger.reserve(dev, host, m.bytes - reserved) {
             // The driver rounded past the estimate and the cap has no room for the
@@ -413,8 +460,7 @@ pub(crate) fn driver_alloc(
                 DRIVER.free(m.key.value);
             }
             books.refused(dev, m.bytes, label_for(t, api), capture_site_in(books, t));
-            result = OUT_OF_MEMORY;
-            return;
+            return OUT_OF_MEMORY;
         }
         if m.bytes < reserved {
             ledger.unreserve(dev, host, reserved - m.bytes);
@@ -437,11 +483,11 @@ pub(crate) fn driver_alloc(
                     label_for(t, api),
                     capture_site_in(books, t),
                 );
-                result = OUT_OF_MEMORY;
+                return OUT_OF_MEMORY;
             }
         }
-    });
-    result
+        rc
+    })
 }
 
 /// A driver free. The record leaves the books before the real free, so an address the
@@ -455,29 +501,29 @@ pub(crate) fn driver_free(key: Key, call: impl FnOnce() -> c_int) -> c_int {
     if key.value == 0 {
         return call();
     }
-    let taken = shielded(|| {
-        let books = books()?;
+    guarded(call, |real| {
+        let Some(books) = books() else {
+            return real();
+        };
         claim_for_runtime(scope.0, 0);
-        Some((books, books.ledger.take(key)))
-    })
-    .flatten();
-    let rc = call();
-    shielded(|| match taken {
-        Some((books, Some(rec))) => {
-            if rc == SUCCESS {
-                books.ledger.confirm_free(&rec);
-                books.after_free(rec.device.into(), rec.kind);
-            } else {
-                books.ledger.restore(key, rec);
+        let taken = take_from_runtime(scope.0, key).or_else(|| books.ledger.take(key));
+        let rc = real();
+        match taken {
+            Some(rec) => {
+                if rc == SUCCESS {
+                    books.ledger.confirm_free(&rec);
+                    books.after_free(rec.device.into(), rec.kind);
+                } else {
+                    books.ledger.restore(key, rec);
+                }
             }
+            // Counted only when the driver accepted it: memory gpuguard never saw
+            // allocated. A rejected free (double free, bogus pointer) is the program's.
+            None if rc == SUCCESS => books.ledger.unknown_free(key, ctx_device().1),
+            None => {}
         }
-        // Counted only when the driver accepted it: memory gpuguard never saw
-        // allocated. A rejected free (double free, bogus pointer) is the program's.
-        Some((books, None)) if rc == SUCCESS => books.ledger.unknown_free(key, ctx_device().1),
-        Some((_, None)) => {}
-        None => {}
-    });
-    rc
+        rc
+    })
 }
 
 /// A context or device teardown that frees everything in it at once.
@@ -528,22 +574,61 @@ pub(crate) fn pool_device(pool: *mut c_void) -> Option<i32> {
 
 /// A runtime allocation: the driver call beneath labels and counts it. If none was
 /// seen (a runtime that reached an unhooked driver pointer), it is recorded here, so
-/// nothing is lost and nothing counted twice.
+/// nothing is lost and nothing counted twice (insert-if-absent: one decision).
 pub(crate) fn runtime_alloc(
     api: u8,
     kind: Kind,
     call: impl FnOnce() -> c_int,
     made: impl FnOnce() -> Option<Made>,
 ) -> c_int {
-    let (rc, frame) = in_runtime_frame(api, call);
+    let (rc, frame) = in_runtime_frame(api, None, call);
     if rc == SUCCESS && !frame.seen {
         shielded(|| {
             let books = books()?;
             let m = made()?;
-            if books.ledger.get(&m.key).is_none() {
-                let t = thread();
-                let (ctx, dev) = ctx_device_in(t);
-                record(t, books, api, kind, m, ctx, dev, false);
+            let t = thread();
+            let (ctx, dev) = ctx_device_in(t);
+            books.note_device(dev);
+            let rec = Record {
+                bytes: m.bytes,
+                ctx,
+                t_ns: monotonic_ns(),
+                site: capture_site_in(books, t),
+                thread: thread_id(t),
+                device: dev.clamp(i16::MIN.into(), i16::MAX.into()) as i16,
+                kind,
+                api,
+            };
+            books.ledger.insert_if_absent(m.key, rec);
+            Some(())
+        });
+    }
+    rc
+}
+
+/// A runtime free; as above, the driver hook beneath does the work when it runs. The
+/// record is taken before the real free (so an address the driver hands to another
+/// thread at once is never confused with this one) and put back if the free failed.
+pub(crate) fn runtime_free(api: u8, key: Key, call: impl FnOnce() -> c_int) -> c_int {
+    let taken = if key.value != 0 {
+        shielded(|| {
+            active_books()
+                .and_then(|b| b.ledger.take(key))
+                .map(|r| (key, r))
+        })
+        .flatten()
+    } else {
+        None
+    };
+    let (rc, frame) = in_runtime_frame(api, taken, call);
+    if let Some((key, rec)) = frame.taken {
+        // The driver hook beneath did not take it over (an unhooked driver pointer).
+        shielded(|| {
+            let books = active_books()?;
+            if rc == SUCCESS {
+                books.ledger.confirm_free(&rec);
+            } else {
+                books.ledger.restore(key, rec);
             }
             Some(())
         });
@@ -551,26 +636,31 @@ pub(crate) fn runtime_alloc(
     rc
 }
 
-/// A runtime free; as above, the driver hook beneath does the work when it runs.
-pub(crate) fn runtime_free(api: u8, key: Key, call: impl FnOnce() -> c_int) -> c_int {
-    let (rc, frame) = in_runtime_frame(api, call);
-    if rc == SUCCESS && !frame.seen && key.value != 0 {
-        shielded(|| {
-            let books = active_books()?;
-            let rec = books.ledger.take(key)?;
-            books.ledger.confirm_free(&rec);
-            Some(())
-        });
+/// The record a runtime free in progress on this thread took for `key`, handed over
+/// to the driver free beneath it.
+fn take_from_runtime(t: &ThreadState, key: Key) -> Option<Record> {
+    let mut f = t.runtime.get();
+    match f.taken {
+        Some((k, rec)) if f.active && k == key => {
+            f.taken = None;
+            t.runtime.set(f);
+            Some(rec)
+        }
+        _ => None,
     }
-    rc
 }
 
-fn in_runtime_frame(api: u8, call: impl FnOnce() -> c_int) -> (c_int, RuntimeFrame) {
+fn in_runtime_frame(
+    api: u8,
+    taken: Option<(Key, Record)>,
+    call: impl FnOnce() -> c_int,
+) -> (c_int, RuntimeFrame) {
     let r = &thread().runtime;
     let prev = r.replace(RuntimeFrame {
         api,
         active: true,
         seen: false,
+        taken,
     });
     let rc = call();
     (rc, r.replace(prev))

@@ -27,11 +27,21 @@ struct PyMechanism {
 
 /// Runs one trim and returns its account (`merged` is filled in by the caller).
 pub(super) fn perform(books: &Books, trigger: &str) -> TrimReport {
+    perform_with(books, trigger, true)
+}
+
+/// A trim; without `python`, CUDA pools only (the main thread waits for this trim,
+/// so it cannot run the Python side).
+pub(super) fn perform_with(books: &Books, trigger: &str, python: bool) -> TrimReport {
     let devices = books.ledger.seen_devices();
     let before: Vec<u64> = devices.iter().map(|&d| books.held(d)).collect();
     let mut mechanisms = Vec::new();
 
-    let outcome = python::run(&python::call("_gg_trim", &devices), Some(PYTHON_WAIT));
+    let outcome = if python {
+        python::run(&python::call("_gg_trim", &devices), Some(PYTHON_WAIT))
+    } else {
+        Outcome::Absent
+    };
     if let Outcome::Answer(text) = &outcome {
         match serde_json::from_str::<Vec<PyMechanism>>(text) {
             Ok(ms) => mechanisms.extend(ms.into_iter().map(|m| TrimMechanism {
@@ -81,6 +91,10 @@ pub(super) fn perform(books: &Books, trigger: &str) -> TrimReport {
         trigger: trigger.into(),
         merged: 1,
         python: match outcome {
+            _ if !python => {
+                "skipped (asked from the main thread, which waits for the trim: CUDA pools only)"
+                    .into()
+            }
             Outcome::Absent => "absent (no Python in this process: CUDA pools only)".into(),
             Outcome::NotRunning => "not running (no interpreter: CUDA pools only)".into(),
             Outcome::Finalizing => "finalizing (the interpreter is shutting down: skipped)".into(),

@@ -2,7 +2,7 @@
 //! signal handlers write to, to wake the thread. Async-signal-safe.
 
 use std::ffi::{c_int, c_void};
-use std::sync::atomic::{AtomicI32, Ordering::*};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicUsize, Ordering::*};
 
 static WAKE_FD: AtomicI32 = AtomicI32::new(-1);
 
@@ -16,6 +16,11 @@ pub(crate) fn ring() {
     }
 }
 
+/// Whether a helper thread has a doorbell (it was started and not lost to a fork).
+pub(crate) fn running() -> bool {
+    WAKE_FD.load(Acquire) >= 0
+}
+
 /// The helper thread's eventfd, set when it starts.
 pub(crate) fn set(fd: c_int) {
     WAKE_FD.store(fd, Release);
@@ -24,4 +29,31 @@ pub(crate) fn set(fd: c_int) {
 /// Takes the eventfd back (-1: none), so nothing rings it any more.
 pub(crate) fn take() -> c_int {
     WAKE_FD.swap(-1, AcqRel)
+}
+
+/// Set while the helper thread should run but could not be started; hooks then ask
+/// the registered `retry` (the service's start, backing off) to try again.
+static MISSING: AtomicBool = AtomicBool::new(false);
+static RETRY: AtomicUsize = AtomicUsize::new(0);
+
+/// Whether the helper thread could not be started (and a retry is registered).
+#[inline]
+pub(crate) fn helper_missing() -> bool {
+    MISSING.load(Relaxed)
+}
+
+/// The helper thread could not be started (`retry` tries again), or now runs.
+pub(crate) fn set_missing(missing: bool, retry: fn()) {
+    RETRY.store(retry as usize, Release);
+    MISSING.store(missing, Release);
+}
+
+/// Tries to start the helper thread again (the registered retry decides when).
+#[cold]
+pub(crate) fn retry() {
+    let f = RETRY.load(Acquire);
+    if f != 0 {
+        // SAFETY: RETRY only ever holds a `fn()` stored by `set_missing`.
+        unsafe { std::mem::transmute::<usize, fn()>(f)() }
+    }
 }

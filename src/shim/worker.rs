@@ -9,7 +9,7 @@ use super::report::{self, Extra};
 use super::settings::{LogLevel, log, settings};
 use super::state::{active_books, shielded};
 use super::sys::monotonic_ns;
-use super::{trim, wake};
+use super::{control, endings, events, observe, trim, wake};
 use gpuguard_core::report::human_bytes;
 use std::ffi::{c_int, c_void};
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering::*};
@@ -108,7 +108,14 @@ pub(super) fn signals_on_activation() {
     install_signal_handler();
 }
 
+/// Failed starts so far, and when the next try is due (monotonic ns).
+static START_FAILURES: AtomicU64 = AtomicU64::new(0);
+static NEXT_START_NS: AtomicU64 = AtomicU64::new(0);
+static START_WARNED: AtomicBool = AtomicBool::new(false);
+
 /// Starts the helper thread, with every signal blocked so they go to the program.
+/// If it cannot be started, a later hook tries again (backing off), and requests
+/// asked meanwhile are answered once it runs.
 pub(super) fn start() {
     if THREAD_RUNNING.swap(true, AcqRel) {
         return;
@@ -117,28 +124,65 @@ pub(super) fn start() {
     // (the new thread inherits the blocked mask).
     unsafe {
         let fd = libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK);
-        wake::set(fd);
         let mut all: libc::sigset_t = std::mem::zeroed();
         let mut old: libc::sigset_t = std::mem::zeroed();
         libc::sigfillset(&mut all);
         libc::pthread_sigmask(libc::SIG_BLOCK, &all, &mut old);
-        let spawned = std::thread::Builder::new()
-            .name("gpuguard".into())
-            .spawn(move || run(fd));
+        let spawned = if fd < 0 || (super::fault::hit("spawn") && START_FAILURES.load(Relaxed) == 0)
+        {
+            Err(std::io::Error::other("no eventfd"))
+        } else {
+            std::thread::Builder::new()
+                .name("gpuguard".into())
+                .spawn(move || run(fd))
+        };
         libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
-        if spawned.is_err() {
-            THREAD_RUNNING.store(false, Release);
-            log(
-                LogLevel::Warn,
-                format_args!("could not start the helper thread; signal reports are off"),
-            );
+        match spawned {
+            Ok(_) => {
+                wake::set(fd);
+                // Ring once: what was asked before it ran is answered now.
+                wake::ring();
+                wake::set_missing(false, retry);
+            }
+            Err(e) => {
+                if fd >= 0 {
+                    libc::close(fd);
+                }
+                let n = START_FAILURES.fetch_add(1, Relaxed);
+                let backoff_ms = 20u64 << n.min(9);
+                NEXT_START_NS.store(
+                    monotonic_ns().saturating_add(backoff_ms * 1_000_000),
+                    Relaxed,
+                );
+                THREAD_RUNNING.store(false, Release);
+                wake::set_missing(true, retry);
+                if !START_WARNED.swap(true, Relaxed) {
+                    log(
+                        LogLevel::Warn,
+                        format_args!(
+                            "could not start the helper thread ({e}); trying again at later CUDA calls"
+                        ),
+                    );
+                }
+            }
         }
+    }
+}
+
+/// Starts the helper thread again if the backoff since the last failure is over
+/// (hooks call it through `wake::retry`).
+#[cold]
+fn retry() {
+    if monotonic_ns() >= NEXT_START_NS.load(Relaxed) {
+        start();
     }
 }
 
 pub(super) fn after_fork_in_child() {
     // The parent's thread does not exist here; the eventfd is the parent's too.
     THREAD_RUNNING.store(false, Release);
+    wake::set_missing(false, retry);
+    START_FAILURES.store(0, Relaxed);
     let fd = wake::take();
     if fd >= 0 {
         // SAFETY: closing our own descriptor in the child.
@@ -148,6 +192,11 @@ pub(super) fn after_fork_in_child() {
     TRIM_REQUESTS.store(0, Relaxed);
     report::after_fork_in_child();
     python::after_fork_in_child();
+    observe::after_fork_in_child();
+    events::after_fork_in_child();
+    control::after_fork_in_child();
+    super::tags::after_fork_in_child();
+    endings::after_fork_in_child();
 }
 
 /// When the Python side is (re)installed after activation: soon (a framework may
@@ -181,6 +230,8 @@ fn run(fd: c_int) {
         .map(|ms| ms.saturating_mul(1_000_000));
     // The thread starts at activation: the first snapshot is one interval after it.
     let mut next_snapshot = every_ns.map(|e| monotonic_ns().saturating_add(e));
+    endings::helper_started();
+    let mut settled = endings::settle_asked();
     loop {
         let cap_waiting = active_books().is_some_and(|b| b.cap_pending.load(Acquire));
         let mut timeout_ms: u64 = if cap_waiting { 100 } else { 1000 };
@@ -191,6 +242,8 @@ fn run(fd: c_int) {
             let left = due.saturating_sub(monotonic_ns());
             timeout_ms = timeout_ms.min(left.div_ceil(1_000_000));
         }
+        // The timeline, status file and memory line (`observe`).
+        timeout_ms = timeout_ms.min(observe::due_in_ms(monotonic_ns()));
         let install_due = started.saturating_add(install_after_ms(installs) * 1_000_000);
         let left = install_due.saturating_sub(monotonic_ns());
         timeout_ms = timeout_ms.min(left.div_ceil(1_000_000));
@@ -205,18 +258,25 @@ fn run(fd: c_int) {
             let mut v: u64 = 0;
             libc::read(fd, &mut v as *mut u64 as *mut c_void, 8);
         }
-        let now = REPORT_REQUESTS.load(Relaxed);
-        if now != handled {
-            handled = now;
-            shielded(|| write_report("signal", Extra::default()));
+        // The process is ending (exit, or a signal whose default ends it): what was
+        // asked is finished first, then the final report.
+        let asked = endings::settle_asked();
+        let ending = endings::pending();
+        if asked != settled || ending.is_some() {
+            if !report::exit_written() {
+                answer_requests(&mut handled, &mut trims_handled);
+            }
+            if let Some(sig) = ending {
+                report::write_final_report(Some(sig), python::at_exit_answer);
+                // The trace closed and the status file removed, as at exit.
+                shielded(observe::on_exit);
+                endings::finished();
+            }
+            settled = asked;
+            endings::settled(asked);
+            continue;
         }
-        if TRIM_REQUESTS.load(Relaxed) != trims_handled {
-            let base = trims_handled;
-            // Signals that come while it runs are answered by it too.
-            trims_handled = shielded(|| trim_now("signal", Some(base)))
-                .flatten()
-                .unwrap_or_else(|| TRIM_REQUESTS.load(Relaxed));
-        }
+        answer_requests(&mut handled, &mut trims_handled);
         if monotonic_ns() >= install_due {
             installs += 1;
             shielded(install_python);
@@ -248,9 +308,6 @@ fn run(fd: c_int) {
         }
         if let Some(books) = active_books() {
             let auto = shielded(|| thresholds(books)).unwrap_or(None);
-            if claim_cap_report(books) {
-                shielded(|| write_report("cap", Extra::default()));
-            }
             let auto = auto.or_else(|| books.cap_trim_wanted.swap(false, AcqRel).then_some("cap"));
             if let Some(trigger) = auto {
                 // At most one automatic trim per GPUGUARD_TRIM_INTERVAL: a job at its
@@ -270,6 +327,62 @@ fn run(fd: c_int) {
                 }
             }
         }
+        shielded(observe::tick);
+    }
+}
+
+/// A trim asked through the C API (`gpuguard_trim`), on the helper thread, or on the
+/// calling thread when that is a Python process's main thread (`main_waits`): the
+/// trim must not wait for that thread then, so the Python side (framework caches,
+/// the classification) is left out and CUDA pools are trimmed.
+pub(crate) fn api_trim(main_waits: bool) -> Option<std::path::PathBuf> {
+    let books = active_books()?;
+    if main_waits && python::present() {
+        let t = trim::perform_with(books, "api", false);
+        report::write(
+            books,
+            "trim",
+            Extra {
+                trim: Some(t),
+                ..Extra::default()
+            },
+            None,
+        )
+    } else {
+        let t = trim::perform(books, "api");
+        write_report(
+            "trim",
+            Extra {
+                trim: Some(t),
+                ..Extra::default()
+            },
+        )
+    }
+}
+
+/// Answers what was asked of the helper thread: a report signal (one report for any
+/// number of them), trim signals (merged into one trim), a cap refusal's report.
+fn answer_requests(handled: &mut u64, trims_handled: &mut u64) {
+    let now = REPORT_REQUESTS.load(Relaxed);
+    if now != *handled {
+        *handled = now;
+        shielded(|| write_report("signal", Extra::default()));
+    }
+    if TRIM_REQUESTS.load(Relaxed) != *trims_handled {
+        let base = *trims_handled;
+        // Signals that come while it runs are answered by it too.
+        *trims_handled = shielded(|| trim_now("signal", Some(base)))
+            .flatten()
+            .unwrap_or_else(|| TRIM_REQUESTS.load(Relaxed));
+    }
+    if let Some(books) = active_books()
+        && claim_cap_report(books)
+    {
+        shielded(|| write_report("cap", Extra::default()));
+    }
+    if let Some(ticket) = control::trim_wanted() {
+        let path = shielded(|| api_trim(false)).flatten();
+        control::trim_done(ticket, path);
     }
 }
 
@@ -295,7 +408,13 @@ fn trim_now(trigger: &str, base: Option<u64>) -> Option<u64> {
         t.merged = now.saturating_sub(b).max(1);
         now
     });
-    write_report("trim", Extra { trim: Some(t) });
+    write_report(
+        "trim",
+        Extra {
+            trim: Some(t),
+            ..Extra::default()
+        },
+    );
     answered
 }
 
@@ -324,16 +443,18 @@ fn thresholds(books: &Books) -> Option<&'static str> {
     for (dev, t) in books.thresholds.iter().enumerate() {
         let dev = dev as i32;
         if t.warn_pending.swap(false, Relaxed) {
+            // The crossing thread wrote the line; the timeline gets it here.
             let c = books.ledger.device(dev);
-            log(
-                LogLevel::Warn,
-                format_args!(
-                    "device {dev}: {} of its {} cap in use (peak {}), past GPUGUARD_WARN_AT",
+            events::push(events::Event::Warning {
+                t_ns: monotonic_ns(),
+                device: dev,
+                message: format!(
+                    "{} of its {} cap in use (peak {}), past GPUGUARD_WARN_AT",
                     human_bytes(t.crossed_at.load(Relaxed)),
                     human_bytes(c.cap().unwrap_or(0)),
-                    human_bytes(c.peak.load(Relaxed))
+                    human_bytes(t.crossed_peak.load(Relaxed))
                 ),
-            );
+            });
         }
         if t.trim_pending.swap(false, Relaxed) {
             trim = Some("threshold");

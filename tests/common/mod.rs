@@ -32,6 +32,9 @@ pub const PROGRAMS: &[&str] = &[
     "hello_gpu",
     "gg_cap",
     "gg_nvml",
+    "gg_obs",
+    "gg_rel",
+    "gg_multi",
     "gg_pyembed",
 ];
 
@@ -291,7 +294,17 @@ fn compile_all(cc: &OsString, out: &Path) {
     std::os::unix::fs::symlink("libnvidia-ml.so.1", out.join("libnvidia-ml.so"))
         .expect("symlink libnvidia-ml.so");
 
-    let programs: [(&str, &[&str]); 7] = [
+    // A library whose constructor calls CUDA (before gpuguard's constructor runs).
+    let mut a = lib(&[
+        "-Wl,-soname,libgg_early.so".into(),
+        format!("-L{}", out.display()).into(),
+        "-o".into(),
+        o("libgg_early.so"),
+    ]);
+    a.extend([progs.join("gg_early_lib.c").into(), "-lcuda".into()]);
+    cc_run(a);
+
+    let programs: [(&str, &[&str]); 11] = [
         ("gg", &["-lcuda", "-lcudart", "-ldl", "-lpthread"]),
         ("gg_dl", &["-ldl", "-lpthread"]),
         ("gg_rt", &["-lcudart", "-ldl", "-lpthread"]),
@@ -302,6 +315,13 @@ fn compile_all(cc: &OsString, out: &Path) {
         ),
         ("gg_nvml", &["-lnvidia-ml", "-ldl"]),
         ("gg_pyembed", &["-lcudart", "-ldl", "-lpthread"]),
+        ("gg_obs", &["-lcuda", "-ldl", "-lpthread"]),
+        ("gg_rel", &["-lcuda", "-lcudart", "-ldl", "-lpthread"]),
+        ("gg_early", &["-lgg_early", "-lcuda", "-ldl"]),
+        (
+            "gg_multi",
+            &["-lcuda", "-lcudart", "-lnvidia-ml", "-ldl", "-lpthread"],
+        ),
     ];
     for (name, libs) in programs {
         let mut a = link(&[]);
@@ -507,6 +527,19 @@ pub struct Alloc {
 /// for the line protocol.
 #[derive(Debug, Clone, Copy)]
 pub struct Out<'a>(pub &'a str);
+
+/// `key=value` words of each line tagged `tag` in `out`, values as text.
+pub fn fields(out: Out<'_>, tag: &str) -> Vec<BTreeMap<String, String>> {
+    out.lines(tag)
+        .into_iter()
+        .map(|w| {
+            w.iter()
+                .filter_map(|kv| kv.split_once('='))
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        })
+        .collect()
+}
 
 pub fn parse_hex(s: &str) -> u64 {
     u64::from_str_radix(s.trim_start_matches("0x"), 16).unwrap_or_else(|_| panic!("bad hex {s:?}"))

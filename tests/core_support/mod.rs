@@ -382,3 +382,14 @@ pub fn tagged_lines<'a>(out: Out<'a>, tags: &[&str]) -> Vec<&'a str> {
         })
         .collect()
 }
+
+/// A fresh, empty report directory named by `tag` and the test process (for tests that
+/// set `GPUGUARD_DIR` themselves, e.g. to place files there before the run).
+pub fn fresh_dir(tag: &str) -> PathBuf {
+    let dir = profile_dir()
+        .join("gg-tmp")
+        .join(format!("{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("create a report directory");
+    dir
+}

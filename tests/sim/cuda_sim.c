@@ -8,13 +8,36 @@
  * device; tests compare an interposer's counters against them.
  *
  * Configuration (read once, at first use):
- *   SIMCUDA_DEVICES    number of devices (default 2, max 64)
+ *   SIMCUDA_DEVICES    number of physical devices (default 2, max 64)
+ *   CUDA_VISIBLE_DEVICES  as the real driver reads it: a comma list of physical
+ *                      indices or UUIDs ("GPU-..." or a unique prefix of one); the
+ *                      process's ordinal i is the i-th device named. The list ends
+ *                      at the first entry that names no device or one named
+ *                      already; an empty value hides every device. Unset: all of
+ *                      them, in physical order. UUIDs and the PCI bus id follow the
+ *                      physical device; the books are kept per ordinal.
  *   SIMCUDA_MEM        bytes per device (default 8 GiB)
  *   SIMCUDA_FAIL_NEXT  the next n allocation calls fail with OUT_OF_MEMORY
  *   SIMCUDA_FREE_DELAY_MS  every device-pointer free (cuMemFree*, cuMemFreeAsync*)
  *                      sleeps this long before it gives the memory back, as a
  *                      slow free in a real driver: the memory is still held
  *                      meanwhile (default 0)
+ *   SIMCUDA_FAULTS     fault injection: comma-separated rules NAME=CODE@WHEN, where
+ *                      NAME is an export (cuMemAlloc_v2, cuMemFree_v2, cuMemCreate,
+ *                      cuMemAllocAsync_ptsz, ...) or * for every call that needs
+ *                      cuInit (counted together), CODE the CUresult to return, and
+ *                      WHEN one of
+ *                        N     the N-th call of NAME (from 1) fails
+ *                        N+    the N-th and every later call fail (a lost context)
+ *                        NxK   K calls from the N-th fail
+ *                        %P    each call fails with probability P percent, drawn from
+ *                              SIMCUDA_FAULT_SEED (default 1) and the call's number,
+ *                              so a run is reproducible whatever the thread timing
+ *                      A failing call changes nothing: no memory is taken or given
+ *                      back. Calls are counted after the cuInit check, before the
+ *                      arguments are checked. simcuda_set_faults() replaces the rules
+ *                      at run time (counting from then); simcuda_faults_injected()
+ *                      says how many calls failed so far.
  *
  * Accounting rules (what the books count, per device):
  *   cuMemAlloc, _v2, Pitch, Managed the requested bytes (pitch: pitch * height)
@@ -45,6 +68,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -108,6 +132,11 @@
     X(cuMemcpyHtoDAsync_v2, "cuMemcpyHtoDAsync", 3020, 0)                    \
     X(cuMemcpyDtoHAsync_v2, "cuMemcpyDtoHAsync", 3020, 0)                    \
     X(cuMemcpyDtoD_v2, "cuMemcpyDtoD", 3020, 0)                              \
+    X(cuDeviceCanAccessPeer, "cuDeviceCanAccessPeer", 4000, 0)               \
+    X(cuCtxEnablePeerAccess, "cuCtxEnablePeerAccess", 4000, 0)               \
+    X(cuCtxDisablePeerAccess, "cuCtxDisablePeerAccess", 4000, 0)             \
+    X(cuMemcpyPeer, "cuMemcpyPeer", 4000, 0)                                 \
+    X(cuMemcpyPeerAsync, "cuMemcpyPeerAsync", 4000, 0)                       \
     X(cuMemHostAlloc, "cuMemHostAlloc", 2020, 0)                             \
     X(cuMemAllocHost_v2, "cuMemAllocHost", 3020, 0)                          \
     X(cuMemFreeHost, "cuMemFreeHost", 2000, 0)                               \
@@ -151,7 +180,10 @@ enum {
 };
 
 static unsigned long long g_calls[ID_COUNT];
-#define CALLED(fn) __atomic_fetch_add(&g_calls[ID_##fn], 1, __ATOMIC_RELAXED)
+/* The export being entered on this thread, for the fault check in REQUIRE_INIT. */
+static __thread int t_entered = -1;
+#define CALLED(fn) \
+    (t_entered = ID_##fn, __atomic_fetch_add(&g_calls[ID_##fn], 1, __ATOMIC_RELAXED))
 
 /* --------------------------------------------------------------------------
  * State
@@ -167,6 +199,7 @@ struct CUctx_st {
     int primary;
     int alive;   /* primary: retained (refcount > 0); others: not destroyed */
     unsigned flags;
+    unsigned long long peers; /* devices whose memory this context may access */
 };
 
 struct CUstream_st { unsigned magic; CUcontext ctx; };
@@ -230,7 +263,9 @@ struct mempool {
 
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
-static int g_ndev = 2;
+static int g_ndev = 2;              /* devices this process sees (ordinals) */
+static int g_nphys = 2;             /* devices of the machine */
+static int g_phys[MAX_DEVICES];     /* ordinal -> physical index */
 static size_t g_mem = (size_t)8 << 30;
 static int g_initialized;
 static int g_fail_next;
@@ -263,8 +298,9 @@ static void unlock(void) { pthread_mutex_unlock(&g_lock); }
 
 /* A fork while another thread holds the lock must not leave the child's
  * copy locked forever. */
-static void atfork_prepare(void) { lock(); }
-static void atfork_release(void) { unlock(); }
+static pthread_mutex_t g_fault_lock;
+static void atfork_prepare(void) { lock(); pthread_mutex_lock(&g_fault_lock); }
+static void atfork_release(void) { pthread_mutex_unlock(&g_fault_lock); unlock(); }
 
 static unsigned long long env_ull(const char *name, unsigned long long dflt)
 {
@@ -275,16 +311,197 @@ static unsigned long long env_ull(const char *name, unsigned long long dflt)
     return *end ? dflt : v;
 }
 
+/* ---- fault injection (SIMCUDA_FAULTS) ---- */
+#define MAX_FAULT_RULES 32
+#define FAULT_ANY (-2) /* rule NAME "*" */
+enum fault_when { F_AT, F_FROM, F_RANGE, F_PERCENT };
+struct fault_rule {
+    int id;                 /* export id, or FAULT_ANY */
+    CUresult code;
+    enum fault_when when;
+    unsigned long long n, k; /* F_AT/F_FROM/F_RANGE: N (and K); F_PERCENT: P */
+    unsigned long long base; /* calls of the target counted before the rule was set */
+};
+static pthread_mutex_t g_fault_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct fault_rule g_fault_rules[MAX_FAULT_RULES];
+static int g_nfault_rules;             /* read without the lock as a fast path */
+static unsigned long long g_fault_seed = 1;
+static unsigned long long g_fault_seen[ID_COUNT]; /* calls that reached the check */
+static unsigned long long g_fault_seen_any;
+static unsigned long long g_faults_injected;
+
+static int export_id(const char *name, size_t len); /* defined with the proc table */
+
+static unsigned long long splitmix64(unsigned long long x)
+{
+    x += 0x9e3779b97f4a7c15ULL;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+    return x ^ (x >> 31);
+}
+
+/* Parses SPEC into the rule table (replacing it). 0 on success. */
+static int faults_parse(const char *spec)
+{
+    struct fault_rule rules[MAX_FAULT_RULES];
+    int n = 0;
+    const char *p = spec;
+    while (*p) {
+        const char *end = p + strcspn(p, ",");
+        const char *eq = memchr(p, '=', (size_t)(end - p));
+        if (end == p) { p++; continue; }
+        if (!eq || n == MAX_FAULT_RULES) return -1;
+        struct fault_rule r = {0};
+        if (eq - p == 1 && *p == '*') r.id = FAULT_ANY;
+        else if ((r.id = export_id(p, (size_t)(eq - p))) < 0) return -1;
+        char *q;
+        long code = strtol(eq + 1, &q, 10);
+        if (q == eq + 1 || code <= 0) return -1;
+        r.code = (CUresult)code;
+        if (*q == '%') {
+            r.when = F_PERCENT;
+            r.n = strtoull(q + 1, &q, 10);
+            if (r.n > 100) return -1;
+        } else if (*q == '@') {
+            r.n = strtoull(q + 1, &q, 10);
+            if (r.n == 0) return -1;
+            r.when = F_AT;
+            if (*q == '+') { r.when = F_FROM; q++; }
+            else if (*q == 'x') { r.when = F_RANGE; r.k = strtoull(q + 1, &q, 10); }
+        } else {
+            return -1;
+        }
+        if (q != end) return -1;
+        r.base = r.id == FAULT_ANY ? __atomic_load_n(&g_fault_seen_any, __ATOMIC_RELAXED)
+                                   : __atomic_load_n(&g_fault_seen[r.id], __ATOMIC_RELAXED);
+        rules[n++] = r;
+        p = *end ? end + 1 : end;
+    }
+    pthread_mutex_lock(&g_fault_lock);
+    memcpy(g_fault_rules, rules, sizeof rules[0] * (size_t)n);
+    __atomic_store_n(&g_nfault_rules, n, __ATOMIC_RELEASE);
+    pthread_mutex_unlock(&g_fault_lock);
+    return 0;
+}
+
+static int rule_strikes(const struct fault_rule *r, unsigned long long call_no)
+{
+    if (call_no <= r->base) return 0;
+    unsigned long long i = call_no - r->base; /* from 1 */
+    switch (r->when) {
+    case F_AT: return i == r->n;
+    case F_FROM: return i >= r->n;
+    case F_RANGE: return i >= r->n && i - r->n < r->k;
+    case F_PERCENT:
+        return splitmix64(g_fault_seed ^ splitmix64((unsigned long long)r->id * 1000003ULL + i)) %
+                   100 < r->n;
+    }
+    return 0;
+}
+
+/* The code the entered export `id` must fail with now, or CUDA_SUCCESS. */
+static CUresult fault_check(int id)
+{
+    if (id < 0) return CUDA_SUCCESS;
+    unsigned long long mine = __atomic_add_fetch(&g_fault_seen[id], 1, __ATOMIC_RELAXED);
+    unsigned long long any = __atomic_add_fetch(&g_fault_seen_any, 1, __ATOMIC_RELAXED);
+    if (__atomic_load_n(&g_nfault_rules, __ATOMIC_ACQUIRE) == 0) return CUDA_SUCCESS;
+    CUresult rc = CUDA_SUCCESS;
+    pthread_mutex_lock(&g_fault_lock);
+    for (int i = 0; i < g_nfault_rules && rc == CUDA_SUCCESS; i++) {
+        const struct fault_rule *r = &g_fault_rules[i];
+        if (r->id == id && rule_strikes(r, mine)) rc = r->code;
+        else if (r->id == FAULT_ANY && rule_strikes(r, any)) rc = r->code;
+    }
+    pthread_mutex_unlock(&g_fault_lock);
+    if (rc != CUDA_SUCCESS) __atomic_fetch_add(&g_faults_injected, 1, __ATOMIC_RELAXED);
+    return rc;
+}
+
+/* The UUID of physical device `phys` (what cuDeviceGetUuid, simcuda_uuid and the
+ * simulated NVML report for it). */
+static void uuid_bytes(int phys, char out[16])
+{
+    memcpy(out, "SIMCUDA-UUID-00", 16);
+    out[14] = (char)('0' + phys % 10);
+    out[15] = (char)phys;
+}
+
+/* The same in NVML's text form, GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx. */
+static void uuid_text(int phys, char out[48])
+{
+    unsigned char u[16];
+    uuid_bytes(phys, (char *)u);
+    snprintf(out, 48, "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x",
+             u[0], u[1], u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12],
+             u[13], u[14], u[15]);
+}
+
+/* One entry of CUDA_VISIBLE_DEVICES: the physical device it names, or -1. */
+static int visible_entry(const char *tok, size_t len)
+{
+    while (len && (*tok == ' ' || *tok == '\t')) { tok++; len--; }
+    while (len && (tok[len - 1] == ' ' || tok[len - 1] == '\t')) len--;
+    if (len == 0) return -1;
+    if (len > 4 && strncmp(tok, "GPU-", 4) == 0) {
+        int found = -1;
+        for (int p = 0; p < g_nphys; p++) {
+            char text[48];
+            uuid_text(p, text);
+            if (len <= strlen(text) && strncasecmp(text, tok, len) == 0) {
+                if (found >= 0) return -1; /* an ambiguous prefix names nothing */
+                found = p;
+            }
+        }
+        return found;
+    }
+    int v = 0;
+    for (size_t i = 0; i < len; i++) {
+        if (tok[i] < '0' || tok[i] > '9' || v > MAX_DEVICES) return -1;
+        v = v * 10 + (tok[i] - '0');
+    }
+    return v < g_nphys ? v : -1;
+}
+
+static void load_visible(void)
+{
+    const char *cvd = getenv("CUDA_VISIBLE_DEVICES");
+    if (!cvd) {
+        g_ndev = g_nphys;
+        for (int i = 0; i < g_nphys; i++) g_phys[i] = i;
+        return;
+    }
+    g_ndev = 0;
+    for (const char *s = cvd; *s && g_ndev < g_nphys;) {
+        const char *end = strchr(s, ',');
+        size_t len = end ? (size_t)(end - s) : strlen(s);
+        int p = visible_entry(s, len);
+        for (int i = 0; p >= 0 && i < g_ndev; i++)
+            if (g_phys[i] == p) p = -1; /* named twice: the list ends */
+        if (p < 0) break;
+        g_phys[g_ndev++] = p;
+        if (!end) break;
+        s = end + 1;
+    }
+}
+
 static void load_config(void)
 {
-    g_ndev = (int)env_ull("SIMCUDA_DEVICES", 2);
-    if (g_ndev < 0) g_ndev = 0;
-    if (g_ndev > MAX_DEVICES) g_ndev = MAX_DEVICES;
+    g_nphys = (int)env_ull("SIMCUDA_DEVICES", 2);
+    if (g_nphys < 0) g_nphys = 0;
+    if (g_nphys > MAX_DEVICES) g_nphys = MAX_DEVICES;
+    load_visible();
     g_mem = (size_t)env_ull("SIMCUDA_MEM", (size_t)8 << 30);
     g_fail_next = (int)env_ull("SIMCUDA_FAIL_NEXT", 0);
     g_free_delay_ms = (unsigned)env_ull("SIMCUDA_FREE_DELAY_MS", 0);
+    g_fault_seed = env_ull("SIMCUDA_FAULT_SEED", 1);
+    const char *faults = getenv("SIMCUDA_FAULTS");
+    if (faults && *faults && faults_parse(faults) != 0) {
+        fprintf(stderr, "simcuda: bad SIMCUDA_FAULTS %s\n", faults);
+        abort(); /* a test that meant to inject faults must not run without them */
+    }
     for (int d = 0; d < MAX_DEVICES; d++) {
-        g_primary[d] = (struct CUctx_st){CTX_MAGIC, d, 1, 0, 0};
+        g_primary[d] = (struct CUctx_st){CTX_MAGIC, d, 1, 0, 0, 0};
         struct mempool *p = &g_default_pool[d];
         p->hdr.magic = POOL_MAGIC;
         p->dev = d;
@@ -300,11 +517,17 @@ static void config(void) { pthread_once(&g_once, load_config); }
 
 static int initialized(void) { return __atomic_load_n(&g_initialized, __ATOMIC_ACQUIRE); }
 
-/* Every call except a few (cuInit, versions, lookups, error strings) needs cuInit. */
+static CUresult fault_check(int id);
+
+/* Every call except a few (cuInit, versions, lookups, error strings) needs cuInit.
+ * The injected faults (SIMCUDA_FAULTS) strike here, before anything is changed. */
 #define REQUIRE_INIT()                                   \
     do {                                                 \
         config();                                        \
         if (!initialized()) return CUDA_ERROR_NOT_INITIALIZED; \
+        CUresult fault_ = fault_check(t_entered);        \
+        t_entered = -1;                                  \
+        if (fault_ != CUDA_SUCCESS) return fault_;       \
     } while (0)
 
 static int valid_dev(CUdevice d) { return d >= 0 && d < g_ndev; }
@@ -668,7 +891,7 @@ CUresult cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevice dev)
     case 13: v = 1980000; break;                     /* clock rate, kHz */
     case CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: v = 132; break;
     case 31: v = 1; break;                           /* concurrent kernels */
-    case CU_DEVICE_ATTRIBUTE_PCI_BUS_ID: v = dev + 1; break;
+    case CU_DEVICE_ATTRIBUTE_PCI_BUS_ID: v = g_phys[dev] + 1; break;
     case CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING: v = 1; break;
     case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: v = 9; break;
     case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: v = 0; break;
@@ -682,20 +905,12 @@ CUresult cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevice dev)
     return CUDA_SUCCESS;
 }
 
-/* The UUID of device `dev` (also what simcuda_uuid and the simulated NVML report). */
-static void uuid_bytes(int dev, char out[16])
-{
-    memcpy(out, "SIMCUDA-UUID-00", 16);
-    out[14] = (char)('0' + dev % 10);
-    out[15] = (char)dev;
-}
-
 static CUresult fill_uuid(CUuuid *uuid, CUdevice dev)
 {
     REQUIRE_INIT();
     if (!uuid) return CUDA_ERROR_INVALID_VALUE;
     if (!valid_dev(dev)) return CUDA_ERROR_INVALID_DEVICE;
-    uuid_bytes(dev, uuid->bytes);
+    uuid_bytes(g_phys[dev], uuid->bytes);
     return CUDA_SUCCESS;
 }
 
@@ -790,7 +1005,7 @@ CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev)
     /* Never freed: a destroyed context stays recognisable as destroyed. */
     CUcontext c = calloc(1, sizeof *c);
     if (!c) return CUDA_ERROR_OUT_OF_MEMORY;
-    *c = (struct CUctx_st){CTX_MAGIC, dev, 0, 1, flags};
+    *c = (struct CUctx_st){CTX_MAGIC, dev, 0, 1, flags, 0};
     CUresult rc = push_ctx(c); /* a new context becomes current */
     if (rc != CUDA_SUCCESS) { free(c); return rc; }
     *pctx = c;
@@ -1188,6 +1403,101 @@ CUresult cuMemcpyDtoD_v2(CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t By
     CALLED(cuMemcpyDtoD_v2);
     REQUIRE_INIT();
     return copy((void *)(uintptr_t)dstDevice, (const void *)(uintptr_t)srcDevice, ByteCount);
+}
+
+/* ==========================================================================
+ * Peers: every pair of distinct devices can reach each other. Enabling access
+ * is per context and direction; copies between devices need no access enabled
+ * (the driver stages them, as the real one does). Nothing here allocates.
+ * ======================================================================== */
+CUresult cuDeviceCanAccessPeer(int *canAccessPeer, CUdevice dev, CUdevice peerDev)
+{
+    CALLED(cuDeviceCanAccessPeer);
+    REQUIRE_INIT();
+    if (!canAccessPeer) return CUDA_ERROR_INVALID_VALUE;
+    if (!valid_dev(dev) || !valid_dev(peerDev)) return CUDA_ERROR_INVALID_DEVICE;
+    *canAccessPeer = dev != peerDev;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuCtxEnablePeerAccess(CUcontext peerContext, unsigned int Flags)
+{
+    CALLED(cuCtxEnablePeerAccess);
+    REQUIRE_INIT();
+    if (Flags != 0) return CUDA_ERROR_INVALID_VALUE;
+    CUcontext c;
+    CUresult rc = cur_ctx(&c);
+    if (rc != CUDA_SUCCESS) return rc;
+    if (!ctx_valid(peerContext) || !peerContext->alive) return CUDA_ERROR_INVALID_CONTEXT;
+    if (peerContext->dev == c->dev) return CUDA_ERROR_PEER_ACCESS_UNSUPPORTED;
+    lock();
+    unsigned long long bit = 1ULL << peerContext->dev;
+    rc = (c->peers & bit) ? CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED : CUDA_SUCCESS;
+    c->peers |= bit;
+    unlock();
+    return rc;
+}
+
+CUresult cuCtxDisablePeerAccess(CUcontext peerContext)
+{
+    CALLED(cuCtxDisablePeerAccess);
+    REQUIRE_INIT();
+    CUcontext c;
+    CUresult rc = cur_ctx(&c);
+    if (rc != CUDA_SUCCESS) return rc;
+    if (!ctx_valid(peerContext)) return CUDA_ERROR_INVALID_CONTEXT;
+    lock();
+    unsigned long long bit = 1ULL << peerContext->dev;
+    rc = (c->peers & bit) ? CUDA_SUCCESS : CUDA_ERROR_PEER_ACCESS_NOT_ENABLED;
+    c->peers &= ~bit;
+    unlock();
+    return rc;
+}
+
+/* The device holding [addr, addr + n) in one allocation or mapping; -1 if none
+ * (lock held). */
+static int device_holding(CUdeviceptr addr, size_t n)
+{
+    for (struct mapping *m = g_mappings; m; m = m->next)
+        if (addr >= m->va && n <= m->size && addr - m->va <= m->size - n) return m->h->dev;
+    for (size_t b = 0; b < NBUCKETS; b++)
+        for (struct rec *r = g_buckets[b]; r; r = r->next)
+            if ((KM(r->kind) & KM_DEVPTR) && addr >= r->key && n <= r->bytes &&
+                addr - r->key <= r->bytes - n)
+                return r->dev;
+    return -1;
+}
+
+static CUresult copy_peer(CUdeviceptr dst, CUcontext dstCtx, CUdeviceptr src, CUcontext srcCtx,
+                          size_t n)
+{
+    if (!ctx_valid(dstCtx) || !ctx_valid(srcCtx)) return CUDA_ERROR_INVALID_CONTEXT;
+    if (!dstCtx->alive || !srcCtx->alive) return CUDA_ERROR_CONTEXT_IS_DESTROYED;
+    if (n == 0) return CUDA_SUCCESS;
+    lock();
+    int ok = device_holding(dst, n) == dstCtx->dev && device_holding(src, n) == srcCtx->dev;
+    unlock();
+    if (!ok) return CUDA_ERROR_INVALID_VALUE;
+    return copy((void *)(uintptr_t)dst, (const void *)(uintptr_t)src, n);
+}
+
+CUresult cuMemcpyPeer(CUdeviceptr dstDevice, CUcontext dstContext, CUdeviceptr srcDevice,
+                      CUcontext srcContext, size_t ByteCount)
+{
+    CALLED(cuMemcpyPeer);
+    REQUIRE_INIT();
+    return copy_peer(dstDevice, dstContext, srcDevice, srcContext, ByteCount);
+}
+
+CUresult cuMemcpyPeerAsync(CUdeviceptr dstDevice, CUcontext dstContext, CUdeviceptr srcDevice,
+                           CUcontext srcContext, size_t ByteCount, CUstream hStream)
+{
+    CALLED(cuMemcpyPeerAsync);
+    REQUIRE_INIT();
+    CUcontext c;
+    CUresult rc = stream_ctx(hStream, &c);
+    if (rc != CUDA_SUCCESS) return rc;
+    return copy_peer(dstDevice, dstContext, srcDevice, srcContext, ByteCount);
 }
 
 /* ==========================================================================
@@ -1768,7 +2078,11 @@ static const struct { CUresult code; const char *name, *text; } g_errors[] = {
     {400, "CUDA_ERROR_INVALID_HANDLE", "invalid resource handle"},
     {500, "CUDA_ERROR_NOT_FOUND", "named symbol not found"},
     {600, "CUDA_ERROR_NOT_READY", "device not ready"},
+    {700, "CUDA_ERROR_ILLEGAL_ADDRESS", "an illegal memory access was encountered"},
     {709, "CUDA_ERROR_CONTEXT_IS_DESTROYED", "context is destroyed"},
+    {217, "CUDA_ERROR_PEER_ACCESS_UNSUPPORTED", "peer access is not supported between these two devices"},
+    {704, "CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED", "peer access is already enabled"},
+    {705, "CUDA_ERROR_PEER_ACCESS_NOT_ENABLED", "peer access has not been enabled"},
     {801, "CUDA_ERROR_NOT_SUPPORTED", "operation not supported"},
     {999, "CUDA_ERROR_UNKNOWN", "unknown error"},
 };
@@ -1887,7 +2201,35 @@ int simcuda_uuid(int dev, unsigned char out[16])
 {
     config();
     if (!out || dev < 0 || dev >= g_ndev) return CUDA_ERROR_INVALID_DEVICE;
-    uuid_bytes(dev, (char *)out);
+    uuid_bytes(g_phys[dev], (char *)out);
+    return CUDA_SUCCESS;
+}
+
+int simcuda_physical_count(void)
+{
+    config();
+    return g_nphys;
+}
+
+int simcuda_physical_of(int ordinal)
+{
+    config();
+    return valid_dev(ordinal) ? g_phys[ordinal] : -1;
+}
+
+int simcuda_ordinal_of(int phys)
+{
+    config();
+    for (int i = 0; i < g_ndev; i++)
+        if (g_phys[i] == phys) return i;
+    return -1;
+}
+
+int simcuda_physical_uuid(int phys, unsigned char out[16])
+{
+    config();
+    if (!out || phys < 0 || phys >= g_nphys) return CUDA_ERROR_INVALID_DEVICE;
+    uuid_bytes(phys, (char *)out);
     return CUDA_SUCCESS;
 }
 
@@ -1940,6 +2282,25 @@ int simcuda_device_count(void)
 {
     config();
     return g_ndev;
+}
+
+static int export_id(const char *name, size_t len)
+{
+    for (size_t i = 0; i < NPROCS; i++)
+        if (strlen(g_procs[i].export_name) == len && memcmp(g_procs[i].export_name, name, len) == 0)
+            return (int)i;
+    return -1;
+}
+
+int simcuda_set_faults(const char *spec)
+{
+    config();
+    return faults_parse(spec ? spec : "") == 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+unsigned long long simcuda_faults_injected(void)
+{
+    return __atomic_load_n(&g_faults_injected, __ATOMIC_RELAXED);
 }
 
 unsigned long long simcuda_calls(const char *name)

@@ -44,10 +44,14 @@ typedef struct CUuuid_st { char bytes[16]; } CUuuid;
 #define CUDA_ERROR_NO_DEVICE             100
 #define CUDA_ERROR_INVALID_DEVICE        101
 #define CUDA_ERROR_INVALID_CONTEXT       201
+#define CUDA_ERROR_PEER_ACCESS_UNSUPPORTED 217
 #define CUDA_ERROR_CONTEXT_ALREADY_CURRENT 202
 #define CUDA_ERROR_INVALID_HANDLE        400
 #define CUDA_ERROR_NOT_FOUND             500
 #define CUDA_ERROR_NOT_READY             600
+#define CUDA_ERROR_ILLEGAL_ADDRESS       700
+#define CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED 704
+#define CUDA_ERROR_PEER_ACCESS_NOT_ENABLED 705
 #define CUDA_ERROR_CONTEXT_IS_DESTROYED  709
 #define CUDA_ERROR_NOT_SUPPORTED         801
 #define CUDA_ERROR_UNKNOWN               999
@@ -219,6 +223,13 @@ CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dstDevice, const void *srcHost, size_t
 CUresult cuMemcpyDtoHAsync_v2(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount,
                               CUstream hStream);
 CUresult cuMemcpyDtoD_v2(CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount);
+CUresult cuDeviceCanAccessPeer(int *canAccessPeer, CUdevice dev, CUdevice peerDev);
+CUresult cuCtxEnablePeerAccess(CUcontext peerContext, unsigned int Flags);
+CUresult cuCtxDisablePeerAccess(CUcontext peerContext);
+CUresult cuMemcpyPeer(CUdeviceptr dstDevice, CUcontext dstContext, CUdeviceptr srcDevice,
+                      CUcontext srcContext, size_t ByteCount);
+CUresult cuMemcpyPeerAsync(CUdeviceptr dstDevice, CUcontext dstContext, CUdeviceptr srcDevice,
+                           CUcontext srcContext, size_t ByteCount, CUstream hStream);
 CUresult cuMemHostAlloc(void **pp, size_t bytesize, unsigned int Flags);
 CUresult cuMemAllocHost_v2(void **pp, size_t bytesize);
 CUresult cuMemFreeHost(void *p);
@@ -273,16 +284,27 @@ int simcuda_live_count(int dev);                  /* device allocations held now
 unsigned long long simcuda_live_peak(int dev);    /* highest simcuda_live_bytes(dev) so far */
 unsigned long long simcuda_mem(void);             /* memory per device (SIMCUDA_MEM) */
 int simcuda_uuid(int dev, unsigned char out[16]); /* cuDeviceGetUuid's bytes, without cuInit */
+/* CUDA_VISIBLE_DEVICES: the sim functions above take ordinals (devices as this
+ * process sees them); these map them to the machine's physical devices. */
+int simcuda_physical_count(void);                 /* SIMCUDA_DEVICES */
+int simcuda_physical_of(int ordinal);             /* -1 for an ordinal that does not exist */
+int simcuda_ordinal_of(int phys);                 /* -1 for a device the process cannot see */
+int simcuda_physical_uuid(int phys, unsigned char out[16]);
 unsigned long long simcuda_host_live_bytes(void); /* pinned host bytes held now */
 int simcuda_host_live_count(void);
 unsigned long long simcuda_pool_reserved(int dev);/* bytes reserved by this device's pools */
 void simcuda_fail_next(int n);                    /* next n allocation calls fail OOM */
-int simcuda_device_count(void);                   /* SIMCUDA_DEVICES, without cuInit */
+int simcuda_device_count(void);                   /* devices visible, without cuInit */
 /* How often the exported function `name` (exact export name) was called. */
 unsigned long long simcuda_calls(const char *name);
 /* Allocates device memory on the sim's books without any cu* entry point, so an
  * interposer never sees it; freeing it with cuMemFree_v2 is an "unknown free". */
 int simcuda_untracked_alloc(int dev, size_t bytes, CUdeviceptr *dptr);
+/* Replaces the injected faults with SPEC (SIMCUDA_FAULTS syntax; "" clears them);
+ * rules count calls from now. CUDA_ERROR_INVALID_VALUE for a bad SPEC. */
+int simcuda_set_faults(const char *spec);
+/* Calls failed by injected faults so far. */
+unsigned long long simcuda_faults_injected(void);
 
 #ifdef __cplusplus
 }

@@ -55,7 +55,11 @@
     X(cuMemFreeHost, "cuMemFreeHost", 2000)                        \
     X(cuMemcpyHtoD_v2, "cuMemcpyHtoD", 3020)                       \
     X(cuMemcpyDtoH_v2, "cuMemcpyDtoH", 3020)                       \
-    X(cuMemcpyDtoD_v2, "cuMemcpyDtoD", 3020)
+    X(cuMemcpyDtoD_v2, "cuMemcpyDtoD", 3020)                       \
+    X(cuDeviceCanAccessPeer, "cuDeviceCanAccessPeer", 4000)        \
+    X(cuCtxEnablePeerAccess, "cuCtxEnablePeerAccess", 4000)        \
+    X(cuMemcpyPeer, "cuMemcpyPeer", 4000)                          \
+    X(cuMemcpyPeerAsync, "cuMemcpyPeerAsync", 4000)
 
 /* Function-pointer fields typed after the driver prototypes in cuda_sim.h
  * (__typeof__ only reads the declaration; nothing is linked). */
@@ -88,8 +92,11 @@ static cudaError_t map_err(CUresult rc)
     case CUDA_ERROR_INVALID_HANDLE: return cudaErrorInvalidResourceHandle;
     case CUDA_ERROR_NOT_FOUND: return cudaErrorSymbolNotFound;
     case CUDA_ERROR_NOT_READY: return cudaErrorNotReady;
+    case CUDA_ERROR_ILLEGAL_ADDRESS: return cudaErrorIllegalAddress;
     case CUDA_ERROR_CONTEXT_IS_DESTROYED: return cudaErrorContextIsDestroyed;
     case CUDA_ERROR_NOT_SUPPORTED: return cudaErrorNotSupported;
+    case CUDA_ERROR_PEER_ACCESS_UNSUPPORTED: return cudaErrorPeerAccessUnsupported;
+    case CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED: return cudaErrorPeerAccessAlreadyEnabled;
     default: return cudaErrorUnknown;
     }
 }
@@ -128,6 +135,20 @@ static cudaError_t lazy_init(void)
 {
     pthread_once(&g_once, load_driver);
     return g_init_err;
+}
+
+/* Device d's primary context, retained on first use. */
+static cudaError_t primary_of(int d, CUcontext *out)
+{
+    cudaError_t e = lazy_init();
+    if (e != cudaSuccess) return e;
+    if (d < 0 || d >= g_ndev) return cudaErrorInvalidDevice;
+    pthread_mutex_lock(&g_lock);
+    CUresult rc = CUDA_SUCCESS;
+    if (!g_primary[d]) rc = drv.cuDevicePrimaryCtxRetain(&g_primary[d], d);
+    *out = g_primary[d];
+    pthread_mutex_unlock(&g_lock);
+    return map_err(rc);
 }
 
 /* Makes the current device's primary context current on this thread. */
@@ -334,6 +355,46 @@ cudaError_t cudaMemcpy(void *dst, const void *src, size_t count, enum cudaMemcpy
     return cudaErrorInvalidValue;
 }
 
+/* ---- peers ---- */
+cudaError_t cudaDeviceCanAccessPeer(int *canAccessPeer, int device, int peerDevice)
+{
+    cudaError_t e = lazy_init();
+    if (e != cudaSuccess) return e;
+    return map_err(drv.cuDeviceCanAccessPeer(canAccessPeer, device, peerDevice));
+}
+
+cudaError_t cudaDeviceEnablePeerAccess(int peerDevice, unsigned int flags)
+{
+    CUcontext peer;
+    cudaError_t e = primary_of(peerDevice, &peer);
+    if (e != cudaSuccess) return e;
+    WITH_CTX(drv.cuCtxEnablePeerAccess(peer, flags));
+}
+
+static cudaError_t memcpy_peer(void *dst, int dstDevice, const void *src, int srcDevice,
+                               size_t count, cudaStream_t stream, int async)
+{
+    CUcontext dc, sc;
+    cudaError_t e = primary_of(dstDevice, &dc);
+    if (e == cudaSuccess) e = primary_of(srcDevice, &sc);
+    if (e == cudaSuccess) e = ensure_ctx();
+    if (e != cudaSuccess) return e;
+    CUdeviceptr d = (CUdeviceptr)(uintptr_t)dst, s = (CUdeviceptr)(uintptr_t)src;
+    return map_err(async ? drv.cuMemcpyPeerAsync(d, dc, s, sc, count, stream)
+                         : drv.cuMemcpyPeer(d, dc, s, sc, count));
+}
+
+cudaError_t cudaMemcpyPeer(void *dst, int dstDevice, const void *src, int srcDevice, size_t count)
+{
+    return memcpy_peer(dst, dstDevice, src, srcDevice, count, NULL, 0);
+}
+
+cudaError_t cudaMemcpyPeerAsync(void *dst, int dstDevice, const void *src, int srcDevice,
+                                size_t count, cudaStream_t stream)
+{
+    return memcpy_peer(dst, dstDevice, src, srcDevice, count, stream, 1);
+}
+
 /* ---- versions, errors ---- */
 cudaError_t cudaRuntimeGetVersion(int *runtimeVersion)
 {
@@ -364,7 +425,12 @@ static const struct { cudaError_t code; const char *name, *text; } g_errors[] = 
     {cudaErrorInvalidResourceHandle, "cudaErrorInvalidResourceHandle", "invalid resource handle"},
     {cudaErrorSymbolNotFound, "cudaErrorSymbolNotFound", "named symbol not found"},
     {cudaErrorNotReady, "cudaErrorNotReady", "device not ready"},
+    {cudaErrorIllegalAddress, "cudaErrorIllegalAddress", "an illegal memory access was encountered"},
     {cudaErrorContextIsDestroyed, "cudaErrorContextIsDestroyed", "context is destroyed"},
+    {cudaErrorPeerAccessUnsupported, "cudaErrorPeerAccessUnsupported",
+     "peer access is not supported between these two devices"},
+    {cudaErrorPeerAccessAlreadyEnabled, "cudaErrorPeerAccessAlreadyEnabled",
+     "peer access is already enabled"},
     {cudaErrorNotSupported, "cudaErrorNotSupported", "operation not supported"},
     {cudaErrorUnknown, "cudaErrorUnknown", "unknown error"},
 };

@@ -21,10 +21,13 @@ typedef int cudaError_t;
 #define cudaErrorInsufficientDriver    35
 #define cudaErrorNoDevice              100
 #define cudaErrorInvalidDevice         101
+#define cudaErrorPeerAccessUnsupported 217
+#define cudaErrorPeerAccessAlreadyEnabled 704
 #define cudaErrorDeviceUninitialized   201
 #define cudaErrorInvalidResourceHandle 400
 #define cudaErrorSymbolNotFound        500
 #define cudaErrorNotReady              600
+#define cudaErrorIllegalAddress        700
 #define cudaErrorContextIsDestroyed    709
 #define cudaErrorNotSupported          801
 #define cudaErrorUnknown               999
@@ -70,6 +73,11 @@ cudaError_t cudaStreamCreate(cudaStream_t *pStream);
 cudaError_t cudaStreamSynchronize(cudaStream_t stream);
 cudaError_t cudaDeviceReset(void);
 cudaError_t cudaMemcpy(void *dst, const void *src, size_t count, enum cudaMemcpyKind kind);
+cudaError_t cudaDeviceCanAccessPeer(int *canAccessPeer, int device, int peerDevice);
+cudaError_t cudaDeviceEnablePeerAccess(int peerDevice, unsigned int flags);
+cudaError_t cudaMemcpyPeer(void *dst, int dstDevice, const void *src, int srcDevice, size_t count);
+cudaError_t cudaMemcpyPeerAsync(void *dst, int dstDevice, const void *src, int srcDevice,
+                                size_t count, cudaStream_t stream);
 const char *cudaGetErrorString(cudaError_t error);
 const char *cudaGetErrorName(cudaError_t error);
 cudaError_t cudaRuntimeGetVersion(int *runtimeVersion);

@@ -6,10 +6,12 @@
  * reached with dlopen("libcuda.so.1") on the first nvmlInit, so a process using
  * only NVML, like nvidia-smi, never links the driver).
  *
- *   NVML index order is the reverse of the CUDA ordinals (NVML index i is CUDA
- *   device n-1-i), so a tool must match devices by UUID, as on machines where
- *   CUDA_DEVICE_ORDER=FASTEST_FIRST differs from NVML's PCI order. UUIDs are the
- *   driver's cuDeviceGetUuid bytes as "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx".
+ *   NVML index order is the reverse of the physical devices (NVML index i is
+ *   physical device n-1-i), so a tool must match devices by UUID, as on machines
+ *   where CUDA_DEVICE_ORDER=FASTEST_FIRST differs from NVML's PCI order. Like the
+ *   real NVML it ignores CUDA_VISIBLE_DEVICES: it lists every physical device,
+ *   and a device the process's CUDA cannot see shows no allocations. UUIDs are
+ *   the driver's cuDeviceGetUuid bytes as "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx".
  *   SIMNVML_EXTRA=n (at most 4) adds n devices after those, which CUDA does not
  *   show (as under CUDA_VISIBLE_DEVICES): their UUIDs match no CUDA device.
  *   Memory: total is SIMCUDA_MEM; the driver keeps SIMNVML_RESERVED bytes of each
@@ -41,22 +43,24 @@ static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
 static int g_loaded;
 static int g_refs;
-static unsigned g_ncuda, g_nextra;
+static unsigned g_nphys, g_nextra;
 
 static int (*p_device_count)(void);
 static unsigned long long (*p_live_bytes)(int);
 static unsigned long long (*p_mem)(void);
-static int (*p_uuid)(int, unsigned char *);
+static int (*p_uuid)(int, unsigned char *);      /* by physical index */
+static int (*p_ordinal_of)(int);                 /* physical -> CUDA ordinal or -1 */
 
 static void load(void)
 {
     void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
     if (!h) return;
-    p_device_count = (int (*)(void))dlsym(h, "simcuda_device_count");
+    p_device_count = (int (*)(void))dlsym(h, "simcuda_physical_count");
+    p_ordinal_of = (int (*)(int))dlsym(h, "simcuda_ordinal_of");
     p_live_bytes = (unsigned long long (*)(int))dlsym(h, "simcuda_live_bytes");
     p_mem = (unsigned long long (*)(void))dlsym(h, "simcuda_mem");
-    p_uuid = (int (*)(int, unsigned char *))dlsym(h, "simcuda_uuid");
-    if (!p_device_count || !p_live_bytes || !p_mem || !p_uuid) return;
+    p_uuid = (int (*)(int, unsigned char *))dlsym(h, "simcuda_physical_uuid");
+    if (!p_device_count || !p_ordinal_of || !p_live_bytes || !p_mem || !p_uuid) return;
     int n = p_device_count();
     const char *e = getenv("SIMNVML_EXTRA");
     int extra = e ? atoi(e) : 0;
@@ -64,7 +68,7 @@ static void load(void)
     if (extra > MAX_EXTRA) extra = MAX_EXTRA;
     if (n < 0) n = 0;
     if (n + extra > MAX_NVML) n = MAX_NVML - extra;
-    g_ncuda = (unsigned)n;
+    g_nphys = (unsigned)n;
     g_nextra = (unsigned)extra;
     for (unsigned i = 0; i < MAX_NVML; i++) g_devs[i] = (struct nvmlDevice_st){DEV_MAGIC, i};
     g_loaded = 1;
@@ -84,10 +88,17 @@ static int initialized(void)
     return r;
 }
 
-static unsigned count(void) { return g_ncuda + g_nextra; }
+static unsigned count(void) { return g_nphys + g_nextra; }
 
-/* The CUDA ordinal of NVML index i, -1 for an extra device. */
-static int ordinal(unsigned i) { return i < g_ncuda ? (int)(g_ncuda - 1 - i) : -1; }
+/* The physical device of NVML index i, -1 for an extra device. */
+static int physical(unsigned i) { return i < g_nphys ? (int)(g_nphys - 1 - i) : -1; }
+
+/* The CUDA ordinal of NVML index i, -1 for a device CUDA does not show. */
+static int ordinal(unsigned i)
+{
+    int p = physical(i);
+    return p >= 0 ? p_ordinal_of(p) : -1;
+}
 
 static struct nvmlDevice_st *dev_of(nvmlDevice_t d)
 {
@@ -151,12 +162,12 @@ nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t device, char *uuid, unsigned int len
     struct nvmlDevice_st *d = dev_of(device);
     if (!d || !uuid) return NVML_ERROR_INVALID_ARGUMENT;
     unsigned char u[16];
-    int ord = ordinal(d->index);
-    if (ord >= 0) {
-        if (p_uuid(ord, u) != 0) return NVML_ERROR_UNKNOWN;
+    int phys = physical(d->index);
+    if (phys >= 0) {
+        if (p_uuid(phys, u) != 0) return NVML_ERROR_UNKNOWN;
     } else {
         memcpy(u, "SIMNVML-EXTRA-00", 16);
-        u[15] = (unsigned char)(d->index - g_ncuda);
+        u[15] = (unsigned char)(d->index - g_nphys);
     }
     char text[64];
     int n = snprintf(text, sizeof text,

@@ -56,7 +56,8 @@ const char *nvmlErrorString(nvmlReturn_t result);
 /* ---- the sim's own view (never hooked: not an nvml* name) ---- */
 /* What NVML device `index` has, straight from the sim driver's books: total, the
  * fixed driver reserve, and the bytes allocated on it. The CUDA ordinal it stands
- * for (-1: a device CUDA does not show, see SIMNVML_EXTRA). Returns 0 or an NVML
+ * for (-1: a device CUDA does not show: hidden by CUDA_VISIBLE_DEVICES, or
+ * one of SIMNVML_EXTRA). Returns 0 or an NVML
  * error. Needs no nvmlInit. */
 int simnvml_memory(unsigned int index, unsigned long long *total, unsigned long long *reserved,
                    unsigned long long *used, int *cuda_ordinal);

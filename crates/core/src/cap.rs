@@ -81,6 +81,57 @@ impl CapSpec {
     }
 }
 
+/// The text form `CapSpec::parse` reads back to the same spec: the default first, then
+/// each device in order (`8GiB,0:20GiB,1:0.25`).
+impl std::fmt::Display for CapSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut first = true;
+        let mut sep = |f: &mut std::fmt::Formatter<'_>| {
+            let s = if first { "" } else { "," };
+            first = false;
+            f.write_str(s)
+        };
+        if let Some(d) = self.default {
+            sep(f)?;
+            write!(f, "{d}")?;
+        }
+        for (dev, limit) in &self.per_device {
+            sep(f)?;
+            write!(f, "{dev}:{limit}")?;
+        }
+        Ok(())
+    }
+}
+
+/// A size in the largest binary unit that holds it exactly (`20GiB`, `1536KiB`, else
+/// plain bytes); a fraction with its decimal point (`0.25`, `1.0`). `parse_limit` reads
+/// either back to the same limit.
+impl std::fmt::Display for Limit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match *self {
+            Limit::Bytes(b) => f.write_str(&exact_size(b)),
+            Limit::Fraction(x) if x.fract() == 0.0 => write!(f, "{x:.1}"),
+            Limit::Fraction(x) => write!(f, "{x}"),
+        }
+    }
+}
+
+/// `bytes` as `parse_size` reads it back exactly: the largest binary unit dividing it
+/// (`20GiB`, `1536KiB`), or the plain number.
+pub fn exact_size(bytes: u64) -> String {
+    const UNITS: [(&str, u32); 4] = [("TiB", 40), ("GiB", 30), ("MiB", 20), ("KiB", 10)];
+    for (unit, shift) in UNITS {
+        // Within the range `parse_size` takes with a unit, and exactly so in an f64.
+        if bytes != 0 && bytes.trailing_zeros() >= shift && (bytes as f64) < 1.8e19 {
+            let n = bytes >> shift;
+            if n < 1 << 53 {
+                return format!("{n}{unit}");
+            }
+        }
+    }
+    bytes.to_string()
+}
+
 /// One value: a size with a unit, a fraction (has a decimal point, no unit), or
 /// plain bytes.
 pub fn parse_limit(s: &str) -> Option<Limit> {
@@ -95,8 +146,9 @@ pub fn parse_limit(s: &str) -> Option<Limit> {
     (b > 0).then_some(Limit::Bytes(b))
 }
 
-/// `20GiB`, `512MiB`, `1.5GB`, `64k`: IEC (KiB, MiB, GiB, TiB, and the bare K, M, G,
-/// T) and SI (KB, MB, GB, TB) units, any case; `B` or no unit is bytes.
+/// `20GiB`, `512MiB`, `1.5GB`, `64k`: IEC (KiB, MiB, GiB, TiB, PiB, and the bare K, M,
+/// G, T, P) and SI (KB, MB, GB, TB, PB) units, any case; `B` or no unit is bytes. Every
+/// size `report::human_bytes` prints reads back (to its one decimal).
 pub fn parse_size(s: &str) -> Option<u64> {
     let s = s.trim();
     let split = s
@@ -110,10 +162,12 @@ pub fn parse_size(s: &str) -> Option<u64> {
         "m" | "mib" => 1024.0 * 1024.0,
         "g" | "gib" => 1024.0 * 1024.0 * 1024.0,
         "t" | "tib" => 1024.0 * 1024.0 * 1024.0 * 1024.0,
+        "p" | "pib" => 1024.0 * 1024.0 * 1024.0 * 1024.0 * 1024.0,
         "kb" => 1e3,
         "mb" => 1e6,
         "gb" => 1e9,
         "tb" => 1e12,
+        "pb" => 1e15,
         _ => return None,
     };
     if num.is_empty() || num.chars().filter(|&c| c == '.').count() > 1 {

@@ -5,7 +5,10 @@
 //! variable, the value and the accepted forms; the loader turns it into exit status 2.
 
 use crate::cap::CapSpec;
+use std::collections::BTreeMap;
+use std::ffi::{OsStr, OsString};
 use std::fmt;
+use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
 
 /// How much gpuguard says on stderr about itself.
@@ -51,6 +54,41 @@ pub struct Config {
     /// memory hook) for block-exact Python lines; they cost the framework time on
     /// every allocation, so they are off unless asked for (`GPUGUARD_PYTHON=lines`).
     pub python_recorders: bool,
+    /// Where the helper thread writes the memory timeline (`GPUGUARD_TRACE`); `None`:
+    /// no timeline.
+    pub trace: Option<PathBuf>,
+    /// Interval of the memory line on stderr (`GPUGUARD_LOG_EVERY`), in
+    /// milliseconds; `None` (the default) off.
+    pub log_every_ms: Option<u64>,
+    /// Signals whose default action (ending the process) gpuguard precedes with the
+    /// final exit report (`GPUGUARD_FINAL_REPORT_SIGNALS`): SIGTERM, SIGINT, SIGHUP by
+    /// default; empty when off.
+    pub final_report_signals: Vec<i32>,
+}
+
+/// The signals `GPUGUARD_FINAL_REPORT_SIGNALS` may name, and their short names.
+pub const FINAL_REPORT_SIGNALS: [(i32, &str); 3] = [
+    (libc::SIGTERM, "TERM"),
+    (libc::SIGINT, "INT"),
+    (libc::SIGHUP, "HUP"),
+];
+
+/// `TERM,INT,HUP` (any subset, `SIG` prefix and case free), or `none`/`off`.
+pub fn parse_final_report_signals(v: &str) -> Option<Vec<i32>> {
+    let t = v.trim();
+    if t.eq_ignore_ascii_case("none") || t.eq_ignore_ascii_case("off") {
+        return Some(Vec::new());
+    }
+    let mut out = Vec::new();
+    for word in t.split(',') {
+        let w = word.trim().to_ascii_uppercase();
+        let w = w.strip_prefix("SIG").unwrap_or(&w);
+        let (sig, _) = FINAL_REPORT_SIGNALS.iter().find(|(_, n)| *n == w)?;
+        if !out.contains(sig) {
+            out.push(*sig);
+        }
+    }
+    Some(out)
 }
 
 impl Default for Config {
@@ -69,6 +107,9 @@ impl Default for Config {
             trim_interval_ms: 5_000,
             python: true,
             python_recorders: false,
+            trace: None,
+            log_every_ms: None,
+            final_report_signals: FINAL_REPORT_SIGNALS.iter().map(|(s, _)| *s).collect(),
         }
     }
 }
@@ -91,8 +132,9 @@ impl fmt::Display for ConfigError {
     }
 }
 
-/// Every variable this version understands. Anything else starting with `GPUGUARD_`
-/// is refused, so a misspelt or newer option is never silently ignored.
+/// Every variable this version understands. Any other name starting with `GPUGUARD_`
+/// is reported as a warning (with the closest known name) and otherwise ignored: one
+/// stray or newer variable must not stop every program of a job.
 pub const KNOWN_VARS: &[&str] = &[
     "GPUGUARD_CAP",
     "GPUGUARD_WARN_AT",
@@ -106,71 +148,119 @@ pub const KNOWN_VARS: &[&str] = &[
     "GPUGUARD_TRIM_SIGNAL",
     "GPUGUARD_TRIM_INTERVAL",
     "GPUGUARD_PYTHON",
+    "GPUGUARD_TRACE",
+    "GPUGUARD_LOG_EVERY",
+    "GPUGUARD_FINAL_REPORT_SIGNALS",
 ];
 
+/// A configuration, and what parsing noticed without refusing it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Parsed {
+    pub config: Config,
+    /// One line each, without a prefix or a newline (e.g. an unknown variable, with the
+    /// closest known name). The library prints each once when it loads.
+    pub warnings: Vec<String>,
+}
+
 impl Config {
-    /// Parses the configuration. `vars` lists every `GPUGUARD_*` name present (for the
-    /// unknown-variable check); `get` returns a variable's value.
+    /// Parses the configuration from `(name, value)` pairs as the process environment
+    /// holds them (`std::env::vars_os()`), in order: when a name appears twice the first
+    /// counts, as with `getenv`. Names not starting with `GPUGUARD_` are ignored.
+    ///
+    /// Values are taken as bytes: `GPUGUARD_DIR` is kept exactly (a path need not be
+    /// UTF-8); every other variable must be UTF-8 text. A malformed value of a known
+    /// variable is an error; an unknown `GPUGUARD_*` name is a warning.
+    pub fn parse_os<K, V>(env: impl IntoIterator<Item = (K, V)>) -> Result<Parsed, ConfigError>
+    where
+        K: AsRef<OsStr>,
+        V: AsRef<OsStr>,
+    {
+        let mut vars = Vars::default();
+        let mut warnings = Vec::new();
+        for (name, value) in env {
+            let (name, value) = (name.as_ref(), value.as_ref());
+            if !name.as_bytes().starts_with(b"GPUGUARD_") {
+                continue;
+            }
+            match KNOWN_VARS.iter().find(|k| name == OsStr::new(k)) {
+                Some(&known) => {
+                    vars.0.entry(known).or_insert_with(|| value.to_os_string());
+                }
+                None => {
+                    let line = unknown_var_warning(&name.to_string_lossy());
+                    if !warnings.contains(&line) {
+                        warnings.push(line);
+                    }
+                }
+            }
+        }
+        let config = Config::from_vars(&vars)?;
+        Ok(Parsed { config, warnings })
+    }
+
+    /// `parse_os` over this process's environment.
+    pub fn from_env() -> Result<Parsed, ConfigError> {
+        Config::parse_os(std::env::vars_os())
+    }
+
+    /// Parses the configuration from text values. `vars` lists every `GPUGUARD_*` name
+    /// present; `get` returns a variable's value. Unknown names are ignored here (see
+    /// `parse_os` for the warnings about them, and for paths kept as bytes).
     pub fn parse<'a>(
         vars: impl IntoIterator<Item = &'a str>,
         get: impl Fn(&str) -> Option<String>,
     ) -> Result<Config, ConfigError> {
-        for name in vars {
-            if name.starts_with("GPUGUARD_") && !KNOWN_VARS.contains(&name) {
-                return Err(ConfigError {
-                    var: name.to_string(),
-                    value: get(name).unwrap_or_default(),
-                    accepted: format!("only the variables {}", KNOWN_VARS.join(", ")),
-                });
-            }
-        }
+        let mut pairs: Vec<(String, String)> = KNOWN_VARS
+            .iter()
+            .filter_map(|k| get(k).map(|v| (k.to_string(), v)))
+            .collect();
+        pairs.extend(
+            vars.into_iter()
+                .filter(|k| !KNOWN_VARS.contains(k))
+                .map(|k| (k.to_string(), String::new())),
+        );
+        Config::parse_os(pairs).map(|p| p.config)
+    }
+
+    fn from_vars(vars: &Vars) -> Result<Config, ConfigError> {
         let mut cfg = Config::default();
-        if let Some(v) = get("GPUGUARD_DIR") {
+        if let Some(v) = vars.0.get("GPUGUARD_DIR") {
             if v.is_empty() {
-                return Err(err("GPUGUARD_DIR", &v, "a directory path"));
+                return Err(err("GPUGUARD_DIR", "", &accepted("GPUGUARD_DIR")));
             }
             cfg.dir = Some(PathBuf::from(v));
         }
-        if let Some(v) = get("GPUGUARD_LOG") {
-            cfg.log =
-                parse_log(&v).ok_or_else(|| err("GPUGUARD_LOG", &v, "off, warn, info, debug"))?;
+        if let Some(v) = vars.0.get("GPUGUARD_TRACE") {
+            if v.is_empty() {
+                return Err(err("GPUGUARD_TRACE", "", &accepted("GPUGUARD_TRACE")));
+            }
+            cfg.trace = Some(PathBuf::from(v));
         }
-        if let Some(v) = get("GPUGUARD_STACK_DEPTH") {
-            cfg.stack_depth = v
-                .trim()
-                .parse::<usize>()
-                .ok()
+        if let Some(v) = vars.text("GPUGUARD_LOG_EVERY")? {
+            cfg.log_every_ms =
+                parse_interval_ms(&v).ok_or_else(|| refuse("GPUGUARD_LOG_EVERY", &v))?;
+        }
+        if let Some(v) = vars.text("GPUGUARD_LOG")? {
+            cfg.log = parse_log(&v).ok_or_else(|| refuse("GPUGUARD_LOG", &v))?;
+        }
+        if let Some(v) = vars.text("GPUGUARD_STACK_DEPTH")? {
+            cfg.stack_depth = parse_count(&v)
                 .filter(|d| *d <= MAX_STACK_DEPTH)
-                .ok_or_else(|| {
-                    err(
-                        "GPUGUARD_STACK_DEPTH",
-                        &v,
-                        &format!("a whole number of frames from 0 (off) to {MAX_STACK_DEPTH}"),
-                    )
-                })?;
+                .ok_or_else(|| refuse("GPUGUARD_STACK_DEPTH", &v))?;
         }
-        if let Some(v) = get("GPUGUARD_REPORT_SIGNAL") {
-            cfg.report_signal = parse_signal(&v).ok_or_else(|| {
-                err(
-                    "GPUGUARD_REPORT_SIGNAL",
-                    &v,
-                    "none, a signal name (USR1, SIGUSR2, HUP, RTMIN+3, ...) or number; not KILL, STOP or a fault signal",
-                )
-            })?;
+        let report_signal = vars.text("GPUGUARD_REPORT_SIGNAL")?;
+        if let Some(v) = &report_signal {
+            cfg.report_signal =
+                parse_signal(v).ok_or_else(|| refuse("GPUGUARD_REPORT_SIGNAL", v))?;
         }
-        if let Some(v) = get("GPUGUARD_TRIM_SIGNAL") {
-            cfg.trim_signal = parse_signal(&v).ok_or_else(|| {
-                err(
-                    "GPUGUARD_TRIM_SIGNAL",
-                    &v,
-                    "none, a signal name (USR2, SIGUSR1, HUP, RTMIN+3, ...) or number; not KILL, STOP or a fault signal",
-                )
-            })?;
+        let trim_signal = vars.text("GPUGUARD_TRIM_SIGNAL")?;
+        if let Some(v) = &trim_signal {
+            cfg.trim_signal = parse_signal(v).ok_or_else(|| refuse("GPUGUARD_TRIM_SIGNAL", v))?;
         }
         if cfg.trim_signal.is_some() && cfg.trim_signal == cfg.report_signal {
             // One signal cannot do both. A signal set explicitly wins over the other's
             // default; two explicit settings that clash are an error.
-            match (get("GPUGUARD_REPORT_SIGNAL"), get("GPUGUARD_TRIM_SIGNAL")) {
+            match (report_signal, trim_signal) {
                 (Some(_), Some(v)) => {
                     return Err(err(
                         "GPUGUARD_TRIM_SIGNAL",
@@ -182,67 +272,161 @@ impl Config {
                 _ => cfg.report_signal = None,
             }
         }
-        if let Some(v) = get("GPUGUARD_TRIM_INTERVAL") {
-            cfg.trim_interval_ms = parse_interval_ms(&v).and_then(|i| i).ok_or_else(|| {
-                err(
-                    "GPUGUARD_TRIM_INTERVAL",
-                    &v,
-                    "an interval with a unit (500ms, 5s, 2m; at least 1ms)",
-                )
-            })?;
+        if let Some(v) = vars.text("GPUGUARD_TRIM_INTERVAL")? {
+            cfg.trim_interval_ms = parse_interval_ms(&v)
+                .and_then(|i| i)
+                .ok_or_else(|| refuse("GPUGUARD_TRIM_INTERVAL", &v))?;
         }
-        if let Some(v) = get("GPUGUARD_PYTHON") {
+        if let Some(v) = vars.text("GPUGUARD_PYTHON")? {
             (cfg.python, cfg.python_recorders) = match v.trim().to_ascii_lowercase().as_str() {
                 "on" | "1" | "yes" | "true" => (true, false),
                 "lines" => (true, true),
                 "off" | "0" | "no" | "false" => (false, false),
-                _ => return Err(err("GPUGUARD_PYTHON", &v, "on, lines or off")),
+                _ => return Err(refuse("GPUGUARD_PYTHON", &v)),
             };
         }
-        if let Some(v) = get("GPUGUARD_CAP") {
-            cfg.cap =
-                CapSpec::parse(&v).ok_or_else(|| err("GPUGUARD_CAP", &v, crate::cap::ACCEPTED))?;
+        if let Some(v) = vars.text("GPUGUARD_CAP")? {
+            cfg.cap = CapSpec::parse(&v).ok_or_else(|| refuse("GPUGUARD_CAP", &v))?;
         }
         for (var, slot) in [
             ("GPUGUARD_WARN_AT", &mut cfg.warn_at),
             ("GPUGUARD_TRIM_AT", &mut cfg.trim_at),
         ] {
-            if let Some(v) = get(var) {
-                *slot = parse_threshold(&v).ok_or_else(|| {
-                    err(
-                        var,
-                        &v,
-                        "a fraction of the cap in (0, 1] (0.8 or 80%), or off",
-                    )
-                })?;
+            if let Some(v) = vars.text(var)? {
+                *slot = parse_threshold(&v).ok_or_else(|| refuse(var, &v))?;
             }
         }
-        if let Some(v) = get("GPUGUARD_MAX_LIVE") {
+        if let Some(v) = vars.text("GPUGUARD_MAX_LIVE")? {
             cfg.max_live = Some(
-                v.trim()
-                    .parse::<usize>()
-                    .ok()
+                parse_count(&v)
                     .filter(|n| *n >= 1)
-                    .ok_or_else(|| {
-                        err(
-                            "GPUGUARD_MAX_LIVE",
-                            &v,
-                            "a whole number of live allocations, 1 or more",
-                        )
-                    })?,
+                    .ok_or_else(|| refuse("GPUGUARD_MAX_LIVE", &v))?,
             );
         }
-        if let Some(v) = get("GPUGUARD_SNAPSHOT_EVERY") {
-            cfg.snapshot_every_ms = parse_interval_ms(&v).ok_or_else(|| {
-                err(
-                    "GPUGUARD_SNAPSHOT_EVERY",
-                    &v,
-                    "an interval with a unit (500ms, 60s, 2m, 1h; at least 1ms), or off",
-                )
-            })?;
+        if let Some(v) = vars.text("GPUGUARD_SNAPSHOT_EVERY")? {
+            cfg.snapshot_every_ms =
+                parse_interval_ms(&v).ok_or_else(|| refuse("GPUGUARD_SNAPSHOT_EVERY", &v))?;
+        }
+        if let Some(v) = vars.text("GPUGUARD_FINAL_REPORT_SIGNALS")? {
+            cfg.final_report_signals = parse_final_report_signals(&v)
+                .ok_or_else(|| refuse("GPUGUARD_FINAL_REPORT_SIGNALS", &v))?;
         }
         Ok(cfg)
     }
+}
+
+/// The known variables present, first value of each, as bytes.
+#[derive(Default)]
+struct Vars(BTreeMap<&'static str, OsString>);
+
+impl Vars {
+    /// A variable's value as text; a value that is not UTF-8 is refused, naming the
+    /// variable (only `GPUGUARD_DIR` is taken as bytes).
+    fn text(&self, var: &'static str) -> Result<Option<String>, ConfigError> {
+        match self.0.get(var) {
+            None => Ok(None),
+            Some(v) => match v.to_str() {
+                Some(t) => Ok(Some(t.to_string())),
+                None => Err(err(
+                    var,
+                    &v.to_string_lossy(),
+                    &format!("UTF-8 text: {}", accepted(var)),
+                )),
+            },
+        }
+    }
+}
+
+/// The error for a malformed `value` of `var`, with what `var` accepts.
+fn refuse(var: &str, value: &str) -> ConfigError {
+    err(var, value, &accepted(var))
+}
+
+/// What each variable accepts, as the error message says it.
+fn accepted(var: &str) -> String {
+    match var {
+        "GPUGUARD_DIR" => "a directory path (any bytes, not empty)".into(),
+        "GPUGUARD_TRACE" => "a file path (any bytes, not empty)".into(),
+        "GPUGUARD_LOG_EVERY" => {
+            "an interval with a unit (200ms, 60s, 5m; at least 1ms), or off".into()
+        }
+        "GPUGUARD_LOG" => "off, warn, info, debug".into(),
+        "GPUGUARD_STACK_DEPTH" => {
+            format!("a whole number of frames from 0 (off) to {MAX_STACK_DEPTH}")
+        }
+        "GPUGUARD_REPORT_SIGNAL" | "GPUGUARD_TRIM_SIGNAL" => accepted_signals(),
+        "GPUGUARD_TRIM_INTERVAL" => "an interval with a unit (500ms, 5s, 2m; at least 1ms)".into(),
+        "GPUGUARD_PYTHON" => "on, lines or off".into(),
+        "GPUGUARD_FINAL_REPORT_SIGNALS" => {
+            "a comma list of TERM, INT, HUP (the default: all three), or none".into()
+        }
+        "GPUGUARD_CAP" => crate::cap::ACCEPTED.into(),
+        "GPUGUARD_WARN_AT" | "GPUGUARD_TRIM_AT" => {
+            "a fraction of the cap in (0, 1] (0.8 or 80%), or off".into()
+        }
+        "GPUGUARD_MAX_LIVE" => "a whole number of live allocations, 1 or more".into(),
+        "GPUGUARD_SNAPSHOT_EVERY" => {
+            "an interval with a unit (500ms, 60s, 2m, 1h; at least 1ms), or off".into()
+        }
+        _ => String::new(),
+    }
+}
+
+/// A whole number in plain decimal digits (surrounding blanks allowed; no sign), as
+/// `GPUGUARD_STACK_DEPTH` and `GPUGUARD_MAX_LIVE` take it.
+pub fn parse_count(v: &str) -> Option<usize> {
+    let t = v.trim();
+    if t.is_empty() || !t.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    t.parse().ok()
+}
+
+/// The line for a `GPUGUARD_*` name this version does not know: with the closest known
+/// name when one is close enough to be a slip of the keyboard.
+pub fn unknown_var_warning(name: &str) -> String {
+    match closest_known_var(name) {
+        Some(known) => format!("unknown variable {name} ignored; did you mean {known}?"),
+        None => format!(
+            "unknown variable {name} ignored; known: {}",
+            KNOWN_VARS.join(", ")
+        ),
+    }
+}
+
+/// The known name nearest to `name` by edit distance (letter case ignored), if within
+/// a third of its length after the `GPUGUARD_` prefix, rounded up, e.g.
+/// `GPUGUARD_CAPP` -> `GPUGUARD_CAP`, `GPUGUARD_REPORTSIGNAL` -> `GPUGUARD_REPORT_SIGNAL`.
+pub fn closest_known_var(name: &str) -> Option<&'static str> {
+    let upper = name.to_ascii_uppercase();
+    let tail = upper.strip_prefix("GPUGUARD_").unwrap_or(&upper);
+    KNOWN_VARS
+        .iter()
+        .map(|k| {
+            let known_tail = &k["GPUGUARD_".len()..];
+            (edit_distance(tail, known_tail), known_tail.len(), *k)
+        })
+        .filter(|&(d, len, _)| d <= len.div_ceil(3))
+        .min_by_key(|&(d, _, _)| d)
+        .map(|(_, _, k)| k)
+}
+
+/// Levenshtein distance over bytes (insertions, deletions, substitutions).
+fn edit_distance(a: &str, b: &str) -> usize {
+    let (a, b) = (a.as_bytes(), b.as_bytes());
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, &ca) in a.iter().enumerate() {
+        let mut diag = row[0];
+        row[0] = i + 1;
+        for (j, &cb) in b.iter().enumerate() {
+            let next = (row[j + 1] + 1)
+                .min(row[j] + 1)
+                .min(diag + usize::from(ca != cb));
+            diag = row[j + 1];
+            row[j + 1] = next;
+        }
+    }
+    row[b.len()]
 }
 
 /// `500ms`, `60s`, `1.5s`, `2m`, `1h` or `off`: `Some(None)` for off, `None` when
@@ -267,7 +451,7 @@ pub fn parse_interval_ms(v: &str) -> Option<Option<u64>> {
 }
 
 /// `0.8`, `80%` or `off`: `Some(None)` for off, `None` when malformed.
-fn parse_threshold(v: &str) -> Option<Option<f64>> {
+pub fn parse_threshold(v: &str) -> Option<Option<f64>> {
     let t = v.trim().to_ascii_lowercase();
     if t == "off" || t == "none" {
         return Some(None);
@@ -287,7 +471,7 @@ fn err(var: &str, value: &str, accepted: &str) -> ConfigError {
     }
 }
 
-fn parse_log(v: &str) -> Option<LogLevel> {
+pub fn parse_log(v: &str) -> Option<LogLevel> {
     match v.trim().to_ascii_lowercase().as_str() {
         "off" | "none" | "0" => Some(LogLevel::Off),
         "warn" | "warning" => Some(LogLevel::Warn),
@@ -319,49 +503,112 @@ const SIGNAL_NAMES: &[(&str, i32)] = &[
     ("WINCH", libc::SIGWINCH),
     ("IO", libc::SIGIO),
     ("PWR", libc::SIGPWR),
-    ("SYS", libc::SIGSYS),
 ];
 
-/// Signals a report could never safely ride on: uncatchable, or raised by faults.
-const FORBIDDEN_SIGNALS: &[i32] = &[
-    libc::SIGKILL,
-    libc::SIGSTOP,
-    libc::SIGSEGV,
-    libc::SIGBUS,
-    libc::SIGILL,
-    libc::SIGFPE,
-    libc::SIGTRAP,
-    libc::SIGABRT,
+/// Signals a report or a trim can never ride on:
+/// - `KILL` and `STOP` cannot be caught;
+/// - `SEGV`, `BUS`, `FPE`, `ILL`, `TRAP` and `SYS` are raised by the kernel at a
+///   faulting instruction or system call: a handler that returns runs it again, and
+///   taking them would hide crashes from the program's own crash handler and debuggers;
+/// - `ABRT` is raised by `abort()`: the program is dying, and its handler (a crash
+///   reporter) must see it.
+const FORBIDDEN_SIGNALS: &[(i32, &str)] = &[
+    (libc::SIGKILL, "KILL"),
+    (libc::SIGSTOP, "STOP"),
+    (libc::SIGABRT, "ABRT"),
+    (libc::SIGSEGV, "SEGV"),
+    (libc::SIGBUS, "BUS"),
+    (libc::SIGFPE, "FPE"),
+    (libc::SIGILL, "ILL"),
+    (libc::SIGTRAP, "TRAP"),
+    (libc::SIGSYS, "SYS"),
 ];
 
-/// `Some(None)` for "none", `Some(Some(n))` for a usable signal, `None` when malformed.
+/// The kernel's first real-time signal on Linux (every architecture). The C library
+/// keeps those from here up to `SIGRTMIN()` for itself (glibc: 32 and 33, for its
+/// threads; `SIGRTMIN()` is then 34): one sent there is not the program's to handle
+/// (with glibc, 32 kills the process and 33 is swallowed).
+const KERNEL_SIGRTMIN: i32 = 32;
+
+/// The real-time signals as the program sees them: `(SIGRTMIN(), SIGRTMAX())`, asked
+/// of the C library (34 and 64 with glibc on Linux).
+fn rt_range() -> (i32, i32) {
+    (libc::SIGRTMIN(), libc::SIGRTMAX())
+}
+
+/// The signal forms accepted, with this process's real-time range.
+fn accepted_signals() -> String {
+    let (rtmin, rtmax) = rt_range();
+    let forbidden: Vec<&str> = FORBIDDEN_SIGNALS.iter().map(|(_, n)| *n).collect();
+    let mut text = format!(
+        "none, a signal name (USR1, SIGUSR2, HUP, ...), RTMIN+n or RTMAX-n with n from 0 to {span}, \
+         or a number from 1 to {last_std} or from {rtmin} (RTMIN) to {rtmax} (RTMAX); not {}",
+        forbidden.join(", "),
+        span = rtmax - rtmin,
+        last_std = KERNEL_SIGRTMIN - 1,
+    );
+    if rtmin > KERNEL_SIGRTMIN {
+        let reserved: Vec<String> = (KERNEL_SIGRTMIN..rtmin).map(|n| n.to_string()).collect();
+        text += &format!(" ({} belong to the C library)", reserved.join(" and "));
+    }
+    text
+}
+
+/// Decimal digits without a sign, blanks or a leading zero (`0` itself aside), so
+/// `010` is never read as 10 where octal 8 was meant.
+fn decimal(s: &str) -> Option<u32> {
+    let ok =
+        !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()) && (s == "0" || !s.starts_with('0'));
+    if ok { s.parse().ok() } else { None }
+}
+
+/// `RTMIN`, `RTMIN+n`, `RTMAX`, `RTMAX-n` (upper case, without `SIG`): `Some(number)`,
+/// `Some(None)` when malformed or out of `i32`; `None` when not such a form at all.
+fn realtime_form(s: &str) -> Option<Option<i32>> {
+    let (rtmin, rtmax) = rt_range();
+    let offset = |rest: &str, sign: char| -> Option<i32> {
+        if rest.is_empty() {
+            return Some(0);
+        }
+        i32::try_from(decimal(rest.strip_prefix(sign)?)?).ok()
+    };
+    if let Some(rest) = s.strip_prefix("RTMIN") {
+        Some(offset(rest, '+').and_then(|k| rtmin.checked_add(k)))
+    } else {
+        let rest = s.strip_prefix("RTMAX")?;
+        Some(offset(rest, '-').and_then(|k| rtmax.checked_sub(k)))
+    }
+}
+
+/// `Some(None)` for `none`/`off`, `Some(Some(n))` for a signal gpuguard can take,
+/// `None` otherwise.
+///
+/// Forms, any letter case, blanks around allowed: a name with or without `SIG` (`USR1`,
+/// `SIGHUP`); `RTMIN`, `RTMIN+n`, `RTMAX`, `RTMAX-n` (with or without `SIG`; `n` in
+/// decimal, no sign, blank or leading zero; the result must stay within
+/// `RTMIN..=RTMAX`); a decimal number. Accepted numbers are the standard signals 1 to
+/// 31 less `FORBIDDEN_SIGNALS`, and `SIGRTMIN()..=SIGRTMAX()`; never 0, a negative,
+/// the C library's reserved 32 and 33, or anything past `SIGRTMAX()`.
 pub fn parse_signal(v: &str) -> Option<Option<i32>> {
     let s = v.trim().to_ascii_uppercase();
     if s == "NONE" || s == "OFF" {
         return Some(None);
     }
-    let bare = s.strip_prefix("SIG").unwrap_or(&s);
-    let (rtmin, rtmax) = (libc::SIGRTMIN(), libc::SIGRTMAX());
-    let num = if let Ok(n) = bare.parse::<i32>() {
-        n
-    } else if let Some(&(_, n)) = SIGNAL_NAMES.iter().find(|(name, _)| *name == bare) {
-        n
-    } else if let Some(rest) = bare.strip_prefix("RTMIN") {
-        rtmin + parse_offset(rest)?
-    } else if let Some(rest) = bare.strip_prefix("RTMAX") {
-        rtmax - parse_offset(rest.replacen('-', "+", 1).as_str())?
+    let (rtmin, rtmax) = rt_range();
+    let num = if s.bytes().all(|b| b.is_ascii_digit()) {
+        i32::try_from(decimal(&s)?).ok()?
+    } else if let Some(rt) = realtime_form(s.strip_prefix("SIG").unwrap_or(&s)) {
+        // An offset form names a real-time signal or nothing: never a standard one.
+        return rt.filter(|n| (rtmin..=rtmax).contains(n)).map(Some);
     } else {
-        return None;
+        let bare = s.strip_prefix("SIG").unwrap_or(&s);
+        let &(_, n) = SIGNAL_NAMES.iter().find(|(name, _)| *name == bare)?;
+        n
     };
-    let valid = (1..=rtmax).contains(&num) && !FORBIDDEN_SIGNALS.contains(&num);
-    valid.then_some(Some(num))
-}
-
-fn parse_offset(rest: &str) -> Option<i32> {
-    if rest.is_empty() {
-        return Some(0);
-    }
-    rest.strip_prefix('+')?.parse::<i32>().ok()
+    let standard =
+        (1..KERNEL_SIGRTMIN).contains(&num) && !FORBIDDEN_SIGNALS.iter().any(|(n, _)| *n == num);
+    let realtime = (rtmin..=rtmax).contains(&num);
+    (standard || realtime).then_some(Some(num))
 }
 
 #[cfg(test)]
@@ -431,6 +678,36 @@ mod tests {
     }
 
     #[test]
+    fn trace_and_log_every() {
+        let c = parse(&[
+            ("GPUGUARD_TRACE", "/tmp/t.json"),
+            ("GPUGUARD_LOG_EVERY", "200ms"),
+        ])
+        .unwrap();
+        assert_eq!(c.trace, Some(PathBuf::from("/tmp/t.json")));
+        assert_eq!(c.log_every_ms, Some(200));
+        assert_eq!(
+            parse(&[("GPUGUARD_LOG_EVERY", "60s")])
+                .unwrap()
+                .log_every_ms,
+            Some(60_000)
+        );
+        assert_eq!(
+            parse(&[("GPUGUARD_LOG_EVERY", "off")])
+                .unwrap()
+                .log_every_ms,
+            None
+        );
+        for bad in ["60", "abc", "0ms", "-1s"] {
+            let e = parse(&[("GPUGUARD_LOG_EVERY", bad)]).unwrap_err();
+            assert_eq!(e.var, "GPUGUARD_LOG_EVERY", "{bad}");
+            assert!(e.accepted.contains("200ms"), "{}", e.accepted);
+        }
+        let e = parse(&[("GPUGUARD_TRACE", "")]).unwrap_err();
+        assert_eq!(e.var, "GPUGUARD_TRACE");
+    }
+
+    #[test]
     fn caps_and_thresholds() {
         let c = parse(&[
             ("GPUGUARD_CAP", "0:20GiB,1:0.25"),
@@ -490,12 +767,172 @@ mod tests {
     }
 
     #[test]
-    fn unknown_gpuguard_variables_are_refused() {
-        let e = parse(&[("GPUGUARD_CAPP", "1GiB")]).unwrap_err();
-        assert_eq!(e.var, "GPUGUARD_CAPP");
-        assert!(e.accepted.contains("GPUGUARD_LOG"));
-        // Other prefixes are none of gpuguard's business.
-        assert!(parse(&[("GPUGUARDX", "1"), ("CUDA_VISIBLE_DEVICES", "0")]).is_ok());
+    fn unknown_gpuguard_variables_warn_and_are_ignored() {
+        let p = Config::parse_os([
+            ("GPUGUARD_CAPP", "1GiB"),
+            ("GPUGUARD_LOG", "info"),
+            ("GPUGUARD_TYPO", "1"),
+            ("GPUGUARD_CAPP", "2GiB"),
+            ("GPUGUARDX", "1"),
+            ("CUDA_VISIBLE_DEVICES", "0"),
+        ])
+        .unwrap();
+        // The known variable still counts; nothing of the unknown one is taken.
+        assert_eq!(p.config.log, LogLevel::Info);
+        assert!(p.config.cap.is_empty());
+        // One line per unknown name, however often it appears; other prefixes are
+        // none of gpuguard's business.
+        assert_eq!(p.warnings.len(), 2, "{:?}", p.warnings);
+        assert_eq!(
+            p.warnings[0],
+            "unknown variable GPUGUARD_CAPP ignored; did you mean GPUGUARD_CAP?"
+        );
+        assert!(
+            p.warnings[1].starts_with("unknown variable GPUGUARD_TYPO ignored; known: ")
+                && p.warnings[1].contains("GPUGUARD_REPORT_SIGNAL"),
+            "{}",
+            p.warnings[1]
+        );
+        // The text entry point takes them without a word and without failing.
+        assert!(parse(&[("GPUGUARD_CAPP", "1GiB"), ("GPUGUARDX", "1")]).is_ok());
+    }
+
+    #[test]
+    fn closest_names() {
+        for (typo, want) in [
+            ("GPUGUARD_CAPP", Some("GPUGUARD_CAP")),
+            ("GPUGUARD_cap", Some("GPUGUARD_CAP")),
+            ("GPUGUARD_LGO", None), // two edits from a three-letter name: too far
+            ("GPUGUARD_LOGS", Some("GPUGUARD_LOG")),
+            ("GPUGUARD_REPORTSIGNAL", Some("GPUGUARD_REPORT_SIGNAL")),
+            ("GPUGUARD_SNAPSHOT_EVRY", Some("GPUGUARD_SNAPSHOT_EVERY")),
+            ("GPUGUARD_STACKDEPTH", Some("GPUGUARD_STACK_DEPTH")),
+            ("GPUGUARD_TRIM_SIGNL", Some("GPUGUARD_TRIM_SIGNAL")),
+            ("GPUGUARD_WARN", Some("GPUGUARD_WARN_AT")),
+            ("GPUGUARD_TYPO", None),
+            ("GPUGUARD_", None),
+            ("GPUGUARD_TRACE", Some("GPUGUARD_TRACE")),
+            ("GPUGUARD_LOG_EVRY", Some("GPUGUARD_LOG_EVERY")),
+        ] {
+            assert_eq!(closest_known_var(typo), want, "{typo}");
+        }
+        assert_eq!(edit_distance("kitten", "sitting"), 3);
+        assert_eq!(edit_distance("", "abc"), 3);
+        assert_eq!(edit_distance("abc", "abc"), 0);
+    }
+
+    #[test]
+    fn values_are_bytes() {
+        use std::os::unix::ffi::OsStringExt;
+        // A directory whose name is not UTF-8 is kept byte for byte.
+        let dir = OsString::from_vec(b"/tmp/r\xe9ports/\xff".to_vec());
+        let p = Config::parse_os([(OsString::from("GPUGUARD_DIR"), dir.clone())]).unwrap();
+        assert_eq!(p.config.dir.unwrap().into_os_string(), dir);
+        // Any other variable must be text: the error names it.
+        let bad = OsString::from_vec(b"deb\xffug".to_vec());
+        let e = Config::parse_os([(OsString::from("GPUGUARD_LOG"), bad)]).unwrap_err();
+        assert_eq!(e.var, "GPUGUARD_LOG");
+        assert!(e.accepted.starts_with("UTF-8 text"), "{}", e.accepted);
+        assert!(e.to_string().starts_with("GPUGUARD_LOG="), "{e}");
+        // A name that is not UTF-8 is an unknown variable, named as well as it can be.
+        let name = OsString::from_vec(b"GPUGUARD_\xffX".to_vec());
+        let p = Config::parse_os([(name, OsString::from("1"))]).unwrap();
+        assert_eq!(p.warnings.len(), 1);
+        assert!(p.warnings[0].starts_with("unknown variable GPUGUARD_"));
+        // The first of two same-named variables counts, as with getenv.
+        let p = Config::parse_os([("GPUGUARD_LOG", "info"), ("GPUGUARD_LOG", "loud")]).unwrap();
+        assert_eq!(p.config.log, LogLevel::Info);
+    }
+
+    #[test]
+    fn signals_that_cannot_be_handled_are_refused() {
+        let (rtmin, rtmax) = (libc::SIGRTMIN(), libc::SIGRTMAX());
+        // glibc on Linux: 32 and 33 are its own, the program's range is 34..=64.
+        assert_eq!((rtmin, rtmax), (34, 64));
+        for bad in [
+            "32",
+            "33",
+            "65",
+            "0",
+            "-1",
+            "-10",
+            "+10",
+            "010",
+            "2147483648",
+            "9",
+            "19",
+            "KILL",
+            "SIGSTOP",
+            "SEGV",
+            "SIGBUS",
+            "FPE",
+            "ILL",
+            "TRAP",
+            "ABRT",
+            "SYS",
+            "6",
+            "11",
+            "31",
+            "SIG10",
+            "RTMAX+1",
+            "RTMIN+-1",
+            "RTMIN-1",
+            "RTMIN+ 3",
+            "RTMIN +3",
+            "RTMIN+03",
+            "RTMIN+31",
+            "RTMAX-31",
+            "RTMIN+4294967296",
+            "RTMAX--1",
+            "RTMAX+0",
+            "RTMIN-0",
+            "RTMIN+",
+            "RTMAX-",
+            "RTMIN3",
+            "RT",
+            "",
+            "SIG",
+            "USR1 USR2",
+        ] {
+            assert_eq!(parse_signal(bad), None, "{bad}");
+            let e = parse(&[("GPUGUARD_REPORT_SIGNAL", bad)]).unwrap_err();
+            assert_eq!(
+                (e.var.as_str(), e.value.as_str()),
+                ("GPUGUARD_REPORT_SIGNAL", bad)
+            );
+            let e = parse(&[("GPUGUARD_TRIM_SIGNAL", bad)]).unwrap_err();
+            assert_eq!(e.var, "GPUGUARD_TRIM_SIGNAL");
+        }
+        for (good, n) in [
+            ("34", 34),
+            ("64", 64),
+            ("1", 1),
+            ("30", 30),
+            (" 10 ", 10),
+            ("RTMIN", rtmin),
+            ("sigrtmin+0", rtmin),
+            ("RTMIN+1", rtmin + 1),
+            ("RTMIN+30", rtmax),
+            ("RTMAX", rtmax),
+            ("RTMAX-0", rtmax),
+            ("RTMAX-30", rtmin),
+            ("SIGRTMAX-2", rtmax - 2),
+            ("term", libc::SIGTERM),
+            ("SIGCHLD", libc::SIGCHLD),
+        ] {
+            assert_eq!(parse_signal(good), Some(Some(n)), "{good}");
+        }
+        // The message gives the range in force.
+        let e = parse(&[("GPUGUARD_REPORT_SIGNAL", "RTMAX+1")]).unwrap_err();
+        let text = e.to_string();
+        for part in [
+            "from 0 to 30",
+            "from 34 (RTMIN) to 64 (RTMAX)",
+            "32 and 33",
+            "ABRT",
+        ] {
+            assert!(text.contains(part), "{part}: {text}");
+        }
     }
 
     #[test]
@@ -650,5 +1087,20 @@ mod launch_tests {
         assert_eq!(both.rank, Some(9));
         // A malformed rank is not a rank.
         assert_eq!(detect(&[("RANK", "x")]), Launch::default());
+    }
+
+    #[test]
+    fn final_report_signals_parse() {
+        assert_eq!(
+            Config::default().final_report_signals,
+            vec![libc::SIGTERM, libc::SIGINT, libc::SIGHUP]
+        );
+        assert_eq!(parse_final_report_signals("none"), Some(vec![]));
+        assert_eq!(
+            parse_final_report_signals("sigterm, HUP,TERM"),
+            Some(vec![libc::SIGTERM, libc::SIGHUP])
+        );
+        assert_eq!(parse_final_report_signals("USR1"), None);
+        assert_eq!(parse_final_report_signals(""), None);
     }
 }

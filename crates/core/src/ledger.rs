@@ -6,7 +6,10 @@
 
 use dashmap::DashMap;
 use std::hash::{BuildHasherDefault, Hasher};
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{
+    AtomicI64, AtomicU64,
+    Ordering::{AcqRel, Acquire, Relaxed, Release},
+};
 
 /// Device ordinals gpuguard keeps counters for; records on higher ordinals are still
 /// kept and reported, only their counters are folded into the last slot.
@@ -151,27 +154,69 @@ pub type AddrMap<V> = DashMap<Key, V, BuildHasherDefault<AddrHasher>>;
 /// A concurrent map keyed by a handle or address (pools, contexts, NVML devices).
 pub type U64Map<V> = DashMap<u64, V, BuildHasherDefault<AddrHasher>>;
 
-/// Counters of one device, alone on a cache line so devices do not share one.
+/// Stripes of the counters of an uncapped device: a thread updates the stripe its id
+/// falls in, so threads allocating on one device do not share a cache line.
+pub const STRIPES: usize = 16;
+
+/// A stripe's net live bytes are folded into the device's shared figure once they
+/// pass this (either way), or at once when they could make a new peak. So on an
+/// uncapped device with threads allocating at once the peak is within
+/// `(STRIPES - 1) * FLUSH_BYTES` (3.75 MiB) of the true one, either way, beyond the
+/// bytes of calls in flight (see `DeviceCounters::peak`); with one thread it is exact. `current`, `allocs` and `frees` are exact whenever they are read.
+pub const FLUSH_BYTES: i64 = 256 << 10;
+
+/// One thread stripe of an uncapped device's counters, alone on its cache line.
+#[derive(Default)]
+#[repr(align(128))]
+struct Stripe {
+    /// Live bytes committed minus taken since the last fold into `DeviceCounters::folded`.
+    net: AtomicI64,
+    allocs: AtomicU64,
+    frees: AtomicU64,
+    /// Live bytes of pool blocks made by this stripe's threads, net.
+    pool: AtomicI64,
+}
+
+/// Counters of one device. The shared line holds what needs one global figure: the
+/// cap's reservation (`charge`), and for capped devices the live bytes and peak; on
+/// an uncapped device the hot path writes only its thread's stripe (see `STRIPES`).
+///
+/// Accounting mode follows `limit` (set through `set_limit`): the shim sets it before
+/// the device's first allocation, and the C API may change it while the program runs.
 #[derive(Default)]
 #[repr(align(128))]
 pub struct DeviceCounters {
-    /// Live bytes, plus reservations of allocations in flight.
-    pub current: AtomicU64,
+    /// Capped devices: live bytes plus reservations of allocations in flight and of
+    /// frees not yet confirmed, what the cap is checked against. 0 when uncapped.
+    pub charge: AtomicU64,
+    /// Capped devices: live bytes (committed, not yet taken for a free). Uncapped: the
+    /// part of the live bytes folded in from the stripes.
+    live: AtomicI64,
+    /// Highest live bytes seen at a commit. Live bytes rise at `commit` (after the
+    /// driver made the allocation) and fall at `take` (before the real free), so they
+    /// are never above what the driver holds: never a reservation, never an
+    /// allocation in flight. Capped devices: exact with one thread, and below the true
+    /// peak by at most the bytes of calls in flight with several. Uncapped: see
+    /// `FLUSH_BYTES`. Read it through `snapshot()` (which also counts unfolded bytes).
     pub peak: AtomicU64,
-    pub allocs: AtomicU64,
-    pub frees: AtomicU64,
     pub failed: AtomicU64,
     pub denied: AtomicU64,
     pub unknown_frees: AtomicU64,
     /// Set once a device has been touched, so reports list only devices in use.
     pub seen: AtomicU64,
-    /// The cap in bytes; 0 when uncapped.
+    /// The cap in bytes; 0 when uncapped. Changed only through `set_limit`.
     pub limit: AtomicU64,
-    /// Live bytes of stream-ordered pool blocks (part of `current`).
+    /// Live bytes of stream-ordered pool blocks: all of them on a capped device; on
+    /// an uncapped one, the stripes hold them (see `pool_live_bytes`).
     pub pool_live: AtomicU64,
-    /// What this device's pools hold from the driver, as last measured (capped
-    /// devices only): charged against the cap beyond the live blocks.
+    /// What this device's pools hold from the driver, as last measured: charged
+    /// against a cap beyond the live blocks. Changed through `pool_reserved_add` /
+    /// `pool_reserved_sub`.
     pub pool_reserved: AtomicU64,
+    /// Bumped whenever what pools hold beyond their live blocks may have changed (on
+    /// a capped device), so a reservation decided on an older figure is decided again.
+    pub pool_gen: AtomicU64,
+    stripes: [Stripe; STRIPES],
 }
 
 /// A plain copy of the counters at one moment.
@@ -186,12 +231,20 @@ pub struct CountersSnapshot {
     pub unknown_frees: u64,
 }
 
+fn saturating_sub(a: &AtomicU64, bytes: u64) {
+    // Saturating: a teardown racing a free must never wrap the counter.
+    let _ = a.fetch_update(Relaxed, Relaxed, |c| Some(c.saturating_sub(bytes)));
+}
+
 impl DeviceCounters {
-    fn sub(&self, bytes: u64) {
-        // Saturating: a teardown racing a free must never wrap the counter.
-        let _ = self
-            .current
-            .fetch_update(Relaxed, Relaxed, |c| Some(c.saturating_sub(bytes)));
+    #[inline]
+    fn capped(&self) -> bool {
+        self.limit.load(Relaxed) != 0
+    }
+
+    #[inline]
+    fn stripe(&self, thread: u32) -> &Stripe {
+        &self.stripes[thread as usize % STRIPES]
     }
 
     pub fn cap(&self) -> Option<u64> {
@@ -201,45 +254,182 @@ impl DeviceCounters {
         }
     }
 
+    /// Live bytes of pool blocks.
+    pub fn pool_live_bytes(&self) -> u64 {
+        let global = self.pool_live.load(Relaxed);
+        if self.capped() {
+            return global;
+        }
+        let net: i64 = self.stripes.iter().map(|s| s.pool.load(Relaxed)).sum();
+        global.saturating_add_signed(net)
+    }
+
     /// Bytes the device's pools hold beyond the live blocks in them.
     pub fn pool_excess(&self) -> u64 {
-        self.pool_reserved
-            .load(Relaxed)
-            .saturating_sub(self.pool_live.load(Relaxed))
+        let reserved = self.pool_reserved.load(Relaxed);
+        if reserved == 0 {
+            return 0;
+        }
+        reserved.saturating_sub(self.pool_live_bytes())
     }
 
     /// What counts against the cap: live bytes, reservations in flight, and what
-    /// pools hold unused.
+    /// pools hold unused. On an uncapped device: live bytes and what pools hold unused.
     pub fn charged(&self) -> u64 {
-        self.current
-            .load(Relaxed)
-            .saturating_add(self.pool_excess())
+        let held = if self.capped() {
+            self.charge.load(Relaxed)
+        } else {
+            self.current()
+        };
+        held.saturating_add(self.pool_excess())
+    }
+
+    /// Live bytes now. The stripes are summed in either mode: bytes a stripe took
+    /// before a cap was set at run time stay there until they are freed.
+    pub fn current(&self) -> u64 {
+        let mut sum = self.live.load(Relaxed);
+        for s in &self.stripes {
+            sum = sum.wrapping_add(s.net.load(Relaxed));
+        }
+        sum.max(0) as u64
+    }
+
+    /// Sets the cap (`0`: none). Going from uncapped to capped starts the charge at
+    /// the live bytes (the stripes included), so what the program already holds counts
+    /// against the new cap; an allocation in flight at that very moment is not charged
+    /// (it was not reserved), which can leave the charge below the truth by its bytes
+    /// until the device is uncapped again. Frees of bytes charged before are taken off
+    /// the charge as usual.
+    pub fn set_limit(&self, cap: u64) {
+        let was = self.limit.swap(cap, AcqRel);
+        if was == 0 && cap != 0 {
+            self.charge.store(self.current(), Release);
+        }
     }
 
     /// Reserves `bytes` before an allocation. On a capped device this is one
-    /// compare-and-swap on `current`, so threads allocating at once can never take
-    /// the charge past the cap together. Uncapped: a plain add.
+    /// compare-and-swap on `charge`, so threads allocating at once can never take
+    /// the charge past the cap together; what pools hold unused is part of the same
+    /// decision: a reservation made while that figure changed is undone and decided
+    /// again with the new one. Uncapped: nothing to do.
+    #[inline]
     pub fn try_reserve(&self, bytes: u64) -> bool {
-        let limit = self.limit.load(Relaxed);
-        if limit == 0 {
-            self.current.fetch_add(bytes, Relaxed);
+        if self.limit.load(Relaxed) == 0 {
             return true;
         }
-        let excess = self.pool_excess();
-        self.current
-            .fetch_update(Relaxed, Relaxed, |c| {
-                let after = c.checked_add(bytes)?;
-                (after.saturating_add(excess) <= limit).then_some(after)
-            })
-            .is_ok()
+        self.try_reserve_observed(bytes, &|| {})
+    }
+
+    /// `try_reserve` on a capped device, calling `between` after the pools' figure is
+    /// read (tests use it to change the pools at that moment).
+    #[doc(hidden)]
+    pub fn try_reserve_observed(&self, bytes: u64, between: &dyn Fn()) -> bool {
+        let limit = self.limit.load(Relaxed);
+        if limit == 0 {
+            return true;
+        }
+        for _ in 0..64 {
+            let generation = self.pool_gen.load(Acquire);
+            let excess = self.pool_excess();
+            between();
+            let ok = self
+                .charge
+                .fetch_update(AcqRel, Relaxed, |c| {
+                    let after = c.checked_add(bytes)?;
+                    (after.saturating_add(excess) <= limit).then_some(after)
+                })
+                .is_ok();
+            if self.pool_gen.load(Acquire) == generation {
+                return ok;
+            }
+            // The pools changed while deciding: decide again with what they hold now.
+            if ok {
+                saturating_sub(&self.charge, bytes);
+            }
+        }
+        false
+    }
+
+    /// What the pools hold from the driver grew by `bytes` (a measurement).
+    pub fn pool_reserved_add(&self, bytes: u64) {
+        self.pool_reserved.fetch_add(bytes, Relaxed);
+        self.pool_gen.fetch_add(1, Release);
+    }
+
+    /// What the pools hold from the driver shrank by `bytes` (a measurement, a pool
+    /// destroyed).
+    pub fn pool_reserved_sub(&self, bytes: u64) {
+        saturating_sub(&self.pool_reserved, bytes);
+        self.pool_gen.fetch_add(1, Release);
+    }
+
+    #[inline]
+    fn unreserve(&self, bytes: u64) {
+        if self.capped() {
+            saturating_sub(&self.charge, bytes);
+        }
+    }
+
+    /// Live bytes up by `bytes` (a commit, or a record put back), the peak checked.
+    #[inline]
+    fn add_live(&self, thread: u32, bytes: u64) {
+        let bytes = bytes.min(i64::MAX as u64) as i64;
+        if self.capped() {
+            let now = self.live.fetch_add(bytes, Relaxed).wrapping_add(bytes);
+            self.raise_peak(now);
+            return;
+        }
+        let s = self.stripe(thread);
+        let net = s.net.fetch_add(bytes, Relaxed).wrapping_add(bytes);
+        // Reads of the shared line only: it stays in every core's cache until a fold.
+        if net > FLUSH_BYTES
+            || self.live.load(Relaxed).wrapping_add(net) > self.peak.load(Relaxed) as i64
+        {
+            self.fold(s);
+        }
+    }
+
+    /// Live bytes down by `bytes` (a record taken for a free, or dropped).
+    #[inline]
+    fn sub_live(&self, thread: u32, bytes: u64) {
+        let bytes = bytes.min(i64::MAX as u64) as i64;
+        if self.capped() {
+            self.live.fetch_sub(bytes, Relaxed);
+            return;
+        }
+        let s = self.stripe(thread);
+        if s.net.fetch_sub(bytes, Relaxed).wrapping_sub(bytes) < -FLUSH_BYTES {
+            self.fold(s);
+        }
+    }
+
+    #[cold]
+    fn fold(&self, s: &Stripe) {
+        let v = s.net.swap(0, Relaxed);
+        let now = self.live.fetch_add(v, Relaxed).wrapping_add(v);
+        self.raise_peak(now);
+    }
+
+    #[inline]
+    fn raise_peak(&self, now: i64) {
+        if now > 0 && now as u64 > self.peak.load(Relaxed) {
+            self.peak.fetch_max(now as u64, Relaxed);
+        }
     }
 
     pub fn snapshot(&self) -> CountersSnapshot {
+        let (mut allocs, mut frees) = (0u64, 0u64);
+        for s in &self.stripes {
+            allocs = allocs.wrapping_add(s.allocs.load(Relaxed));
+            frees = frees.wrapping_add(s.frees.load(Relaxed));
+        }
+        let current = self.current();
         CountersSnapshot {
-            current: self.current.load(Relaxed),
-            peak: self.peak.load(Relaxed),
-            allocs: self.allocs.load(Relaxed),
-            frees: self.frees.load(Relaxed),
+            current,
+            // Live bytes still in the stripes may stand above the last folded peak.
+            peak: self.peak.load(Relaxed).max(current),
+            allocs,
+            frees,
             failed: self.failed.load(Relaxed),
             denied: self.denied.load(Relaxed),
             unknown_frees: self.unknown_frees.load(Relaxed),
@@ -247,9 +437,22 @@ impl DeviceCounters {
     }
 }
 
+/// The live maps, one per key space, keyed by the bare value: an entry is 48 bytes
+/// (8 key + 40 record), so with hashbrown's load factor a live allocation costs at
+/// most ~112 bytes, ~103 on average.
+type LiveMap = DashMap<u64, Record, BuildHasherDefault<AddrHasher>>;
+
+const SPACES: [Space; 4] = [
+    Space::DevicePtr,
+    Space::VmmHandle,
+    Space::Array,
+    Space::HostPtr,
+];
+
 pub struct Ledger {
-    live: AddrMap<Record>,
-    devices: Box<[DeviceCounters]>,
+    live: [LiveMap; 4],
+    /// Fixed length, so indexing needs no bounds check on the hot path.
+    devices: Box<[DeviceCounters; MAX_DEVICES]>,
     host: DeviceCounters,
 }
 
@@ -261,22 +464,33 @@ impl Default for Ledger {
 
 impl Ledger {
     pub fn new() -> Ledger {
-        Ledger {
-            // More shards than the default (4 x cores) keeps 16 allocating threads
-            // from meeting on one lock.
-            live: DashMap::with_capacity_and_hasher_and_shard_amount(
-                1024,
+        // More shards than the default (4 x cores) keeps 16 allocating threads from
+        // meeting on one lock; the rarer spaces need fewer.
+        let map = |cap, shards| {
+            DashMap::with_capacity_and_hasher_and_shard_amount(
+                cap,
                 BuildHasherDefault::default(),
-                128,
-            ),
+                shards,
+            )
+        };
+        Ledger {
+            live: [map(1024, 128), map(0, 32), map(0, 8), map(0, 32)],
             devices: (0..MAX_DEVICES)
                 .map(|_| DeviceCounters::default())
-                .collect(),
+                .collect::<Box<[_]>>()
+                .try_into()
+                .unwrap_or_else(|_| unreachable!("MAX_DEVICES counters")),
             host: DeviceCounters::default(),
         }
     }
 
+    #[inline]
+    fn map(&self, space: Space) -> &LiveMap {
+        &self.live[space as usize]
+    }
+
     /// Counters of a device; ordinals past the table share its last slot.
+    #[inline]
     pub fn device(&self, device: i32) -> &DeviceCounters {
         let i = (device.max(0) as usize).min(MAX_DEVICES - 1);
         &self.devices[i]
@@ -286,6 +500,7 @@ impl Ledger {
         &self.host
     }
 
+    #[inline]
     fn counters_for(&self, rec: &Record) -> &DeviceCounters {
         if rec.kind.is_host() {
             &self.host
@@ -294,106 +509,110 @@ impl Ledger {
         }
     }
 
+    #[inline]
+    fn counters(&self, device: i32, host: bool) -> &DeviceCounters {
+        if host {
+            &self.host
+        } else {
+            self.device(device)
+        }
+    }
+
     /// A successful allocation whose bytes were not reserved beforehand.
     pub fn insert(&self, key: Key, rec: Record) {
-        self.counters_for(&rec)
-            .current
-            .fetch_add(rec.bytes, Relaxed);
+        let c = self.counters_for(&rec);
+        if c.capped() {
+            c.charge.fetch_add(rec.bytes, Relaxed);
+        }
         self.commit(key, rec);
     }
 
     /// Reserves `bytes` on a device before the real call (see
     /// `DeviceCounters::try_reserve`); host memory is never capped.
+    #[inline]
     pub fn reserve(&self, device: i32, host: bool, bytes: u64) -> bool {
-        if host {
-            self.host.current.fetch_add(bytes, Relaxed);
-            true
-        } else {
-            self.device(device).try_reserve(bytes)
-        }
+        host || self.device(device).try_reserve(bytes)
     }
 
     /// Gives a reservation back (the call failed or was refused).
+    #[inline]
     pub fn unreserve(&self, device: i32, host: bool, bytes: u64) {
-        let c = if host {
-            &self.host
-        } else {
-            self.device(device)
-        };
-        c.sub(bytes);
+        self.counters(device, host).unreserve(bytes);
+    }
+
+    /// A successful allocation whose bytes were not reserved, recorded only if the
+    /// address has no record yet: one decision under the map's lock, so two threads
+    /// recording the same allocation count it once. False when one was there.
+    pub fn insert_if_absent(&self, key: Key, rec: Record) -> bool {
+        match self.map(key.space).entry(key.value) {
+            dashmap::mapref::entry::Entry::Occupied(_) => return false,
+            dashmap::mapref::entry::Entry::Vacant(v) => {
+                v.insert(rec);
+            }
+        }
+        let c = self.counters_for(&rec);
+        if c.capped() {
+            c.charge.fetch_add(rec.bytes, Relaxed);
+        }
+        c.count_commit(&rec);
+        true
     }
 
     /// The allocation went through: its bytes (already reserved) become a record.
+    #[inline]
     pub fn commit(&self, key: Key, rec: Record) {
-        let c = self.counters_for(&rec);
-        // Read before writing: these lines are shared by every allocating thread.
-        if c.seen.load(Relaxed) == 0 {
-            c.seen.store(1, Relaxed);
-        }
-        c.allocs.fetch_add(1, Relaxed);
-        let now = c.current.load(Relaxed);
-        if now > c.peak.load(Relaxed) {
-            c.peak.fetch_max(now, Relaxed);
-        }
-        if rec.kind == Kind::Pool {
-            c.pool_live.fetch_add(rec.bytes, Relaxed);
-        }
-        if let Some(old) = self.live.insert(key, rec) {
+        self.counters_for(&rec).count_commit(&rec);
+        if let Some(old) = self.map(key.space).insert(key.value, rec) {
             // The driver handed out an address we still hold: our books missed a free
             // (an unhooked path). Drop the stale bytes so the counters stay true.
-            self.forget(&old);
-        }
-    }
-
-    /// Takes a record's bytes off the counters.
-    fn forget(&self, rec: &Record) {
-        let c = self.counters_for(rec);
-        c.sub(rec.bytes);
-        if rec.kind == Kind::Pool {
-            let _ = c
-                .pool_live
-                .fetch_update(Relaxed, Relaxed, |v| Some(v.saturating_sub(rec.bytes)));
+            let oc = self.counters_for(&old);
+            oc.sub_live(old.thread, old.bytes);
+            oc.release(&old);
         }
     }
 
     /// Takes a record out of the map before its memory is freed, so an address the
     /// driver reuses at once for another thread cannot be confused with this one. Its
-    /// bytes stay counted until `confirm_free`: the driver holds the memory until the
-    /// real free returns, and a cap must not hand that room out before. `None` for an
-    /// address gpuguard never saw.
+    /// bytes leave the live figure (and the peak) now, but stay charged against a cap
+    /// until `confirm_free`: the driver holds the memory until the real free returns,
+    /// and a cap must not hand that room out before. `None` for an address gpuguard
+    /// never saw.
+    #[inline]
     pub fn take(&self, key: Key) -> Option<Record> {
-        self.live.remove(&key).map(|(_, rec)| rec)
+        let (_, rec) = self.map(key.space).remove(&key.value)?;
+        self.counters_for(&rec).sub_live(rec.thread, rec.bytes);
+        Some(rec)
     }
 
     /// A free of an address gpuguard never saw, passed to the driver untouched.
     pub fn unknown_free(&self, key: Key, device: i32) {
-        let c = if key.space == Space::HostPtr {
-            &self.host
-        } else {
-            self.device(device)
-        };
-        c.unknown_frees.fetch_add(1, Relaxed);
+        self.counters(device, key.space == Space::HostPtr)
+            .unknown_frees
+            .fetch_add(1, Relaxed);
     }
 
     /// The free went through: count it.
+    #[inline]
     pub fn confirm_free(&self, rec: &Record) {
-        self.forget(rec);
-        self.counters_for(rec).frees.fetch_add(1, Relaxed);
+        let c = self.counters_for(rec);
+        c.release(rec);
+        c.stripe(rec.thread).frees.fetch_add(1, Relaxed);
     }
 
     /// The free failed in the driver: the memory is still live, put the record back
-    /// (its bytes never left the counters).
+    /// (its bytes never left the cap's charge).
     pub fn restore(&self, key: Key, rec: Record) {
-        self.live.insert(key, rec);
+        self.counters_for(&rec).add_live(rec.thread, rec.bytes);
+        if let Some(old) = self.map(key.space).insert(key.value, rec) {
+            let oc = self.counters_for(&old);
+            oc.sub_live(old.thread, old.bytes);
+            oc.release(&old);
+        }
     }
 
     /// A failed allocation (the driver said no).
     pub fn failed(&self, device: i32, host: bool) {
-        let c = if host {
-            &self.host
-        } else {
-            self.device(device)
-        };
+        let c = self.counters(device, host);
         c.seen.store(1, Relaxed);
         c.failed.fetch_add(1, Relaxed);
     }
@@ -402,39 +621,58 @@ impl Ledger {
     /// driver freed them all at once. Returns (count, bytes) dropped.
     pub fn drop_where(&self, pred: impl Fn(&Key, &Record) -> bool) -> (u64, u64) {
         let (mut n, mut bytes) = (0, 0);
-        self.live.retain(|k, r| {
-            if pred(k, r) {
-                self.forget(r);
-                self.counters_for(r).frees.fetch_add(1, Relaxed);
-                n += 1;
-                bytes += r.bytes;
-                false
-            } else {
-                true
-            }
-        });
+        for space in SPACES {
+            self.map(space).retain(|&value, r| {
+                if pred(&Key { space, value }, r) {
+                    let c = self.counters_for(r);
+                    c.sub_live(r.thread, r.bytes);
+                    c.release(r);
+                    c.stripe(r.thread).frees.fetch_add(1, Relaxed);
+                    n += 1;
+                    bytes += r.bytes;
+                    false
+                } else {
+                    true
+                }
+            });
+        }
         (n, bytes)
     }
 
     pub fn get(&self, key: &Key) -> Option<Record> {
-        self.live.get(key).map(|r| *r)
+        self.map(key.space).get(&key.value).map(|r| *r)
     }
 
     pub fn len(&self) -> usize {
-        self.live.len()
+        self.live.iter().map(DashMap::len).sum()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.live.is_empty()
+        self.live.iter().all(DashMap::is_empty)
     }
 
-    /// A copy of every live record, for a report. Shards are read one at a time, so
-    /// allocating threads are never stopped for long.
-    pub fn live(&self) -> Vec<(Key, Record)> {
-        let mut out = Vec::with_capacity(self.live.len() + 16);
-        for e in self.live.iter() {
-            out.push((*e.key(), *e.value()));
+    /// Calls `f` on every live record. Shards are read one at a time (a read lock
+    /// each), so allocating threads are never stopped for long; `f` must not call
+    /// back into the ledger's map.
+    pub fn for_each_live(&self, mut f: impl FnMut(Key, &Record)) {
+        for space in SPACES {
+            for e in self.map(space).iter() {
+                f(
+                    Key {
+                        space,
+                        value: *e.key(),
+                    },
+                    e.value(),
+                );
+            }
         }
+    }
+
+    /// A copy of every live record. Shards are read one at a time, so allocating
+    /// threads are never stopped for long.
+    pub fn live(&self) -> Vec<(Key, Record)> {
+        let mut out = Vec::with_capacity(self.len() + 16);
+        self.for_each_live(|k, r| out.push((k, *r)));
         out
     }
 
@@ -444,6 +682,52 @@ impl Ledger {
             .filter(|&i| self.devices[i].seen.load(Relaxed) != 0)
             .map(|i| i as i32)
             .collect()
+    }
+}
+
+impl DeviceCounters {
+    /// A confirmed free (or a record dropped): the cap's charge and the pool's live
+    /// blocks let go of it.
+    #[inline]
+    fn release(&self, rec: &Record) {
+        let capped = self.capped();
+        if capped {
+            saturating_sub(&self.charge, rec.bytes);
+        }
+        if rec.kind == Kind::Pool {
+            if capped {
+                saturating_sub(&self.pool_live, rec.bytes);
+                self.pool_gen.fetch_add(1, Release);
+            } else {
+                let b = rec.bytes.min(i64::MAX as u64) as i64;
+                self.stripe(rec.thread).pool.fetch_sub(b, Relaxed);
+            }
+        }
+    }
+
+    /// A record made: counted, its bytes live.
+    #[inline]
+    fn count_commit(&self, rec: &Record) {
+        // Read before writing: this line is shared by every allocating thread.
+        if self.seen.load(Relaxed) == 0 {
+            self.seen.store(1, Relaxed);
+        }
+        self.stripe(rec.thread).allocs.fetch_add(1, Relaxed);
+        if rec.kind == Kind::Pool {
+            self.pool_add(rec.thread, rec.bytes);
+        }
+        self.add_live(rec.thread, rec.bytes);
+    }
+
+    #[inline]
+    fn pool_add(&self, thread: u32, bytes: u64) {
+        if self.capped() {
+            self.pool_live.fetch_add(bytes, Relaxed);
+            self.pool_gen.fetch_add(1, Release);
+        } else {
+            let b = bytes.min(i64::MAX as u64) as i64;
+            self.stripe(thread).pool.fetch_add(b, Relaxed);
+        }
     }
 }
 
@@ -492,13 +776,11 @@ mod tests {
         assert!(l.take(Key::device(0xdead)).is_none());
         l.unknown_free(Key::device(0xdead), 1);
         assert_eq!(l.device(1).snapshot().unknown_frees, 1);
+        l.device(1).limit.store(1000, Relaxed);
         l.insert(Key::device(0x10), rec(10, 1, Kind::Device));
         let r = l.take(Key::device(0x10)).unwrap();
-        assert_eq!(
-            l.device(1).snapshot().current,
-            10,
-            "held until the free returns"
-        );
+        assert_eq!(l.device(1).charged(), 10, "held until the free returns");
+        assert_eq!(l.device(1).snapshot().current, 0, "no longer live");
         l.restore(Key::device(0x10), r);
         let s = l.device(1).snapshot();
         assert_eq!((s.current, s.frees, s.allocs), (10, 0, 1));
@@ -528,6 +810,44 @@ mod tests {
     }
 
     #[test]
+    fn insert_if_absent_counts_once() {
+        let l = Arc::new(Ledger::new());
+        let wins: usize = (0..4)
+            .map(|_| {
+                let l = l.clone();
+                std::thread::spawn(move || {
+                    l.insert_if_absent(Key::device(9), rec(10, 0, Kind::Device))
+                })
+            })
+            .collect::<Vec<_>>()
+            .into_iter()
+            .map(|t| usize::from(t.join().unwrap()))
+            .sum();
+        assert_eq!(wins, 1);
+        let s = l.device(0).snapshot();
+        assert_eq!((s.current, s.allocs), (10, 1));
+    }
+
+    /// A pool that grows while a reservation is being decided (between reading what
+    /// pools hold and the compare-and-swap) is part of the decision: live plus
+    /// pool-held never passes the cap through a reservation.
+    #[test]
+    fn a_pool_growing_during_a_reservation_is_part_of_it() {
+        let l = Ledger::new();
+        let d = l.device(0);
+        d.limit.store(100, Relaxed);
+        let grew = std::sync::atomic::AtomicBool::new(false);
+        let ok = d.try_reserve_observed(60, &|| {
+            if !grew.swap(true, Relaxed) {
+                d.pool_reserved_add(50);
+            }
+        });
+        assert!(!ok, "60 live + 50 held by pools would pass the cap of 100");
+        assert!(d.try_reserve(50));
+        assert_eq!(d.charged(), 100);
+    }
+
+    #[test]
     fn reinserted_address_does_not_double_count() {
         let l = Ledger::new();
         l.insert(Key::device(1), rec(10, 0, Kind::Device));
@@ -553,12 +873,39 @@ mod tests {
             .map(|t| t.join().unwrap())
             .sum();
         assert_eq!(wins, 1000);
-        assert_eq!(l.device(0).current.load(Relaxed), cap);
+        assert_eq!(l.device(0).charge.load(Relaxed), cap);
         l.unreserve(0, false, 64);
         assert!(l.reserve(0, false, 64));
         assert!(!l.reserve(0, false, 1));
         // Host memory is never capped.
         assert!(l.reserve(0, true, 1 << 40));
+    }
+
+    #[test]
+    fn a_cap_set_while_running_charges_what_is_already_live() {
+        // Allocations made uncapped sit in the thread stripes; a cap set later
+        // (the C API's gpuguard_set_cap) must count them, and frees must take
+        // them off again.
+        let l = Ledger::new();
+        let d = l.device(0);
+        assert!(l.reserve(0, false, 300));
+        l.commit(Key::device(1), rec(300, 0, Kind::Device));
+        d.set_limit(400);
+        assert_eq!(d.charged(), 300);
+        assert!(
+            !l.reserve(0, false, 101),
+            "300 live + 101 passes a cap of 400"
+        );
+        assert!(l.reserve(0, false, 100));
+        l.commit(Key::device(2), rec(100, 0, Kind::Device));
+        assert_eq!(d.current(), 400);
+        let r = l.take(Key::device(1)).unwrap();
+        l.confirm_free(&r);
+        assert_eq!((d.current(), d.charged()), (100, 100));
+        // Lifted again: the stripes take over, nothing is lost.
+        d.set_limit(0);
+        assert!(l.reserve(0, false, 1 << 40));
+        assert_eq!(d.current(), 100);
     }
 
     #[test]
@@ -576,6 +923,28 @@ mod tests {
         let r = l.take(Key::device(1)).unwrap();
         l.confirm_free(&r);
         assert_eq!(d.pool_live.load(Relaxed), 0);
+    }
+
+    #[test]
+    fn pool_excess_is_kept_on_uncapped_devices_too() {
+        // What a trim reports as held: live bytes plus what pools hold unused.
+        let l = Ledger::new();
+        let d = l.device(0);
+        let mut r = rec(30, 0, Kind::Pool);
+        r.thread = 5;
+        l.insert(Key::device(1), r);
+        l.insert(Key::device(2), rec(10, 0, Kind::Device));
+        d.pool_reserved.store(80, Relaxed);
+        assert_eq!(
+            (d.pool_live_bytes(), d.pool_excess(), d.charged()),
+            (30, 50, 90)
+        );
+        let r = l.take(Key::device(1)).unwrap();
+        l.confirm_free(&r);
+        assert_eq!(
+            (d.pool_live_bytes(), d.pool_excess(), d.charged()),
+            (0, 80, 90)
+        );
     }
 
     #[test]
@@ -610,5 +979,192 @@ mod tests {
         assert_eq!(s.frees, 20000);
         let live_sum: u64 = l.live().iter().map(|(_, r)| r.bytes).sum();
         assert_eq!(live_sum, expect);
+    }
+    #[test]
+    fn a_live_record_costs_at_most_128_bytes() {
+        // 8-byte key + 40-byte record per entry; hashbrown keeps between 7/16 and 7/8
+        // of its buckets full (plus one control byte each): at worst 49 * 16 / 7.
+        assert_eq!(std::mem::size_of::<Record>(), 40);
+        assert_eq!(std::mem::size_of::<(u64, Record)>(), 48);
+        assert!((std::mem::size_of::<(u64, Record)>() + 1) * 16 / 7 <= 128);
+    }
+
+    #[test]
+    fn the_peak_counts_commits_not_reservations() {
+        for capped in [false, true] {
+            let l = Ledger::new();
+            if capped {
+                l.device(0).limit.store(1 << 40, Relaxed);
+            }
+            // Three reservations in flight, one committed: the peak is the committed.
+            for _ in 0..3 {
+                assert!(l.reserve(0, false, 100));
+            }
+            l.commit(Key::device(1), rec(100, 0, Kind::Device));
+            assert_eq!(l.device(0).snapshot().peak, 100, "capped={capped}");
+            l.unreserve(0, false, 200);
+            // A record taken for a free no longer counts, though still charged.
+            let r = l.take(Key::device(1)).unwrap();
+            assert!(l.reserve(0, false, 100));
+            l.commit(Key::device(2), rec(100, 0, Kind::Device));
+            assert_eq!(l.device(0).snapshot().peak, 100, "capped={capped}");
+            if capped {
+                assert_eq!(l.device(0).charged(), 200);
+            }
+            l.confirm_free(&r);
+            let s = l.device(0).snapshot();
+            assert_eq!((s.current, s.peak, s.allocs, s.frees), (100, 100, 2, 1));
+            if capped {
+                assert_eq!(l.device(0).charged(), 100);
+            }
+        }
+    }
+
+    #[test]
+    fn one_thread_peak_is_exact() {
+        // Sizes around and past FLUSH_BYTES, freed in another order than made.
+        let l = Ledger::new();
+        let (mut live, mut peak) = (0u64, 0u64);
+        let mut held = Vec::new();
+        let mut x = 12345u64;
+        for i in 0..20_000u64 {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            if x >> 62 != 0 || held.is_empty() {
+                let bytes = 1 + (x >> 20) % (3 * FLUSH_BYTES as u64);
+                l.insert(Key::device(i), rec(bytes, 0, Kind::Device));
+                held.push((i, bytes));
+                live += bytes;
+                peak = peak.max(live);
+            } else {
+                let (k, bytes) = held.swap_remove((x >> 8) as usize % held.len());
+                let r = l.take(Key::device(k)).unwrap();
+                l.confirm_free(&r);
+                live -= bytes;
+            }
+            let s = l.device(0).snapshot();
+            assert_eq!((s.current, s.peak), (live, peak), "step {i}");
+        }
+    }
+
+    #[test]
+    fn unfolded_frees_bound_the_peak_from_above() {
+        // Thread 1 folds 200 KiB into the shared figure and frees it without a fold
+        // (-200 KiB stays in its stripe); thread 2's 100 KiB then looks like a new
+        // peak of 300 KiB. The true peak is 200 KiB: over by less than a stripe's
+        // unfolded bytes, as stated at `FLUSH_BYTES`.
+        let l = Ledger::new();
+        let mut a = rec(200 << 10, 0, Kind::Device);
+        a.thread = 1;
+        let mut b = rec(100 << 10, 0, Kind::Device);
+        b.thread = 2;
+        l.insert(Key::device(1), a);
+        let r = l.take(Key::device(1)).unwrap();
+        l.confirm_free(&r);
+        l.insert(Key::device(2), b);
+        let s = l.device(0).snapshot();
+        assert_eq!(s.current, 100 << 10, "current stays exact");
+        assert!(s.peak >= 200 << 10);
+        assert!(s.peak <= (200 << 10) + (STRIPES as u64 - 1) * FLUSH_BYTES as u64);
+    }
+
+    /// T threads each make `per` allocations, wait for each other, then free them
+    /// all: the true peak is every allocation at once.
+    fn storm(capped: bool, threads: u64, per: u64, bytes: u64) -> (Ledger, u64) {
+        let l = Arc::new(Ledger::new());
+        if capped {
+            l.device(0).limit.store(1 << 50, Relaxed);
+        }
+        let barrier = Arc::new(std::sync::Barrier::new(threads as usize));
+        let hs: Vec<_> = (0..threads)
+            .map(|t| {
+                let (l, b) = (l.clone(), barrier.clone());
+                std::thread::spawn(move || {
+                    let mut r = rec(bytes, 0, Kind::Device);
+                    r.thread = t as u32 + 100;
+                    for i in 0..per {
+                        assert!(l.reserve(0, false, bytes));
+                        l.commit(Key::device(t << 32 | i), r);
+                    }
+                    b.wait();
+                    for i in 0..per {
+                        let r = l.take(Key::device(t << 32 | i)).unwrap();
+                        l.confirm_free(&r);
+                    }
+                })
+            })
+            .collect();
+        for h in hs {
+            h.join().unwrap();
+        }
+        let total = threads * per * bytes;
+        (Arc::try_unwrap(l).unwrap_or_else(|_| unreachable!()), total)
+    }
+
+    #[test]
+    fn storm_counts_are_exact_and_peak_within_bound() {
+        for bytes in [4096, 300 << 10] {
+            let (l, total) = storm(false, 8, 500, bytes);
+            let s = l.device(0).snapshot();
+            assert_eq!((s.current, s.allocs, s.frees), (0, 4000, 4000));
+            // Never above the truth; below it by at most a stripe's unfolded bytes
+            // per thread.
+            assert!(s.peak <= total, "{} > {total}", s.peak);
+            assert!(
+                s.peak + 8 * FLUSH_BYTES as u64 >= total,
+                "{} too far below {total}",
+                s.peak
+            );
+            // Capped devices keep one exact figure: the peak is the truth.
+            let (l, total) = storm(true, 8, 500, bytes);
+            let s = l.device(0).snapshot();
+            assert_eq!(
+                (s.current, s.peak, s.allocs, s.frees),
+                (0, total, 4000, 4000)
+            );
+            assert_eq!(l.device(0).charged(), 0);
+        }
+    }
+
+    #[test]
+    fn storm_on_a_capped_device_never_passes_the_cap() {
+        let l = Arc::new(Ledger::new());
+        let cap = 64 * 4096;
+        l.device(0).limit.store(cap, Relaxed);
+        let hs: Vec<_> = (0..8u64)
+            .map(|t| {
+                let l = l.clone();
+                std::thread::spawn(move || {
+                    let mut held = Vec::new();
+                    let mut r = rec(4096, 0, Kind::Device);
+                    r.thread = t as u32;
+                    for i in 0..3000u64 {
+                        if l.reserve(0, false, 4096) {
+                            assert!(l.device(0).charged() <= cap);
+                            l.commit(Key::device(t << 32 | i), r);
+                            held.push(i);
+                        }
+                        if held.len() > 12 || (i % 3 == 0 && !held.is_empty()) {
+                            let k = held.swap_remove(0);
+                            let r = l.take(Key::device(t << 32 | k)).unwrap();
+                            l.confirm_free(&r);
+                        }
+                    }
+                    for k in held {
+                        let r = l.take(Key::device(t << 32 | k)).unwrap();
+                        l.confirm_free(&r);
+                    }
+                })
+            })
+            .collect();
+        for h in hs {
+            h.join().unwrap();
+        }
+        let s = l.device(0).snapshot();
+        assert_eq!(s.current, 0);
+        assert_eq!(s.allocs, s.frees);
+        assert!(s.peak <= cap);
+        assert_eq!(l.device(0).charged(), 0);
     }
 }

@@ -8,7 +8,9 @@
 //! - `report` (the JSON model the library writes and the command reads), `reporter`
 //!   (ledger -> report -> file), `classify` (frameworks' blocks joined to a report),
 //!   `symbols` (ELF function names), `pylines` (Python line tables), `growth`
-//!   (which call sites look like leaks across a series of reports).
+//!   (which call sites look like leaks across a series of reports);
+//! - `trace` (the memory timeline file, `GPUGUARD_TRACE`), `status` (the per-process
+//!   status files `gpuguard ps` lists).
 
 #![forbid(unsafe_code)]
 
@@ -21,5 +23,7 @@ pub mod pylines;
 pub mod report;
 pub mod reporter;
 pub mod sites;
+pub mod status;
 pub mod symbols;
+pub mod trace;
 pub mod vmm;

@@ -49,6 +49,10 @@ pub struct Report {
     /// For a `trim` report: what each mechanism gave back.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub trim: Option<TrimReport>,
+    /// For an `exit` report written because a signal was about to end the process by
+    /// its default action (SIGTERM, SIGINT, SIGHUP): which signal.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ending: Option<Ending>,
     /// Which frameworks' memory was split into in-use and cached, and how; empty
     /// when no framework could be asked (the memory is then unclassified).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -56,6 +60,14 @@ pub struct Report {
     /// Python call sites of the framework blocks in use, most bytes first.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub python_sites: Vec<PythonSite>,
+}
+
+/// The signal that ended the process (see `Report::ending`).
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct Ending {
+    pub signal: i32,
+    /// `SIGTERM`, `SIGINT`, `SIGHUP`.
+    pub name: String,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]

@@ -87,6 +87,14 @@ impl VmmMaps {
     }
 
     /// Whether a release of `handle` now would be deferred.
+    /// The program's `cuMemRelease` failed after `released` deferred it: the handle
+    /// is not released after all.
+    pub fn release_failed(&self, handle: u64) {
+        if let Some(mut s) = self.handles.get_mut(&handle) {
+            s.released = false;
+        }
+    }
+
     pub fn is_mapped(&self, handle: u64) -> bool {
         self.handles.get(&handle).is_some_and(|s| s.maps > 0)
     }
@@ -105,6 +113,25 @@ mod tests {
         assert_eq!(v.unmapped(0x1000, 0x100), Vec::<u64>::new());
         assert_eq!(v.unmapped(0x2000, 0x100), vec![7]);
         assert!(!v.is_mapped(7));
+    }
+
+    /// A release racing the last unmap: exactly one of them frees the handle (the
+    /// release says "not mapped" or the unmap returns it), never neither or both.
+    #[test]
+    fn release_and_last_unmap_agree_on_who_frees() {
+        for i in 0..2000u64 {
+            let v = std::sync::Arc::new(VmmMaps::new());
+            v.mapped(0x1000, 0x100, i);
+            let v2 = v.clone();
+            let t = std::thread::spawn(move || v2.unmapped(0x1000, 0x100) == vec![i]);
+            let deferred = v.released(i);
+            let unmap_freed = t.join().unwrap();
+            assert_eq!(
+                u8::from(!deferred) + u8::from(unmap_freed),
+                1,
+                "iteration {i}"
+            );
+        }
     }
 
     #[test]

@@ -364,11 +364,7 @@ def cmd_run(a):
         "elapsed_s": float(a.elapsed) if a.elapsed else None, "cap_bytes": cap,
         "monitor_comments": mon["comments"][:10],
     }
-    with open(os.path.join(d, "check.json"), "w") as f:
-        json.dump(row, f, indent=1, default=str)
-    if a.summary:
-        with open(a.summary, "a") as f:
-            f.write(json.dumps(row, default=str) + "\n")
+    cc.ggv.save_row(d, row, a.summary)
     return 0
 
 
@@ -421,22 +417,12 @@ def cmd_smi(a):
            "workload_fail": 0, "outside": [{"status": s, "check": n, "text": t} for s, n, t in checks],
            "problems": problems, "real": {}, "cap_reports": [], "exit_device0": None, "cap_bytes": int(a.cap_bytes),
            "elapsed_s": None}
-    with open(os.path.join(d, "check.json"), "w") as f:
-        json.dump(row, f, indent=1)
-    if a.summary:
-        with open(a.summary, "a") as f:
-            f.write(json.dumps(row) + "\n")
+    cc.ggv.save_row(d, row, a.summary)
     return 0
 
 
 def cmd_table(a):
-    rows = []
-    try:
-        for ln in open(a.summary):
-            if ln.strip():
-                rows.append(json.loads(ln))
-    except OSError:
-        pass
+    rows = cc.ggv.load_rows(a.summary)
     hdr = ("workload", "status", "rc", "pass", "fail", "denied", "capreps", "base", "real_peak", "cap", "margin",
            "gg_peak", "outside", "pool_res", "src", "time_s", "first problem")
     fmt_row = "%-18s %-6s %3s %4s %4s %6s %7s %7s %9s %7s %7s %8s %7s %8s %6s %6s  %s"

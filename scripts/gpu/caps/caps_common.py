@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Shared helpers for the gpuguard cap workloads (scripts/gpu/caps/*_caps.py).
 
-Reuses scripts/gpu/frameworks/ggv_common.py (Guard: the C API through ctypes).
+Reuses scripts/gpu/lib/ggv.py (Guard: the C API through ctypes; report files).
 Standard library only (ctypes), so it also runs in a bare python3.
 
 Output protocol on stdout (parsed by caps_check.py; one line each):
@@ -28,18 +28,16 @@ resolves a fractional cap (cuDeviceTotalMem_v2):  python3 caps_common.py real-to
 """
 
 import ctypes
-import glob
 import json
 import os
-import re
 import sys
 import time
 import traceback
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "frameworks"))
+sys.path.insert(0, os.path.join(HERE, "..", "lib"))
 
-import ggv_common as ggv  # noqa: E402  (Guard, the C API)
+import ggv  # noqa: E402  (scripts/gpu/lib/ggv.py: Guard, the C API; report files)
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -288,35 +286,10 @@ class Driver:
 
 # ---- cap reports -------------------------------------------------------------------
 
-REPORT_RE = re.compile(r"^gpuguard\.(?P<prog>.+)\.(?P<pid>\d+)\.(?P<seq>\d+)\.(?P<reason>[a-z_]+)\.json$")
-
-
-def reports_of(pid, reason, directory=None):
-    """[(seq, path)] of this pid's reports with that reason, by sequence number."""
-    d = directory or os.environ.get("GPUGUARD_DIR")
-    if not d:
-        return []
-    out = []
-    for p in glob.glob(os.path.join(d, "gpuguard.*.%d.*.%s.json" % (pid, reason))):
-        m = REPORT_RE.match(os.path.basename(p))
-        if m and int(m.group("pid")) == pid:
-            out.append((int(m.group("seq")), p))
-    return sorted(out)
-
-
-def load(path):
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except (OSError, ValueError):
-        return None
-
-
-def dev_entry(rep, device=0):
-    for d in (rep or {}).get("devices") or []:
-        if isinstance(d, dict) and d.get("device") == device:
-            return d
-    return None
+REPORT_RE = ggv.REPORT_RE
+reports_of = ggv.reports_of
+load = ggv.load
+dev_entry = ggv.dev_entry
 
 
 def denial_text(rep, frames=4):

@@ -36,14 +36,7 @@ import caps_common as cc  # noqa: E402
 MiB, GiB, CAP = cc.MiB, cc.GiB, cc.CAP
 
 
-def alloc_mode():
-    conf = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "") + "," + os.environ.get("PYTORCH_ALLOC_CONF", "")
-    conf = conf.replace(" ", "")
-    if "backend:cudaMallocAsync" in conf:
-        return "cudaMallocAsync"
-    if "expandable_segments:True" in conf:
-        return "expandable"
-    return "default"
+alloc_mode = cc.ggv.torch_alloc_mode
 
 
 def first_line(e, n=300):

@@ -1,7 +1,7 @@
 """Shared helpers for the gpuguard framework workloads (run on the GPU machine).
 
-Reads gpuguard's counters through its C API (exported by the preloaded
-libgpuguard.so, found in the global symbol scope with ctypes.CDLL(None)) and
+Reads gpuguard's counters through its C API (scripts/gpu/lib/ggv.py's Guard:
+ctypes.CDLL(None), the preloaded libgpuguard.so in the global scope) and
 prints one JSON line per checkpoint comparing them with the framework's own
 count. Everything degrades gracefully when the shim is not preloaded: the
 gpuguard fields are then null and the verdict is "no-gpuguard".
@@ -24,104 +24,20 @@ Environment:
   GGV_TOL_BYTES         |diff| up to this counts as "agree" (default 2 MiB)
 """
 
-import ctypes
-import glob
 import json
 import os
 import signal
 import sys
 import time
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
+import ggv as _lib  # noqa: E402  (scripts/gpu/lib/ggv.py: the C API, report files)
+
+Guard = _lib.Guard
+torch_alloc_mode = _lib.torch_alloc_mode
+
 MiB = 1 << 20
 TOL_BYTES = int(os.environ.get("GGV_TOL_BYTES", str(2 * MiB)))
-
-
-class DeviceCounters(ctypes.Structure):
-    # Mirrors the C API's struct gpuguard_device_counters (int32, u32, 9 x u64).
-    _fields_ = [
-        ("device", ctypes.c_int32),
-        ("reserved0", ctypes.c_uint32),
-        ("total_bytes", ctypes.c_uint64),
-        ("cap_bytes", ctypes.c_uint64),
-        ("current_bytes", ctypes.c_uint64),
-        ("peak_bytes", ctypes.c_uint64),
-        ("allocs", ctypes.c_uint64),
-        ("frees", ctypes.c_uint64),
-        ("failed", ctypes.c_uint64),
-        ("denied", ctypes.c_uint64),
-        ("unknown_frees", ctypes.c_uint64),
-    ]
-
-
-class Guard:
-    """ctypes view of the gpuguard C API; every method returns None without the shim."""
-
-    def __init__(self):
-        self.version = None
-        self._counters = self._pinned = self._write = None
-        try:
-            lib = ctypes.CDLL(None)  # global scope: LD_PRELOAD objects included
-        except OSError:
-            return
-        try:
-            fn = lib.gpuguard_device_counters
-        except AttributeError:
-            return
-        fn.argtypes = [ctypes.c_int, ctypes.POINTER(DeviceCounters)]
-        fn.restype = ctypes.c_int
-        self._counters = fn
-        try:
-            v = lib.gpuguard_version
-            v.argtypes = []
-            v.restype = ctypes.c_char_p
-            raw = v()
-            self.version = raw.decode(errors="replace") if raw else "?"
-        except AttributeError:
-            self.version = "?"
-        try:
-            p = lib.gpuguard_host_pinned
-            p.argtypes = [ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_uint64)]
-            p.restype = ctypes.c_int
-            self._pinned = p
-        except AttributeError:
-            pass
-        try:
-            w = lib.gpuguard_write_report
-            w.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t]
-            w.restype = ctypes.c_int
-            self._write = w
-        except AttributeError:
-            pass
-
-    @property
-    def present(self):
-        return self._counters is not None
-
-    def counters(self, device=0):
-        if self._counters is None:
-            return None
-        c = DeviceCounters()
-        rc = self._counters(device, ctypes.byref(c))
-        if rc != 0:
-            return {"error": rc}
-        return {name: int(getattr(c, name)) for name, _ in DeviceCounters._fields_}
-
-    def host_pinned(self):
-        if self._pinned is None:
-            return None
-        cur, peak = ctypes.c_uint64(0), ctypes.c_uint64(0)
-        rc = self._pinned(ctypes.byref(cur), ctypes.byref(peak))
-        if rc != 0:
-            return {"error": rc}
-        return {"current_bytes": cur.value, "peak_bytes": peak.value}
-
-    def write_report(self, reason="request"):
-        """Returns (rc, path) or None without the shim."""
-        if self._write is None:
-            return None
-        buf = ctypes.create_string_buffer(4096)
-        rc = self._write(reason.encode(), buf, len(buf))
-        return rc, buf.value.decode(errors="replace")
 
 
 def emit(obj):
@@ -308,30 +224,17 @@ class Checker:
 
 
 def report_device_current(rep, device):
-    if not isinstance(rep, dict):
-        return None
-    for d in rep.get("devices") or []:
-        if isinstance(d, dict) and d.get("device") == device:
-            return d.get("current_bytes")
-    return None
+    d = _lib.dev_entry(rep, device) if isinstance(rep, dict) else None
+    return d.get("current_bytes") if d else None
 
 
 def wait_report(reason, timeout_s):
-    """Poll GPUGUARD_DIR for this process's report with the given reason."""
+    """This process's first complete report with that reason in GPUGUARD_DIR."""
     d = os.environ.get("GPUGUARD_DIR")
     if not d:
         return None, None
-    pat = os.path.join(d, "gpuguard.*.%d.*.%s.json" % (os.getpid(), reason))
-    deadline = time.time() + timeout_s
-    while time.time() < deadline:
-        for p in sorted(glob.glob(pat)):
-            try:
-                with open(p) as f:
-                    return p, json.load(f)
-            except (OSError, ValueError):
-                pass  # still being written: retry
-        time.sleep(0.05)
-    return None, None
+    e, rep, _ = _lib.wait_report(d, os.getpid(), reason, timeout_s=timeout_s)
+    return (e["path"], rep) if e else (None, None)
 
 
 def log(msg):

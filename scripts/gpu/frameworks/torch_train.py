@@ -40,14 +40,7 @@ import torch.nn.functional as F
 MiB = ggv.MiB
 
 
-def alloc_mode():
-    conf = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "") + "," + os.environ.get("PYTORCH_ALLOC_CONF", "")
-    conf = conf.replace(" ", "")
-    if "backend:cudaMallocAsync" in conf:
-        return "cudaMallocAsync"
-    if "expandable_segments:True" in conf:
-        return "expandable"
-    return "default"
+alloc_mode = ggv.torch_alloc_mode
 
 
 class TinyLM(nn.Module):

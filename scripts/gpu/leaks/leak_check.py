@@ -57,8 +57,8 @@ import subprocess
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "trim"))
-import tl_common as tl  # noqa: E402
+sys.path.insert(0, os.path.join(HERE, "..", "lib"))
+import ggv as tl  # noqa: E402  (scripts/gpu/lib/ggv.py)
 
 MiB = tl.MiB
 mib = tl.mib

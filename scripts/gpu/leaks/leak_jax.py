@@ -25,20 +25,15 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "trim"))
-import tl_common as tl  # noqa: E402
+sys.path.insert(0, os.path.join(HERE, "..", "lib"))
+import ggv as tl  # noqa: E402  (scripts/gpu/lib/ggv.py)
 
 MiB = tl.MiB
 LEAK = []
 
 
 def leak_line():
-    marker = "# GGV_" + "LEAK_LINE"
-    with open(os.path.abspath(__file__)) as f:
-        for i, ln in enumerate(f, 1):
-            if ln.rstrip().endswith(marker):
-                return i
-    return None
+    return tl.marked_line(os.path.abspath(__file__))
 
 
 def main():

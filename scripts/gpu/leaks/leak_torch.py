@@ -43,30 +43,19 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "trim"))
-import tl_common as tl  # noqa: E402
+sys.path.insert(0, os.path.join(HERE, "..", "lib"))
+import ggv as tl  # noqa: E402  (scripts/gpu/lib/ggv.py)
 
 MiB = tl.MiB
 LEAK = []  # the leak: one tensor per step, never dropped
 
 
 def leak_line():
-    marker = "# GGV_" + "LEAK_LINE"
-    with open(os.path.abspath(__file__)) as f:
-        for i, ln in enumerate(f, 1):
-            if ln.rstrip().endswith(marker):
-                return i
-    return None
+    return tl.marked_line(os.path.abspath(__file__))
 
 
 def main():
-    steps = int(os.environ.get("GGV_STEPS", "40"))
-    sig_steps = [int(s) for s in os.environ.get("GGV_SIGNAL_STEPS", "10,30").split(",") if s.strip()]
-    leak_numel = int(float(os.environ.get("GGV_LEAK_MIB", "8")) * MiB) // 4
-    wait_s = float(os.environ.get("GGV_SIGNAL_WAIT_S", "15"))
-    startup_s = float(os.environ.get("GGV_STARTUP_S", "1.0"))
-    prewarm_mib = int(os.environ.get("GGV_PREWARM_MIB", "64"))
-    rep_dir = os.environ.get("GPUGUARD_DIR")
+    steps, sig_steps, leak_numel, wait_s, startup_s, prewarm_mib, rep_dir = tl.leak_knobs()
 
     import torch
     import torch.nn as nn

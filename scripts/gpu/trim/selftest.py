@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Self-test of the trim/leak checkers without a GPU: builds run directories with
 hand-made workload output and gpuguard reports (the shapes of the spec and of
-crates/core/src/report.rs), runs trim_check.py, leak_check.py and tl_common.py table on them,
+crates/core/src/report.rs), runs trim_check.py, leak_check.py and lib/ggv.py table on them,
 and compares every row's status with the expected one.
 
   python3 scripts/gpu/trim/selftest.py [--cli PATH/TO/gpuguard] [--keep DIR]
@@ -505,7 +505,7 @@ def main():
     exp.update({("jax", "exit_status"): P, ("jax", "current_bytes"): F})
     problems += expect_rows(rows_of(jax_bad), exp, "jax_unclassified")
 
-    out = subprocess.run([sys.executable, os.path.join(HERE, "tl_common.py"), "table", "--summary", summary,
+    out = subprocess.run([sys.executable, os.path.join(HERE, "..", "lib", "ggv.py"), "table", "--summary", summary,
                           "--txt", os.path.join(tmp, "summary.txt"), "--json", os.path.join(tmp, "summary.json")],
                          capture_output=True, text=True, timeout=60)
     print(out.stdout[-3000:])

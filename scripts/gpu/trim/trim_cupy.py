@@ -25,8 +25,8 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-import tl_common as tl  # noqa: E402
+sys.path.insert(0, os.path.join(HERE, "..", "lib"))
+import ggv as tl  # noqa: E402  (scripts/gpu/lib/ggv.py)
 
 MiB = tl.MiB
 CHUNKS_MIB = [1024, 1024, 768, 512, 384, 256, 100, 30, 10, 4]

@@ -45,22 +45,15 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-import tl_common as tl  # noqa: E402
+sys.path.insert(0, os.path.join(HERE, "..", "lib"))
+import ggv as tl  # noqa: E402  (scripts/gpu/lib/ggv.py)
 
 MiB = tl.MiB
 # Temporaries that fill the cache (MiB): several sizes, each its own segment.
 CHUNKS_MIB = [1024, 1024, 768, 512, 384, 256, 100, 30, 10, 4]
 
 
-def alloc_mode():
-    conf = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "") + "," + os.environ.get("PYTORCH_ALLOC_CONF", "")
-    conf = conf.replace(" ", "")
-    if "backend:cudaMallocAsync" in conf:
-        return "cudaMallocAsync"
-    if "expandable_segments:True" in conf:
-        return "expandable"
-    return "default"
+alloc_mode = tl.torch_alloc_mode
 
 
 def main():

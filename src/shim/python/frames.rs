@@ -22,7 +22,7 @@ use crate::shim::settings::{LogLevel, log, settings};
 use gpuguard_core::pylines::{self, Format};
 use gpuguard_core::sites::SiteTable;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering::*};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, AtomicUsize, Ordering::*};
 use std::sync::{Mutex, OnceLock};
 
 /// Marks a site entry as a Python frame: bit 63, the bytecode offset in bits 47
@@ -45,8 +45,57 @@ static LAYOUT: OnceLock<Layout> = OnceLock::new();
 static CONFIRMED: AtomicBool = AtomicBool::new(false);
 /// Why the interpreter's layout is not known in advance, for the log.
 static NO_BUILTIN: OnceLock<&'static str> = OnceLock::new();
+
+/// A table behind a pointer, so a forked child whose copy was locked at the fork (by
+/// a thread that does not exist there) gets a fresh table instead of a lock nobody
+/// will release.
+struct ForkSafe<T: 'static> {
+    at: AtomicPtr<Mutex<Option<T>>>,
+    first: Mutex<Option<T>>,
+}
+
+impl<T> ForkSafe<T> {
+    const fn new() -> Self {
+        ForkSafe {
+            at: AtomicPtr::new(std::ptr::null_mut()),
+            first: Mutex::new(None),
+        }
+    }
+
+    fn get(&'static self) -> &'static Mutex<Option<T>> {
+        // SAFETY: `at` is null or a leaked, never-freed table.
+        unsafe { self.at.load(Acquire).as_ref() }.unwrap_or(&self.first)
+    }
+
+    /// In a forked child: a table locked at the fork is replaced; its contents are
+    /// kept when it was free. Returns whether it was replaced.
+    fn after_fork_in_child(&'static self) -> bool {
+        let locked = self.get().try_lock().is_err();
+        if locked {
+            self.at
+                .store(Box::into_raw(Box::new(Mutex::new(None))), Release);
+        }
+        locked
+    }
+}
+
 /// Resolved entries: file:line in function, or None when the code was gone.
-static NAMES: Mutex<Option<HashMap<usize, Option<String>>>> = Mutex::new(None);
+static NAMES: ForkSafe<HashMap<usize, Option<String>>> = ForkSafe::new();
+
+fn names() -> &'static Mutex<Option<HashMap<usize, Option<String>>>> {
+    NAMES.get()
+}
+
+/// In a forked child: the name table and the code copies, if locked at the fork
+/// (a report reading them, a hook copying names), are replaced by empty ones.
+pub(crate) fn after_fork_in_child() {
+    NAMES.after_fork_in_child();
+    if COPIES.after_fork_in_child() {
+        // The parent's copies are gone from this process's view: the budget
+        // counts what the child can still name from.
+        COPIED_BYTES.store(0, Relaxed);
+    }
+}
 
 /// A code object's names and line table, copied while it ran.
 struct CodeCopy {
@@ -61,7 +110,7 @@ struct CodeCopy {
 }
 
 /// Copies by code object address, and the bytes they hold (bounded).
-static COPIES: Mutex<Option<HashMap<usize, CodeCopy>>> = Mutex::new(None);
+static COPIES: ForkSafe<HashMap<usize, CodeCopy>> = ForkSafe::new();
 static COPIED_BYTES: AtomicUsize = AtomicUsize::new(0);
 const COPY_LIMIT: usize = 32 << 20;
 const TABLE_MAX: usize = 128 << 10;
@@ -312,7 +361,7 @@ pub(crate) fn remember(stack: &[usize]) {
     }
     // Never waits in a hook: if a report is reading the copies right now, this
     // site's frames are named by the bridge instead.
-    let Ok(mut copies) = COPIES.try_lock() else {
+    let Ok(mut copies) = COPIES.get().try_lock() else {
         return;
     };
     let m = copies.get_or_insert_with(HashMap::new);
@@ -367,14 +416,14 @@ pub(crate) fn remember(stack: &[usize]) {
 /// `file:line in function` from a copy of the entry's code object, if one was made.
 fn copied_text(entry: usize) -> Option<String> {
     let (addr, off) = split(entry);
-    let copies = lock(&COPIES);
+    let copies = lock(COPIES.get());
     let c = copies.as_ref()?.get(&addr)?;
     let line = pylines::line_at(c.format, c.first_line, &c.table, off).unwrap_or(c.first_line);
     Some(format!("{}:{line} in {}", c.file, c.name))
 }
 
 fn has_copy(entry: usize) -> bool {
-    lock(&COPIES)
+    lock(COPIES.get())
         .as_ref()
         .is_some_and(|m| m.contains_key(&(entry & ADDR_MASK)))
 }
@@ -398,7 +447,7 @@ fn split(entry: usize) -> (usize, usize) {
 
 /// `file:line in function` for a resolved entry; None if not (yet) resolved.
 pub(crate) fn text(entry: usize) -> Option<String> {
-    copied_text(entry).or_else(|| lock(&NAMES).as_ref()?.get(&entry).cloned().flatten())
+    copied_text(entry).or_else(|| lock(names()).as_ref()?.get(&entry).cloned().flatten())
 }
 
 /// Python entries of the sites that have not been resolved yet.
@@ -412,7 +461,7 @@ pub(crate) fn unresolved(sites: &SiteTable) -> Vec<usize> {
         .flat_map(|s| s.iter().copied())
         .filter(|e| is_python(*e) && !has_copy(*e))
         .collect();
-    let names = lock(&NAMES);
+    let names = lock(names());
     let mut out: Vec<usize> = copied
         .into_iter()
         .filter(|e| names.as_ref().is_none_or(|m| !m.contains_key(e)))
@@ -432,7 +481,7 @@ pub(super) fn resolved(json: &str) {
     let Ok(list) = serde_json::from_str::<Vec<(usize, usize, Option<String>)>>(json) else {
         return;
     };
-    let mut names = lock(&NAMES);
+    let mut names = lock(names());
     let m = names.get_or_insert_with(HashMap::new);
     for (addr, off, text) in list {
         let entry = PY_TAG | (off.min(OFFSET_MAX) << 47) | (addr & ADDR_MASK);

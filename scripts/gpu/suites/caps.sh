@@ -1,11 +1,5 @@
-#!/usr/bin/env bash
-# gpuguard GPU validation of memory caps (GPUGUARD_CAP): the one command.
-#
-#   bash scripts/gpu/caps/validate_caps.sh          (from the repository root)
-#
-# Needs, in the repo copy: target/release/libgpuguard.so and target/release/gpuguard
-# (built elsewhere, carried over). On the machine: python3 with torch, jax, cupy;
-# nvidia-smi; libnvidia-ml.so.1 (NVML, through ctypes: pynvml not needed).
+# Suite "caps" of scripts/gpu/validate.sh (sourced; runs with lib/common.sh): memory
+# caps (GPUGUARD_CAP). Needs libnvidia-ml.so.1 (NVML, through ctypes: pynvml not needed).
 #
 # Each workload runs as
 #   LD_PRELOAD=$PWD/target/release/libgpuguard.so GPUGUARD_CAP=<cap> GPUGUARD_DIR=<run>/reports
@@ -28,82 +22,14 @@
 #   driver_perdevice  driver workload with GPUGUARD_CAP=0:<cap> (per-device form)
 #   driver_fraction   driver workload with GPUGUARD_CAP=0.03 (fraction of cuDeviceTotalMem)
 #
-# Results in $OUT (3 files): caps.log (this console), caps_summary.json (one row per
-# workload, with every check, the monitor analysis and report extracts, plus the
-# environment), caps_runs.tar.gz (each run's stdout, stderr, monitor.csv, reports,
-# check.json, gpuguard show of a cap report; env.txt).
-#
-# Knobs: GGV_CAP_GIB (default 4), GGV_BUDGET_S (seconds for the workloads, default
-# 320, counted from the start, environment included), GGV_ONLY (space-separated
-# workload names), GGV_MONITOR_INTERVAL (default 0.05), GPUGUARD_LOG (default info),
-# GGV_LIB / GGV_CLI (other builds of libgpuguard.so / gpuguard).
-set -u
+# Knobs: GGV_CAP_GIB (default 4), GGV_CAPS_BUDGET_S (seconds for the workloads, default
+# 320), GGV_ONLY (workload names), GGV_MONITOR_INTERVAL (default 0.05).
 
-ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../../.." && pwd)
-cd "$ROOT" || exit 1
-OUT=${OUT:-/tmp/ggv-caps-out}
-mkdir -p "$OUT"
-WORK=${GGV_WORK:-/tmp/ggv-caps}
-rm -rf "$WORK"
-mkdir -p "$WORK/runs"
-SUMMARY=$WORK/summary.jsonl
-: >"$SUMMARY"
-
-LIB=${GGV_LIB:-$ROOT/target/release/libgpuguard.so}
-CLI=${GGV_CLI:-$ROOT/target/release/gpuguard}
-PY=${PYTHON:-python3}
 CAPS=$ROOT/scripts/gpu/caps
 CAP_GIB=${GGV_CAP_GIB:-4}
 CAP="${CAP_GIB}GiB"
 CAP_BYTES=$((CAP_GIB << 30))
 INTERVAL=${GGV_MONITOR_INTERVAL:-0.05}
-START=$(date +%s)
-BUDGET=${GGV_BUDGET_S:-320}
-export GPUGUARD_LOG=${GPUGUARD_LOG:-info}
-# Keep NVLink multicast off (machine rule), whatever a framework would do.
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
-unset LD_PRELOAD GPUGUARD_CAP PYTORCH_CUDA_ALLOC_CONF XLA_PYTHON_CLIENT_ALLOCATOR XLA_PYTHON_CLIENT_PREALLOCATE \
-  XLA_PYTHON_CLIENT_MEM_FRACTION
-
-section() { printf '\n===== %s (t=%ss) =====\n' "$*" "$(($(date +%s) - START))"; }
-
-record_env() {
-  section "environment"
-  {
-    echo "date: $(date -u +%FT%TZ)"
-    echo "uname: $(uname -srm)"
-    echo "cap: GPUGUARD_CAP=$CAP ($CAP_BYTES bytes)"
-    echo "--- nvidia-smi -L"; nvidia-smi -L 2>&1
-    echo "--- driver / memory"
-    nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv 2>&1
-    echo "--- compute processes before the run"
-    nvidia-smi --query-compute-apps=pid,used_memory --format=csv 2>&1
-    echo "--- python"
-    "$PY" - <<'EOF' 2>&1
-import importlib, sys
-print("python", sys.version.split()[0], sys.executable)
-for m in ("torch", "jax", "jaxlib", "cupy", "numpy"):
-    try:
-        mod = importlib.import_module(m)
-        extra = ""
-        if m == "torch":
-            extra = " cuda=%s" % mod.version.cuda
-        print(m, getattr(mod, "__version__", "?") + extra)
-    except Exception as e:  # noqa: BLE001
-        print(m, "NOT AVAILABLE:", repr(e)[:200])
-EOF
-    echo "--- artefacts"
-    for f in "$LIB" "$CLI"; do
-      if [ -e "$f" ]; then ls -l "$f"; sha256sum "$f"; else echo "MISSING $f"; fi
-    done
-    echo "--- gpuguard CLI"; "$CLI" --version 2>&1 | head -3
-    echo "--- the library knows GPUGUARD_CAP"
-    if grep -aq GPUGUARD_CAP "$LIB" 2>/dev/null; then echo "yes"; else echo "NO: this libgpuguard.so predates caps"; fi
-    echo "--- real device size (cuDeviceTotalMem_v2, no shim)"
-    "$PY" "$CAPS/caps_common.py" real-total 2>&1
-  } 2>&1 | tee "$WORK/env.txt"
-}
 
 # Starts the outside monitor; waits until it is sampling.
 start_monitor() {
@@ -130,15 +56,13 @@ stop_monitor() {
 run_cap() {
   local name=$1 tmo=$2 expect=$3 spec=$4 bytes=$5
   shift 5
-  [ "${1:-}" = "--" ] && shift
-  local envs=()
-  while [ $# -gt 0 ] && [ "$1" != "--" ]; do envs+=("$1"); shift; done
-  [ "${1:-}" = "--" ] && shift
-  if [ -n "${GGV_ONLY:-}" ] && [[ " $GGV_ONLY " != *" $name "* ]]; then return 0; fi
-  local d=$WORK/runs/$name
+  parse_env_cmd "$@"
+  wanted "$name" || return 0
+  local d=$SW/runs/$name
   mkdir -p "$d/reports"
   section "$name"
-  local left=$((START + BUDGET - $(date +%s)))
+  local left
+  left=$(left_s)
   if [ "$left" -lt "$tmo" ]; then tmo=$left; fi
   if [ "$tmo" -lt 20 ]; then
     echo "SKIPPED: time budget spent (${left}s left)"
@@ -146,12 +70,12 @@ run_cap() {
       --summary "$SUMMARY" >/dev/null
     return 0
   fi
-  echo "cmd: GPUGUARD_CAP=$spec (expect $bytes bytes) ${envs[*]} $* (timeout ${tmo}s)"
+  echo "cmd: GPUGUARD_CAP=$spec (expect $bytes bytes) ${ENVS[*]} ${CMD[*]} (timeout ${tmo}s)"
   start_monitor "$d"
   local t0 rc el
   t0=$(date +%s.%N)
-  timeout -k 10 "$tmo" env "${envs[@]}" GGV_WORKLOAD="$name" GGV_CAP_BYTES="$bytes" \
-    LD_PRELOAD="$LIB" GPUGUARD_CAP="$spec" GPUGUARD_DIR="$d/reports" "$@" >"$d/stdout.log" 2>"$d/stderr.log"
+  timeout -k 10 "$tmo" env "${ENVS[@]}" GGV_WORKLOAD="$name" GGV_CAP_BYTES="$bytes" \
+    LD_PRELOAD="$LIB" GPUGUARD_CAP="$spec" GPUGUARD_DIR="$d/reports" "${CMD[@]}" >"$d/stdout.log" 2>"$d/stderr.log"
   rc=$?
   local t1
   t1=$(date +%s.%N)
@@ -176,8 +100,8 @@ run_cap() {
 
 run_smi() {
   local name=nvidia_smi
-  if [ -n "${GGV_ONLY:-}" ] && [[ " $GGV_ONLY " != *" $name "* ]]; then return 0; fi
-  local d=$WORK/runs/$name
+  wanted "$name" || return 0
+  local d=$SW/runs/$name
   mkdir -p "$d/reports"
   section "$name: nvidia-smi under the shim with GPUGUARD_CAP=$CAP"
   local q=(--query-gpu=memory.total,memory.used --format=csv,noheader,nounits)
@@ -195,14 +119,13 @@ run_smi() {
     --rc-full "$rf" --summary "$SUMMARY"
 }
 
-main() {
-  echo "gpuguard cap validation, repo $ROOT, work $WORK, out $OUT, cap $CAP, budget ${BUDGET}s"
-  record_env
-  if [ ! -f "$LIB" ]; then
-    echo "FATAL: $LIB missing (carry target/release/libgpuguard.so)"
-  fi
+suite_caps() {
+  suite_begin caps 320
+  echo "cap: GPUGUARD_CAP=$CAP ($CAP_BYTES bytes)"
+  grep -aq GPUGUARD_CAP "$LIB" 2>/dev/null || echo "NO GPUGUARD_CAP in $LIB: this libgpuguard.so predates caps"
   local real_total frac=0.03 frac_bytes=""
   real_total=$(env -u LD_PRELOAD "$PY" "$CAPS/caps_common.py" real-total 2>/dev/null | tail -n 1)
+  echo "real device size (cuDeviceTotalMem_v2, no shim): $real_total" | tee "$SW/runs/real_total.txt"
   if [[ "$real_total" =~ ^[0-9]+$ ]]; then
     # The same arithmetic as gpuguard: (total as f64 * f) as u64, rounded down to the
     # driver's 2 MiB page (crates/core/src/cap.rs, Limit::resolve).
@@ -226,23 +149,6 @@ main() {
     echo "driver_fraction not run: the real device size could not be read ($real_total)"
   fi
 
-  section "pack"
-  cp "$WORK/env.txt" "$WORK/runs/" 2>/dev/null
-  tar -C "$WORK" -czf "$OUT/caps_runs.tar.gz" runs summary.jsonl 2>/dev/null
-  local sz
-  sz=$(stat -c %s "$OUT/caps_runs.tar.gz" 2>/dev/null || echo 0)
-  if [ "$sz" -gt 15000000 ]; then
-    echo "caps_runs.tar.gz is $sz bytes: repacking without exit reports"
-    tar -C "$WORK" -czf "$OUT/caps_runs.tar.gz" --exclude='*.exit.json' runs summary.jsonl
-  fi
-  ls -l "$OUT"
-
-  section "summary (cap $CAP = $CAP_BYTES bytes)"
-  "$PY" "$CAPS/caps_check.py" table --summary "$SUMMARY" --out "$OUT/caps_summary.json" --env "$WORK/env.txt"
-  local trc=$?
-  echo "total time $(($(date +%s) - START))s"
-  return "$trc"
+  section "caps: table (cap $CAP = $CAP_BYTES bytes)"
+  "$PY" "$CAPS/caps_check.py" table --summary "$SUMMARY" --out "$SW/caps_summary.json"
 }
-
-main 2>&1 | tee "$OUT/caps.log"
-exit "${PIPESTATUS[0]}"

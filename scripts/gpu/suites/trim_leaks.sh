@@ -1,11 +1,6 @@
-#!/usr/bin/env bash
-# gpuguard GPU validation of trimming (issue 4) and leak reports (issue 6): the one command.
-#
-#   OUT=/path/to/results bash scripts/gpu/validate_trim_leaks.sh     (from the repository root)
-#
-# Needs, in the repo copy: target/release/libgpuguard.so and target/release/gpuguard
-# (built elsewhere, carried over). On the machine: python3 with torch, cupy, jax;
-# nvidia-smi. No network, no cargo. Always exits 0 (the verdicts are in the table).
+# Suite "trim-leaks" of scripts/gpu/validate.sh (sourced; runs with lib/common.sh):
+# trimming (issue 4) and leak reports (issue 6). Every check's row goes to the suite's
+# summary.jsonl (scripts/gpu/lib/ggv.py Rows); the compact table ends its part of the log.
 #
 # A. Trim (scripts/gpu/trim/, judged by trim_check.py). Every run is under
 #    LD_PRELOAD=$PWD/target/release/libgpuguard.so GPUGUARD_DIR=<run>/reports.
@@ -46,103 +41,13 @@
 #      with the leaked bytes, diff/show first site [pytorch blocks, Python];
 #      leak_cupy.py (leak_cupy_lines): python_sites[0] framework cupy names the line.
 #
-# Results in $OUT (4 files): summary.txt (every check with its numbers, and the
-# environment), summary.json (the rows with their data), trim_leaks.log (this
-# console), trim_leaks_runs.tar.gz (each run's stdout, stderr, reports, CLI
-# outputs, diff/show texts; env.txt). The compact PASS/FAIL table ends the console.
-#
-# Knobs: GGV_BUDGET_S (seconds for the workloads, counted from the start; default
-# 320: no workload starts or runs past it, and the checks, packing and table after
-# it are cut short, so the whole script ends within 7 minutes; a normal run takes
-# about 4), GGV_ONLY (space-separated run names, e.g. "torch_default cupy
-# leak_torch_default leak_cupy_lines"), GPUGUARD_LOG (default info),
-# GGV_LIB / GGV_CLI (other builds), GGV_WORK (scratch directory, default /tmp/ggv-tl).
-set -u
+# Knobs: GGV_TRIM_LEAKS_BUDGET_S (seconds for the workloads, counted from the suite's
+# start; default 320: no workload starts or runs past it, and the checks after it are
+# cut short; a normal run takes about 3 minutes), GGV_ONLY (run names, e.g.
+# "torch_default cupy leak_torch_default leak_cupy_lines").
 
-ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
-cd "$ROOT" || exit 0
-OUT=${OUT:-/tmp/ggv-tl-out}
-mkdir -p "$OUT"
-WORK=${GGV_WORK:-/tmp/ggv-tl}
-rm -rf "$WORK"
-mkdir -p "$WORK/runs"
-SUMMARY=$WORK/summary.jsonl
-: >"$SUMMARY"
-
-LIB=${GGV_LIB:-$ROOT/target/release/libgpuguard.so}
-CLI=${GGV_CLI:-$ROOT/target/release/gpuguard}
-PY=${PYTHON:-python3}
 TRIM=$ROOT/scripts/gpu/trim
 LEAKS=$ROOT/scripts/gpu/leaks
-START=$(date +%s)
-BUDGET=${GGV_BUDGET_S:-320}
-# Start from gpuguard's defaults: no inherited GPUGUARD_* setting (a report signal set
-# to USR2, a snapshot interval, a cap...) may change what is validated.
-for v in $(compgen -e | grep '^GPUGUARD_'); do
-  [ "$v" = GPUGUARD_LOG ] || unset "$v"
-done
-export GPUGUARD_LOG=${GPUGUARD_LOG:-info}
-# Keep NVLink multicast off (machine rule), whatever a framework would do.
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
-# Deterministic cuBLAS for the loss comparison (trim_torch.py also sets it).
-export CUBLAS_WORKSPACE_CONFIG=:4096:8
-unset LD_PRELOAD PYTORCH_CUDA_ALLOC_CONF PYTORCH_ALLOC_CONF XLA_PYTHON_CLIENT_ALLOCATOR \
-  XLA_PYTHON_CLIENT_PREALLOCATE XLA_PYTHON_CLIENT_MEM_FRACTION
-
-section() { printf '\n===== %s (t=%ss) =====\n' "$*" "$(($(date +%s) - START))"; }
-left_s() { echo $((START + BUDGET - $(date +%s))); }
-wanted() { [ -z "${GGV_ONLY:-}" ] || [[ " $GGV_ONLY " == *" $1 "* ]]; }
-
-record_env() {
-  section "environment"
-  {
-    echo "date: $(date -u +%FT%TZ)"
-    echo "uname: $(uname -srm)"
-    echo "--- nvidia-smi -L"; timeout 30 nvidia-smi -L 2>&1
-    echo "--- driver / memory"
-    timeout 30 nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv 2>&1
-    echo "--- compute processes before the run"
-    timeout 30 nvidia-smi --query-compute-apps=pid,used_memory --format=csv 2>&1
-    echo "--- python"
-    timeout 90 "$PY" - <<'EOF' 2>&1
-import importlib, sys
-print("python", sys.version.split()[0], sys.executable)
-for m in ("torch", "cupy", "jax", "jaxlib", "numpy"):
-    try:
-        mod = importlib.import_module(m)
-        extra = " cuda=%s" % mod.version.cuda if m == "torch" else ""
-        print(m, getattr(mod, "__version__", "?") + extra)
-    except Exception as e:  # noqa: BLE001
-        print(m, "NOT AVAILABLE:", repr(e)[:200])
-EOF
-    echo "--- artefacts"
-    for f in "$LIB" "$CLI"; do
-      if [ -e "$f" ]; then ls -l "$f"; sha256sum "$f"; else echo "MISSING $f"; fi
-    done
-    echo "--- gpuguard CLI"; timeout 10 "$CLI" --version 2>&1 | head -3
-    echo "--- the build knows trim / Python classification"
-    for s in GPUGUARD_TRIM_SIGNAL python_sites classification; do
-      if grep -aq "$s" "$LIB" 2>/dev/null; then echo "libgpuguard.so: $s yes"; else echo "libgpuguard.so: $s NO"; fi
-    done
-    if timeout 10 "$CLI" --help 2>&1 | grep -q 'trim'; then echo "gpuguard CLI: trim yes"; else echo "gpuguard CLI: trim NO"; fi
-  } 2>&1 | tee "$WORK/env.txt"
-}
-
-# wait_line FILE WORD JOBPID MAX_S: prints N of the first "WORD pid=N" in FILE; fails
-# when the job ends or MAX_S passes first.
-wait_line() {
-  local f=$1 word=$2 job=$3 max=$4 i pid
-  for ((i = 0; i < max * 10; i++)); do
-    pid=$(grep -a -m1 -o "$word pid=[0-9]*" "$f" 2>/dev/null | head -n1 | cut -d= -f2)
-    if [ -n "$pid" ]; then echo "$pid"; return 0; fi
-    kill -0 "$job" 2>/dev/null || return 1
-    sleep 0.1
-  done
-  return 1
-}
-
-stamp() { date +%s.%N; }
 
 # Actions, run in the background next to a workload: ACTION RUNDIR JOBPID.
 act_usr2() {
@@ -185,11 +90,8 @@ act_hold() {
 run_job() {
   local group=$1 name=$2 tmo=$3 action=$4
   shift 4
-  [ "${1:-}" = "--" ] && shift
-  local envs=()
-  while [ $# -gt 0 ] && [ "$1" != "--" ]; do envs+=("$1"); shift; done
-  [ "${1:-}" = "--" ] && shift
-  local d=$WORK/runs/$group/$name
+  parse_env_cmd "$@"
+  local d=$SW/runs/$group/$name
   mkdir -p "$d/reports"
   : >"$d/actions.txt"
   local left
@@ -202,7 +104,7 @@ run_job() {
   fi
   local t0 rc job apid=
   t0=$(stamp)
-  timeout -k 5 "$tmo" env "${envs[@]}" GGV_RUN_DIR="$d" LD_PRELOAD="$LIB" GPUGUARD_DIR="$d/reports" "$@" \
+  timeout -k 5 "$tmo" env "${ENVS[@]}" GGV_RUN_DIR="$d" LD_PRELOAD="$LIB" GPUGUARD_DIR="$d/reports" "${CMD[@]}" \
     >"$d/stdout.log" 2>"$d/stderr.log" &
   job=$!
   if [ "$action" != none ]; then
@@ -214,7 +116,7 @@ run_job() {
   if [ -n "$apid" ]; then kill "$apid" 2>/dev/null; wait "$apid" 2>/dev/null; fi
   echo "$rc" >"$d/rc.txt"
   local el
-  el=$(awk -v a="$t0" -v b="$(stamp)" 'BEGIN{printf "%.1f", b-a}')
+  el=$(since "$t0")
   echo "$el" >"$d/elapsed.txt"
   echo "$name: rc $rc after ${el}s (timeout ${tmo}s); reports: $(cd "$d/reports" && ls 2>/dev/null | sed -E 's/.*\.([a-z]+)\.json$/\1/' | sort | uniq -c | tr -s ' \n' ' ')"
   grep -a -m3 -E 'gpuguard(\[[0-9]+\])?: trim' "$d/stderr.log" | cut -c1-200
@@ -237,42 +139,38 @@ part_trim() {
   section "A. trim: PyTorch, three allocator modes, without and with SIGUSR2"
   local mode conf
   for mode in default expandable cudaMallocAsync; do
-    case $mode in
-      default) conf= ;;
-      expandable) conf=expandable_segments:True ;;
-      cudaMallocAsync) conf=backend:cudaMallocAsync ;;
-    esac
+    conf=$(torch_conf "$mode")
     wanted "torch_$mode" || continue
     run_job trim "torch_${mode}_nosignal" 90 none -- PYTORCH_CUDA_ALLOC_CONF="$conf" GGV_TRIM_ROLE=nosignal -- \
       "$PY" "$TRIM/trim_torch.py"
     run_job trim "torch_${mode}_signal" 90 act_usr2 -- PYTORCH_CUDA_ALLOC_CONF="$conf" GGV_TRIM_ROLE=signal -- \
       "$PY" "$TRIM/trim_torch.py"
-    check "$TRIM/trim_check.py" torch --mode "$mode" --ref "$WORK/runs/trim/torch_${mode}_nosignal" \
-      --dir "$WORK/runs/trim/torch_${mode}_signal" --summary "$SUMMARY"
+    check "$TRIM/trim_check.py" torch --mode "$mode" --ref "$SW/runs/trim/torch_${mode}_nosignal" \
+      --dir "$SW/runs/trim/torch_${mode}_signal" --summary "$SUMMARY"
   done
 
   if wanted cupy; then
     section "A. trim: CuPy"
     run_job trim cupy 60 act_usr2 -- -- "$PY" "$TRIM/trim_cupy.py"
-    check "$TRIM/trim_check.py" cupy --dir "$WORK/runs/trim/cupy" --summary "$SUMMARY"
+    check "$TRIM/trim_check.py" cupy --dir "$SW/runs/trim/cupy" --summary "$SUMMARY"
   fi
   if wanted jax; then
     section "A. trim: JAX (not releasable)"
     run_job trim jax 90 act_usr2 -- -- "$PY" "$TRIM/trim_jax.py"
-    check "$TRIM/trim_check.py" jax --dir "$WORK/runs/trim/jax" --summary "$SUMMARY"
+    check "$TRIM/trim_check.py" jax --dir "$SW/runs/trim/jax" --summary "$SUMMARY"
   fi
   if wanted cli_and_burst; then
     section "A. trim: gpuguard trim PID, then a burst of 5 SIGUSR2"
     run_job trim cli_and_burst 120 act_hold -- PYTORCH_CUDA_ALLOC_CONF= GGV_TRIM_ROLE=hold -- \
       "$PY" "$TRIM/trim_torch.py"
-    echo "gpuguard trim: rc $(cat "$WORK/runs/trim/cli_and_burst/cli_trim.rc" 2>/dev/null); stdout:"
-    head -n 5 "$WORK/runs/trim/cli_and_burst/cli_trim.out" 2>/dev/null | cut -c1-200
-    check "$TRIM/trim_check.py" hold --dir "$WORK/runs/trim/cli_and_burst" \
-      --ref "$WORK/runs/trim/torch_default_nosignal" --summary "$SUMMARY"
+    echo "gpuguard trim: rc $(cat "$SW/runs/trim/cli_and_burst/cli_trim.rc" 2>/dev/null); stdout:"
+    head -n 5 "$SW/runs/trim/cli_and_burst/cli_trim.out" 2>/dev/null | cut -c1-200
+    check "$TRIM/trim_check.py" hold --dir "$SW/runs/trim/cli_and_burst" \
+      --ref "$SW/runs/trim/torch_default_nosignal" --summary "$SUMMARY"
   fi
   if wanted cli_foreign; then
     section "A. trim: gpuguard trim on a process without gpuguard"
-    local d=$WORK/runs/trim/cli_foreign spid
+    local d=$SW/runs/trim/cli_foreign spid
     mkdir -p "$d"
     # A plain process (no LD_PRELOAD); it ends by itself, and is killed below.
     sleep 30 &
@@ -292,72 +190,48 @@ part_leaks() {
   section "B. leak reports: PyTorch, three allocator modes, default settings (Python lines from stacks)"
   local mode conf
   for mode in default expandable cudaMallocAsync; do
-    case $mode in
-      default) conf= ;;
-      expandable) conf=expandable_segments:True ;;
-      cudaMallocAsync) conf=backend:cudaMallocAsync ;;
-    esac
+    conf=$(torch_conf "$mode")
     wanted "leak_torch_$mode" || continue
     run_job leaks "torch_$mode" 90 none -- PYTORCH_CUDA_ALLOC_CONF="$conf" GGV_PREWARM_MIB=64 -- \
       "$PY" "$LEAKS/leak_torch.py"
-    check "$LEAKS/leak_check.py" torch --mode "$mode" --python on --dir "$WORK/runs/leaks/torch_$mode" \
+    check "$LEAKS/leak_check.py" torch --mode "$mode" --python on --dir "$SW/runs/leaks/torch_$mode" \
       --cli "$CLI" --summary "$SUMMARY"
   done
   section "B. leak reports: PyTorch with GPUGUARD_PYTHON=lines (its recorder: block-exact lines)"
   for mode in default expandable; do
-    case $mode in
-      default) conf= ;;
-      expandable) conf=expandable_segments:True ;;
-    esac
+    conf=$(torch_conf "$mode")
     wanted "leak_torch_${mode}_lines" || continue
     run_job leaks "torch_${mode}_lines" 90 none -- PYTORCH_CUDA_ALLOC_CONF="$conf" GPUGUARD_PYTHON=lines \
       GGV_PREWARM_MIB=1024 -- "$PY" "$LEAKS/leak_torch.py"
-    check "$LEAKS/leak_check.py" torch --mode "$mode" --python lines --dir "$WORK/runs/leaks/torch_${mode}_lines" \
+    check "$LEAKS/leak_check.py" torch --mode "$mode" --python lines --dir "$SW/runs/leaks/torch_${mode}_lines" \
       --cli "$CLI" --summary "$SUMMARY"
   done
   if wanted leak_cupy; then
     section "B. leak reports: CuPy, default settings"
     run_job leaks cupy 60 none -- GGV_PREWARM_MIB=64 -- "$PY" "$LEAKS/leak_cupy.py"
-    check "$LEAKS/leak_check.py" cupy --python on --dir "$WORK/runs/leaks/cupy" --cli "$CLI" --summary "$SUMMARY"
+    check "$LEAKS/leak_check.py" cupy --python on --dir "$SW/runs/leaks/cupy" --cli "$CLI" --summary "$SUMMARY"
   fi
   if wanted leak_cupy_lines; then
     section "B. leak reports: CuPy with GPUGUARD_PYTHON=lines (gpuguard's CuPy hook)"
     run_job leaks cupy_lines 60 none -- GPUGUARD_PYTHON=lines GGV_PREWARM_MIB=1024 -- "$PY" "$LEAKS/leak_cupy.py"
-    check "$LEAKS/leak_check.py" cupy --python lines --dir "$WORK/runs/leaks/cupy_lines" --cli "$CLI" \
+    check "$LEAKS/leak_check.py" cupy --python lines --dir "$SW/runs/leaks/cupy_lines" --cli "$CLI" \
       --summary "$SUMMARY"
   fi
   if wanted leak_jax; then
     section "B. leak reports: JAX, default settings (its device memory profile)"
     run_job leaks jax 90 none -- -- "$PY" "$LEAKS/leak_jax.py"
-    check "$LEAKS/leak_check.py" jax --dir "$WORK/runs/leaks/jax" --cli "$CLI" --summary "$SUMMARY"
+    check "$LEAKS/leak_check.py" jax --dir "$SW/runs/leaks/jax" --cli "$CLI" --summary "$SUMMARY"
   fi
 }
 
-main() {
-  echo "gpuguard trim + leak-report validation, repo $ROOT, work $WORK, out $OUT, budget ${BUDGET}s"
-  record_env
-  [ -f "$LIB" ] || echo "FATAL: $LIB missing (carry target/release/libgpuguard.so)"
-  [ -x "$CLI" ] || echo "WARNING: $CLI missing (carry target/release/gpuguard)"
+suite_trim_leaks() {
+  suite_begin trim-leaks 320
+  # Deterministic cuBLAS for the loss comparison (trim_torch.py also sets it).
+  export CUBLAS_WORKSPACE_CONFIG=:4096:8
   part_trim
   part_leaks
-
-  section "pack"
-  cp "$WORK/env.txt" "$WORK/runs/" 2>/dev/null
-  timeout "$(tmo_after 75 60)" tar -C "$WORK" -czf "$OUT/trim_leaks_runs.tar.gz" runs summary.jsonl 2>/dev/null
-  local sz
-  sz=$(stat -c %s "$OUT/trim_leaks_runs.tar.gz" 2>/dev/null || echo 0)
-  if [ "$sz" -gt 15000000 ]; then
-    echo "trim_leaks_runs.tar.gz is $sz bytes: repacking without the signal reports"
-    timeout "$(tmo_after 90 60)" tar -C "$WORK" -czf "$OUT/trim_leaks_runs.tar.gz" --exclude='*.signal.json' \
-      runs summary.jsonl
-  fi
-  ls -l "$OUT"
-
-  section "summary (every check with its numbers: $OUT/summary.txt)"
-  timeout "$(tmo_after 95 60)" "$PY" "$TRIM/tl_common.py" table --summary "$SUMMARY" --txt "$OUT/summary.txt" \
-    --json "$OUT/summary.json" --env "$WORK/env.txt"
-  echo "total time $(($(date +%s) - START))s"
+  section "trim-leaks: table (every check with its numbers: summary.txt)"
+  timeout "$(tmo_after 95 60)" "$PY" "$GGV_PY" table --summary "$SUMMARY" --txt "$SW/trim_leaks_summary.txt" \
+    --title "gpuguard trim (issue 4) and leak reports (issue 6) on the GPU"
+  return 0
 }
-
-main 2>&1 | tee "$OUT/trim_leaks.log"
-exit 0

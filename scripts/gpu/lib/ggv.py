@@ -1,12 +1,11 @@
 #!/usr/bin/env python3
-"""Shared helpers for the trim (issue 4) and leak-report (issue 6) GPU validation:
-scripts/gpu/trim/*.py, scripts/gpu/leaks/*.py and scripts/gpu/validate_trim_leaks.sh.
-
-Usage (the whole validation, from the repository root):
-  OUT=/path/to/results bash scripts/gpu/validate_trim_leaks.sh
+"""Shared Python helpers of the GPU validation (scripts/gpu/validate.sh and every
+workload and checker under scripts/gpu/): gpuguard's C API through ctypes, report
+files, the GGV_JSON output protocol, summary rows and the tables.
 
 Standard library only (the workloads import torch/cupy/jax themselves), so the
-checkers and `table` run in a bare python3.
+checkers and the tables run in a bare python3. Scripts find it with
+  sys.path.insert(0, os.path.join(HERE, "..", "lib")); import ggv
 
 Workload output protocol (stdout, one line each; the checkers parse it):
   GGV_JSON {"record": KIND, ...}   structured data (measurements, losses, reports seen)
@@ -15,16 +14,22 @@ Workload output protocol (stdout, one line each; the checkers parse it):
   GGV_BURST_READY pid=N            (hold role) the runner now sends 5 SIGUSR2 at once
   INFO / WARN text                 human-readable notes
 
-Summary rows (one JSON object per line in the summary file, written by the checkers):
-  {"group": "trim"|"leaks"|..., "workload": W, "check": C,
+Summary rows (one JSON object per line in a suite's summary file, written by the
+trim, leak and reliability checkers):
+  {"group": "trim"|"leaks"|"rel"|..., "workload": W, "check": C,
    "status": "PASS"|"FAIL"|"WARN"|"INFO"|"SKIP", "detail": text, "data": {...}}
 
-  python3 tl_common.py table --summary FILE [--txt OUT.txt] [--json OUT.json] [--env env.txt]
-      prints the compact PASS/FAIL table; writes the full table (every detail) and the
-      rows as JSON.
+  python3 ggv.py table --summary FILE [--txt OUT.txt] [--json OUT.json] [--env env.txt]
+      prints the compact PASS/FAIL table of such rows; writes the full table (every
+      detail) and the rows as JSON.
+  python3 ggv.py merge --work DIR --txt summary.txt --json summary.json [--env env.txt]
+      the combined summary of validate.sh: every suite's summary.jsonl under DIR
+      (core, caps: one row per workload; trim-leaks, reliability: one row per check),
+      one PASS/FAIL line per suite and workload; exit status 1 if any FAIL.
 """
 
 import argparse
+import ctypes
 import glob
 import json
 import os
@@ -35,9 +40,6 @@ import time
 
 MiB = 1 << 20
 GiB = 1 << 30
-
-HERE = os.path.dirname(os.path.abspath(__file__))
-FRAMEWORKS = os.path.join(HERE, "..", "frameworks")
 
 REPORT_RE = re.compile(
     r"^gpuguard\.(?P<prog>.+?)(?:\.r(?P<rank>\d+))?\.(?P<pid>\d+)\.(?P<seq>\d+)\.(?P<reason>[a-z_]+)\.json$")
@@ -69,6 +71,38 @@ def as_int(v):
     return None
 
 
+def torch_alloc_mode():
+    """PyTorch's allocator mode from the environment: default, expandable, cudaMallocAsync."""
+    conf = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "") + "," + os.environ.get("PYTORCH_ALLOC_CONF", "")
+    conf = conf.replace(" ", "")
+    if "backend:cudaMallocAsync" in conf:
+        return "cudaMallocAsync"
+    if "expandable_segments:True" in conf:
+        return "expandable"
+    return "default"
+
+
+def marked_line(path, marker="# GGV_" + "LEAK_LINE"):
+    """The number of the line of path that ends with marker (the leak workloads' leak)."""
+    with open(path) as f:
+        for i, ln in enumerate(f, 1):
+            if ln.rstrip().endswith(marker):
+                return i
+    return None
+
+
+def leak_knobs():
+    """The leak workloads' settings: (steps, signal steps, leak float32 elements, signal
+    wait s, startup s, prewarm MiB, GPUGUARD_DIR)."""
+    steps = int(os.environ.get("GGV_STEPS", "40"))
+    sig_steps = [int(s) for s in os.environ.get("GGV_SIGNAL_STEPS", "10,30").split(",") if s.strip()]
+    leak_numel = int(float(os.environ.get("GGV_LEAK_MIB", "8")) * MiB) // 4
+    wait_s = float(os.environ.get("GGV_SIGNAL_WAIT_S", "15"))
+    startup_s = float(os.environ.get("GGV_STARTUP_S", "1.0"))
+    prewarm_mib = int(os.environ.get("GGV_PREWARM_MIB", "64"))
+    return steps, sig_steps, leak_numel, wait_s, startup_s, prewarm_mib, os.environ.get("GPUGUARD_DIR")
+
+
 def emit(record, **fields):
     obj = {"record": record}
     obj.update(fields)
@@ -79,12 +113,101 @@ def note(text):
     print("INFO " + text, flush=True)
 
 
-def guard():
-    """gpuguard's C API through ctypes (scripts/gpu/frameworks/ggv_common.Guard)."""
-    sys.path.insert(0, FRAMEWORKS)
-    import ggv_common  # noqa: E402  (the repository's own helper)
+class DeviceCounters(ctypes.Structure):
+    # Mirrors the C API's struct gpuguard_device_counters (int32, u32, 9 x u64).
+    _fields_ = [
+        ("device", ctypes.c_int32),
+        ("reserved0", ctypes.c_uint32),
+        ("total_bytes", ctypes.c_uint64),
+        ("cap_bytes", ctypes.c_uint64),
+        ("current_bytes", ctypes.c_uint64),
+        ("peak_bytes", ctypes.c_uint64),
+        ("allocs", ctypes.c_uint64),
+        ("frees", ctypes.c_uint64),
+        ("failed", ctypes.c_uint64),
+        ("denied", ctypes.c_uint64),
+        ("unknown_frees", ctypes.c_uint64),
+    ]
 
-    return ggv_common.Guard()
+
+class Guard:
+    """ctypes view of the gpuguard C API; every method returns None without the shim."""
+
+    def __init__(self):
+        self.version = None
+        self._counters = self._pinned = self._write = None
+        try:
+            lib = ctypes.CDLL(None)  # global scope: LD_PRELOAD objects included
+        except OSError:
+            return
+        try:
+            fn = lib.gpuguard_device_counters
+        except AttributeError:
+            return
+        fn.argtypes = [ctypes.c_int, ctypes.POINTER(DeviceCounters)]
+        fn.restype = ctypes.c_int
+        self._counters = fn
+        try:
+            v = lib.gpuguard_version
+            v.argtypes = []
+            v.restype = ctypes.c_char_p
+            raw = v()
+            self.version = raw.decode(errors="replace") if raw else "?"
+        except AttributeError:
+            self.version = "?"
+        try:
+            p = lib.gpuguard_host_pinned
+            p.argtypes = [ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_uint64)]
+            p.restype = ctypes.c_int
+            self._pinned = p
+        except AttributeError:
+            pass
+        try:
+            w = lib.gpuguard_write_report
+            w.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t]
+            w.restype = ctypes.c_int
+            self._write = w
+        except AttributeError:
+            pass
+
+    @property
+    def present(self):
+        return self._counters is not None
+
+    def counters(self, device=0):
+        if self._counters is None:
+            return None
+        c = DeviceCounters()
+        rc = self._counters(device, ctypes.byref(c))
+        if rc != 0:
+            return {"error": rc}
+        return {name: int(getattr(c, name)) for name, _ in DeviceCounters._fields_}
+
+    def current(self, device=0):
+        """Device current_bytes, or None (no shim, or an error)."""
+        c = self.counters(device)
+        return c.get("current_bytes") if c and "error" not in c else None
+
+    def host_pinned(self):
+        if self._pinned is None:
+            return None
+        cur, peak = ctypes.c_uint64(0), ctypes.c_uint64(0)
+        rc = self._pinned(ctypes.byref(cur), ctypes.byref(peak))
+        if rc != 0:
+            return {"error": rc}
+        return {"current_bytes": cur.value, "peak_bytes": peak.value}
+
+    def write_report(self, reason="request"):
+        """Returns (rc, path) or None without the shim."""
+        if self._write is None:
+            return None
+        buf = ctypes.create_string_buffer(4096)
+        rc = self._write(reason.encode(), buf, len(buf))
+        return rc, buf.value.decode(errors="replace")
+
+
+def guard():
+    return Guard()
 
 
 # ---- reports ----------------------------------------------------------------------
@@ -95,6 +218,16 @@ def load_json(path):
             return json.load(f), None
     except (OSError, ValueError) as e:
         return None, str(e)
+
+
+def load(path):
+    return load_json(path)[0]
+
+
+def reports_of(pid, reason, directory=None):
+    """[(seq, path)] of pid's reports with that reason in directory (default
+    GPUGUARD_DIR), by sequence number."""
+    return [(e["seq"], e["path"]) for e in list_reports(directory or os.environ.get("GPUGUARD_DIR"), pid, reason)]
 
 
 def list_reports(directory, pid=None, reason=None):
@@ -367,6 +500,15 @@ def load_rows(path):
     return rows
 
 
+def save_row(run_dir, row, summary=None):
+    """A per-workload row (core, caps): run_dir/check.json, and appended to summary."""
+    with open(os.path.join(run_dir, "check.json"), "w") as f:
+        json.dump(row, f, indent=1, default=str)
+    if summary:
+        with open(summary, "a") as f:
+            f.write(json.dumps(row, default=str) + "\n")
+
+
 def counts_line(rows):
     c = {}
     for r in rows:
@@ -397,7 +539,7 @@ def cmd_table(a):
     print("workloads: " + "; ".join(verdict))
     if a.txt:
         with open(a.txt, "w") as f:
-            f.write("gpuguard trim (issue 4) and leak reports (issue 6) on the GPU: every check\n")
+            f.write((a.title or "gpuguard GPU validation") + ": every check\n")
             f.write("generated %s\n" % time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
             if a.env and os.path.exists(a.env):
                 f.write("\n--- environment\n" + read_text(a.env)[:6000] + "\n")
@@ -419,6 +561,85 @@ def cmd_table(a):
     return 0
 
 
+# ---- the combined summary of validate.sh --------------------------------------------------
+
+SUITE_ORDER = ["core", "caps", "trim-leaks", "bench-micro", "reliability", "multi", "multi-soak"]
+
+
+def workload_verdict(statuses):
+    s = set(statuses)
+    return "FAIL" if "FAIL" in s else "WARN" if "WARN" in s else "SKIP" if s <= {"SKIP", "INFO"} else "PASS"
+
+
+def suite_lines(rows):
+    """[(workload, status, first problem)] of one suite's rows: one row per workload
+    (core, caps: "status" and "problems") or one per check (the others)."""
+    out, per = [], {}
+    for r in rows:
+        if "check" in r and "group" in r:
+            k = "%s/%s" % (r.get("group"), r.get("workload"))
+            e = per.setdefault(k, {"st": [], "bad": []})
+            e["st"].append(r.get("status"))
+            if r.get("status") in ("FAIL", "WARN"):
+                e["bad"].append("%s %s: %s" % (r.get("status"), r.get("check"), (r.get("detail") or "")[:120]))
+        else:
+            probs = r.get("problems") or []
+            out.append((r.get("workload", "?"), r.get("status", "?"), str(probs[0]) if probs else ""))
+    for k, e in per.items():
+        out.append((k, workload_verdict(e["st"]), e["bad"][0] if e["bad"] else ""))
+    return out
+
+
+def cmd_merge(a):
+    suites = a.suites.split() or SUITE_ORDER
+    found = {}
+    for s in suites:
+        p = os.path.join(a.work, s, "summary.jsonl")
+        if os.path.exists(p):
+            found[s] = load_rows(p)
+    table, any_fail = [], False
+    for s, rows in found.items():
+        for w, st, why in suite_lines(rows):
+            table.append({"suite": s, "workload": w, "status": st, "first_problem": why})
+            any_fail = any_fail or st == "FAIL"
+        if not rows:
+            table.append({"suite": s, "workload": "-", "status": "FAIL", "first_problem": "no rows (suite did not run?)"})
+            any_fail = True
+    lines = ["%-11s %-34s %-5s %s" % ("suite", "workload", "stat", "first problem")]
+    for t in table:
+        lines.append("%-11s %-34s %-5s %s" % (t["suite"], t["workload"][:34], t["status"], t["first_problem"][:110]))
+    c = {}
+    for t in table:
+        c[t["status"]] = c.get(t["status"], 0) + 1
+    lines.append("workloads: " + (", ".join("%d %s" % (c[k], k) for k in sorted(c, key=lambda k: ORDER.get(k, 9)))
+                                  or "none") + ("  => FAIL" if any_fail else "  => PASS"))
+    print("\n".join(lines))
+    env = read_text(a.env) if a.env else ""
+    if a.txt:
+        with open(a.txt, "w") as f:
+            f.write("gpuguard GPU validation (scripts/gpu/validate.sh): %s\n" % " ".join(found))
+            f.write("generated %s\n\n" % time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+            f.write("\n".join(lines) + "\n")
+            for s, rows in found.items():
+                f.write("\n===== %s: every row\n" % s)
+                for r in rows:
+                    if "check" in r and "group" in r:
+                        f.write("%-6s %-5s %-22s %-24s %s\n" % (r.get("group", ""), r.get("status"),
+                                                                r.get("workload", ""), r.get("check", ""),
+                                                                r.get("detail") or ""))
+                    else:
+                        f.write("%-20s %-5s rc=%s problems: %s\n" % (r.get("workload"), r.get("status"), r.get("rc"),
+                                                                      "; ".join(map(str, r.get("problems") or []))
+                                                                      or "none"))
+            if env:
+                f.write("\n--- environment\n" + env[:8000] + "\n")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"table": table, "suites": {s: {"rows": rows} for s, rows in found.items()}, "env_txt": env},
+                      f, indent=1, default=str)
+    return 1 if any_fail else 0
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -428,8 +649,15 @@ def main():
     t.add_argument("--json")
     t.add_argument("--env")
     t.add_argument("--with-info", action="store_true")
+    t.add_argument("--title")
+    m = sub.add_parser("merge")
+    m.add_argument("--work", required=True)
+    m.add_argument("--txt")
+    m.add_argument("--json")
+    m.add_argument("--env")
+    m.add_argument("--suites", default="")
     a = ap.parse_args()
-    return cmd_table(a)
+    return cmd_table(a) if a.cmd == "table" else cmd_merge(a)
 
 
 if __name__ == "__main__":

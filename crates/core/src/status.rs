@@ -1,0 +1,316 @@
+//! Status files: what `gpuguard ps` lists. Each process running gpuguard keeps one
+//! small JSON file, `<pid>.json`, in the status directory ([`status_dir`]); the
+//! library's helper thread rewrites it about once a second (atomically: a private
+//! temporary renamed into place, mode 0600) and removes it at exit. Files of processes
+//! that died without removing theirs are recognised ([`read_all`]) by the process being
+//! gone or its start time differing (the pid was reused), and removed.
+
+use crate::reporter::write_atomic;
+use serde::{Deserialize, Serialize};
+use std::ffi::OsString;
+use std::io::Read;
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+pub const SCHEMA: &str = "gpuguard-status/1";
+
+/// How often the library rewrites its status file.
+pub const UPDATE_INTERVAL_MS: u64 = 1_000;
+
+/// Status files are small; a larger file is not one.
+const MAX_FILE_BYTES: u64 = 1 << 20;
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct Status {
+    pub schema: String,
+    pub gpuguard_version: String,
+    pub pid: u32,
+    pub program: String,
+    pub argv: Vec<String>,
+    /// The process's start time in clock ticks since boot (`/proc/<pid>/stat` field
+    /// 22): with the pid, it names the process even after the pid is reused.
+    pub start_ticks: u64,
+    /// When gpuguard saw the first CUDA call.
+    pub started_unix_ms: u64,
+    /// Where its reports go (`GPUGUARD_DIR`).
+    pub report_dir: String,
+    pub updated_unix_ms: u64,
+    pub devices: Vec<DeviceStatus>,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct DeviceStatus {
+    pub device: i32,
+    pub live_bytes: u64,
+    pub peak_bytes: u64,
+    /// `null` when uncapped.
+    pub cap_bytes: Option<u64>,
+    /// What stream-ordered pools hold unused (charged against the cap).
+    #[serde(default)]
+    pub pool_held_bytes: u64,
+}
+
+/// The status directory: `$XDG_RUNTIME_DIR/gpuguard` when that variable names an
+/// absolute path (the per-user runtime directory of a login session), else
+/// `/dev/shm/gpuguard-<uid>` (memory-backed, like the runtime directory). `var` reads
+/// an environment variable.
+pub fn status_dir(var: impl Fn(&str) -> Option<OsString>, uid: u32) -> PathBuf {
+    match var("XDG_RUNTIME_DIR").map(PathBuf::from) {
+        Some(runtime) if runtime.is_absolute() => runtime.join("gpuguard"),
+        _ => PathBuf::from(format!("/dev/shm/gpuguard-{uid}")),
+    }
+}
+
+/// The status directory of this process's environment and user.
+pub fn status_dir_here() -> std::io::Result<PathBuf> {
+    // /proc/self belongs to the process's effective user.
+    let uid = std::fs::metadata("/proc/self")?.uid();
+    Ok(status_dir(|k| std::env::var_os(k), uid))
+}
+
+/// Creates `dir` (mode 0700) if need be and checks that it is a real directory of this
+/// user that nobody else can reach: under `/dev/shm` another user could have made it
+/// first, to read the files or to plant some.
+pub fn ensure_dir(dir: &Path) -> std::io::Result<()> {
+    match std::fs::DirBuilder::new().mode(0o700).create(dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(e),
+    }
+    let meta = std::fs::symlink_metadata(dir)?;
+    let me = std::fs::metadata("/proc/self")?.uid();
+    let unsafe_dir = |why: &str| {
+        Err(std::io::Error::new(
+            std::io::ErrorKind::PermissionDenied,
+            format!("{}: {why}; not used for status files", dir.display()),
+        ))
+    };
+    if !meta.is_dir() {
+        return unsafe_dir("not a directory");
+    }
+    if meta.uid() != me {
+        return unsafe_dir("belongs to another user");
+    }
+    if meta.permissions().mode() & 0o077 != 0 {
+        return unsafe_dir("other users can reach it (mode is not 0700)");
+    }
+    Ok(())
+}
+
+/// The file name of a process's status.
+pub fn file_name(pid: u32) -> String {
+    format!("{pid}.json")
+}
+
+/// Writes `status` as `dir/<pid>.json`, atomically, mode 0600. The directory must
+/// exist ([`ensure_dir`]).
+pub fn write_status(dir: &Path, status: &Status) -> std::io::Result<PathBuf> {
+    let bytes = serde_json::to_vec(status).map_err(std::io::Error::other)?;
+    write_atomic(dir, &file_name(status.pid), &bytes)
+}
+
+/// Removes a process's status file (at exit); a file already gone is fine.
+pub fn remove_status(dir: &Path, pid: u32) -> std::io::Result<()> {
+    match std::fs::remove_file(dir.join(file_name(pid))) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
+        _ => Ok(()),
+    }
+}
+
+/// A process's start time in clock ticks since boot, from `<proc>/<pid>/stat` field 22;
+/// `None` when there is no such process.
+pub fn process_start_ticks(proc_root: &Path, pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(proc_root.join(pid.to_string()).join("stat")).ok()?;
+    // Field 2, the command name, is in parentheses and may hold spaces and
+    // parentheses itself: count from the last `)`, which ends it.
+    let after_name = &stat[stat.rfind(')')? + 1..];
+    // After the name come fields 3, 4, ...: field 22 is the 20th of them.
+    after_name.split_whitespace().nth(19)?.parse().ok()
+}
+
+/// The status of each live process in `dir`, by pid. Files of processes that are gone
+/// (or whose pid now names another process) are removed, as are their temporaries;
+/// files that cannot be read as a status are skipped. A missing directory has none.
+pub fn read_all(dir: &Path) -> std::io::Result<Vec<Status>> {
+    read_all_with(dir, Path::new("/proc"))
+}
+
+/// [`read_all`] with the process table at `proc_root`.
+pub fn read_all_with(dir: &Path, proc_root: &Path) -> std::io::Result<Vec<Status>> {
+    let entries = match std::fs::read_dir(dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(e),
+    };
+    let mut out = Vec::new();
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(name) = name.to_str() else { continue };
+        let path = entry.path();
+        // `.<pid>.json.tmp`: a write in progress, or left by a process killed in it.
+        if let Some(pid) = name
+            .strip_prefix('.')
+            .and_then(|n| n.strip_suffix(".json.tmp"))
+            .and_then(|p| p.parse::<u32>().ok())
+        {
+            if process_start_ticks(proc_root, pid).is_none() {
+                let _ = std::fs::remove_file(&path);
+            }
+            continue;
+        }
+        let Some(pid) = name
+            .strip_suffix(".json")
+            .and_then(|p| p.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let Some(status) = read_one(&path).filter(|s| s.pid == pid) else {
+            continue;
+        };
+        match process_start_ticks(proc_root, pid) {
+            Some(ticks) if ticks == status.start_ticks => out.push(status),
+            // Gone, or the pid now names another process: the file is stale.
+            _ => {
+                let _ = std::fs::remove_file(&path);
+            }
+        }
+    }
+    out.sort_by_key(|s| s.pid);
+    Ok(out)
+}
+
+/// One status file, `None` when it is not one of this schema (or not a regular file).
+fn read_one(path: &Path) -> Option<Status> {
+    let meta = std::fs::symlink_metadata(path).ok()?;
+    if !meta.is_file() || meta.len() > MAX_FILE_BYTES {
+        return None;
+    }
+    let mut text = String::new();
+    std::fs::File::open(path)
+        .ok()?
+        .take(MAX_FILE_BYTES)
+        .read_to_string(&mut text)
+        .ok()?;
+    let status: Status = serde_json::from_str(&text).ok()?;
+    (status.schema == SCHEMA).then_some(status)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn temp_dir(name: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!(
+            "gpuguard-status-test-{}-{name}",
+            std::process::id()
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        dir
+    }
+
+    fn status(pid: u32, start_ticks: u64) -> Status {
+        Status {
+            schema: SCHEMA.into(),
+            gpuguard_version: "0.1.0".into(),
+            pid,
+            program: "train.py".into(),
+            argv: vec!["python".into(), "train.py".into()],
+            start_ticks,
+            report_dir: "/tmp/r".into(),
+            devices: vec![DeviceStatus {
+                device: 0,
+                live_bytes: 5,
+                peak_bytes: 9,
+                cap_bytes: Some(100),
+                pool_held_bytes: 1,
+            }],
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn directory_rule() {
+        let env: HashMap<&str, &str> = [("XDG_RUNTIME_DIR", "/run/user/1000")].into();
+        let var = |k: &str| env.get(k).map(OsString::from);
+        assert_eq!(status_dir(var, 1000), Path::new("/run/user/1000/gpuguard"));
+        assert_eq!(
+            status_dir(|_| None, 1000),
+            Path::new("/dev/shm/gpuguard-1000")
+        );
+        // A relative runtime directory is not one.
+        let rel = |_: &str| Some(OsString::from("run"));
+        assert_eq!(status_dir(rel, 7), Path::new("/dev/shm/gpuguard-7"));
+    }
+
+    #[test]
+    fn start_ticks_of_this_process_and_of_none() {
+        let me = process_start_ticks(Path::new("/proc"), std::process::id());
+        assert!(me.is_some_and(|t| t > 0));
+        let fake = temp_dir("proc");
+        std::fs::create_dir_all(fake.join("12")).unwrap();
+        // A command name with spaces and parentheses.
+        let fields: Vec<String> = (3..=30).map(|i| i.to_string()).collect();
+        std::fs::write(
+            fake.join("12/stat"),
+            format!("12 (a) b (c) {}\n", fields.join(" ")),
+        )
+        .unwrap();
+        assert_eq!(process_start_ticks(&fake, 12), Some(22));
+        assert_eq!(process_start_ticks(&fake, 13), None);
+    }
+
+    #[test]
+    fn written_private_read_back_and_stale_ones_removed() {
+        let dir = temp_dir("rw");
+        ensure_dir(&dir).unwrap();
+        assert_eq!(
+            std::fs::metadata(&dir).unwrap().permissions().mode() & 0o777,
+            0o700
+        );
+        let me = std::process::id();
+        let ticks = process_start_ticks(Path::new("/proc"), me).unwrap();
+        let live = status(me, ticks);
+        let p = write_status(&dir, &live).unwrap();
+        assert_eq!(p, dir.join(format!("{me}.json")));
+        assert_eq!(
+            std::fs::metadata(&p).unwrap().permissions().mode() & 0o777,
+            0o600
+        );
+        // A reused pid (same pid, other start time) and a pid that cannot be running.
+        let reused_dir = temp_dir("rw-reused");
+        ensure_dir(&reused_dir).unwrap();
+        write_status(&reused_dir, &status(me, ticks + 1)).unwrap();
+        let dead = u32::MAX - 1;
+        write_status(&dir, &status(dead, 1)).unwrap();
+        std::fs::write(dir.join(format!(".{dead}.json.tmp")), "{").unwrap();
+        std::fs::write(dir.join("notes.txt"), "x").unwrap();
+        std::fs::write(dir.join("77.json"), "not json").unwrap();
+
+        assert_eq!(read_all(&dir).unwrap(), vec![live]);
+        assert!(!dir.join(format!("{dead}.json")).exists());
+        assert!(!dir.join(format!(".{dead}.json.tmp")).exists());
+        assert!(
+            dir.join("notes.txt").exists(),
+            "only status files are touched"
+        );
+        assert!(read_all(&reused_dir).unwrap().is_empty());
+        assert!(!reused_dir.join(format!("{me}.json")).exists());
+
+        remove_status(&dir, me).unwrap();
+        remove_status(&dir, me).unwrap();
+        assert!(read_all(&dir).unwrap().is_empty());
+        assert!(read_all(&dir.join("missing")).unwrap().is_empty());
+    }
+
+    #[test]
+    fn directory_others_can_reach_is_refused() {
+        let dir = temp_dir("open");
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+        assert!(ensure_dir(&dir).is_err());
+        let file = temp_dir("file");
+        std::fs::write(&file, "").unwrap();
+        assert!(ensure_dir(&file).is_err());
+    }
+}

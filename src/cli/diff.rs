@@ -1,0 +1,295 @@
+//! `gpuguard diff A B`: what changed from one report to another, per device and per
+//! call site, growth and shrinkage; `--fail-on-growth SIZE` makes it a CI check.
+
+use super::growth::{SiteTrend, growing_sites, shrinking_sites};
+use super::load::{load, shown};
+use super::output::print;
+use super::show::{JsonGrowth, render_trend};
+use super::text::{clean, count};
+use super::{Failure, Outcome};
+use gpuguard_core::report::{Report, human_bytes};
+use serde::Serialize;
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+
+/// `gpuguard diff` options.
+#[derive(clap::Args)]
+pub struct DiffArgs {
+    /// The earlier report
+    #[arg(value_name = "A")]
+    pub a: PathBuf,
+    /// The later report
+    #[arg(value_name = "B")]
+    pub b: PathBuf,
+    /// Exit with status 1 when the total live bytes (all devices) grew by more
+    /// than SIZE from A to B (0 for any growth; 512MiB, 1GB, ...)
+    #[arg(long, value_name = "SIZE", value_parser = parse_growth_limit)]
+    pub fail_on_growth: Option<u64>,
+    /// How many call sites to list each way
+    #[arg(long, value_name = "N", default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..))]
+    pub top: u32,
+    /// A machine-readable diff (JSON)
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `--fail-on-growth`: a size as `GPUGUARD_CAP` takes one, or 0.
+fn parse_growth_limit(text: &str) -> Result<u64, String> {
+    if text.trim() == "0" {
+        return Ok(0);
+    }
+    gpuguard_core::cap::parse_size(text)
+        .ok_or_else(|| format!("{text:?} is not a size (0, 4096, 512MiB, 1.5GiB, 2GB)"))
+}
+
+/// One device's figures in one report (zeros where the report lacks the device).
+#[derive(Clone, Copy, Default, Serialize)]
+struct DeviceFigures {
+    live_bytes: u64,
+    peak_bytes: u64,
+    live_count: u64,
+}
+
+impl DeviceFigures {
+    fn of(r: &Report, device: i32) -> DeviceFigures {
+        r.devices
+            .iter()
+            .filter(|d| d.device == device)
+            .fold(DeviceFigures::default(), |acc, d| DeviceFigures {
+                live_bytes: acc.live_bytes.saturating_add(d.current_bytes),
+                peak_bytes: acc.peak_bytes.saturating_add(d.peak_bytes),
+                live_count: acc.live_count.saturating_add(d.live_count),
+            })
+    }
+
+    fn plus(self, o: DeviceFigures) -> DeviceFigures {
+        DeviceFigures {
+            live_bytes: self.live_bytes.saturating_add(o.live_bytes),
+            peak_bytes: self.peak_bytes.saturating_add(o.peak_bytes),
+            live_count: self.live_count.saturating_add(o.live_count),
+        }
+    }
+}
+
+#[derive(Serialize)]
+struct DeviceChange {
+    /// `null` for the total over all devices.
+    device: Option<i32>,
+    a: DeviceFigures,
+    b: DeviceFigures,
+}
+
+#[derive(Serialize)]
+struct Side<'a> {
+    file: &'a str,
+    program: &'a str,
+    pid: u32,
+    seq: u64,
+    reason: &'a str,
+    argv: &'a [String],
+}
+
+#[derive(Serialize)]
+struct JsonDiff<'a> {
+    a: Side<'a>,
+    b: Side<'a>,
+    different_programs: bool,
+    devices: Vec<DeviceChange>,
+    total: DeviceChange,
+    /// Total live bytes gained from A to B over all devices (0 if they fell).
+    live_growth_bytes: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    fail_on_growth_bytes: Option<u64>,
+    grew: Vec<JsonGrowth>,
+    shrank: Vec<JsonGrowth>,
+}
+
+/// Whether the two reports come from different programs: comparing them says
+/// little about a leak.
+fn different_programs(a: &Report, b: &Report) -> bool {
+    a.program != b.program || a.argv != b.argv
+}
+
+fn device_changes(a: &Report, b: &Report) -> (Vec<DeviceChange>, DeviceChange) {
+    let devices: BTreeSet<i32> = a
+        .devices
+        .iter()
+        .chain(&b.devices)
+        .map(|d| d.device)
+        .collect();
+    let changes: Vec<DeviceChange> = devices
+        .into_iter()
+        .map(|d| DeviceChange {
+            device: Some(d),
+            a: DeviceFigures::of(a, d),
+            b: DeviceFigures::of(b, d),
+        })
+        .collect();
+    let total = changes.iter().fold(
+        DeviceChange {
+            device: None,
+            a: DeviceFigures::default(),
+            b: DeviceFigures::default(),
+        },
+        |acc, c| DeviceChange {
+            device: None,
+            a: acc.a.plus(c.a),
+            b: acc.b.plus(c.b),
+        },
+    );
+    (changes, total)
+}
+
+/// `1.0 KiB -> 3.0 KiB (+2.0 KiB)`.
+fn bytes_change(a: u64, b: u64) -> String {
+    let delta = if b >= a {
+        format!("+{}", human_bytes(b - a))
+    } else {
+        format!("-{}", human_bytes(a - b))
+    };
+    format!("{} -> {} ({delta})", human_bytes(a), human_bytes(b))
+}
+
+fn count_change(a: u64, b: u64) -> String {
+    let delta = if b >= a {
+        format!("+{}", b - a)
+    } else {
+        format!("-{}", a - b)
+    };
+    format!("{a} -> {b} ({delta})")
+}
+
+fn describe(label: &str, file: &str, r: &Report) -> String {
+    format!(
+        "  {label}: {file}: {} (pid {}), reason {}, report #{}, {:.1} s",
+        clean(&r.program),
+        r.pid,
+        clean(&r.reason),
+        r.seq,
+        r.uptime_s
+    )
+}
+
+fn render_sites(out: &mut String, sites: &[SiteTrend], grew: bool, top: usize) {
+    let labels = ["A".to_string(), "B".to_string()];
+    let verb = if grew { "grew" } else { "shrank" };
+    if sites.is_empty() {
+        put!(out, "\n  no call site's live bytes {verb} from A to B");
+        return;
+    }
+    put!(
+        out,
+        "\n  {} whose live bytes {verb} from A to B, Python lines first, most first:",
+        count(sites.len() as u64, "call site")
+    );
+    for t in sites.iter().take(top) {
+        if grew {
+            render_trend(out, t, &labels, '+', t.grew());
+        } else {
+            render_trend(out, t, &labels, '-', t.shrank());
+        }
+    }
+    if sites.len() > top {
+        put!(
+            out,
+            "    ... {}",
+            count((sites.len() - top) as u64, "more call site")
+        );
+    }
+}
+
+pub fn main(args: DiffArgs) -> Outcome {
+    let ra = load(&args.a)?;
+    let rb = load(&args.b)?;
+    let (fa, fb) = (shown(&args.a), shown(&args.b));
+    let grown = growing_sites(&[&ra, &rb]);
+    let shrunk = shrinking_sites(&[&ra, &rb]);
+    let (devices, total) = device_changes(&ra, &rb);
+    let growth = total.b.live_bytes.saturating_sub(total.a.live_bytes);
+    let different = different_programs(&ra, &rb);
+
+    let text = if args.json {
+        let summary = JsonDiff {
+            a: Side {
+                file: &fa,
+                program: &ra.program,
+                pid: ra.pid,
+                seq: ra.seq,
+                reason: &ra.reason,
+                argv: &ra.argv,
+            },
+            b: Side {
+                file: &fb,
+                program: &rb.program,
+                pid: rb.pid,
+                seq: rb.seq,
+                reason: &rb.reason,
+                argv: &rb.argv,
+            },
+            different_programs: different,
+            devices,
+            total,
+            live_growth_bytes: growth,
+            fail_on_growth_bytes: args.fail_on_growth,
+            grew: grown
+                .iter()
+                .take(args.top as usize)
+                .map(|t| JsonGrowth::new(t, t.grew()))
+                .collect(),
+            shrank: shrunk
+                .iter()
+                .take(args.top as usize)
+                .map(|t| JsonGrowth::new(t, t.shrank()))
+                .collect(),
+        };
+        let mut t = serde_json::to_string_pretty(&summary)
+            .map_err(|e| Failure::Input(format!("cannot encode the diff: {e}")))?;
+        t.push('\n');
+        t
+    } else {
+        let mut out = String::new();
+        put!(out, "gpuguard diff");
+        put!(out, "{}", describe("A", &fa, &ra));
+        put!(out, "{}", describe("B", &fb, &rb));
+        if different {
+            put!(
+                out,
+                "  warning: A and B come from different programs ({:?} and {:?}): their call sites are not the same code run twice",
+                clean(&ra.argv.join(" ")),
+                clean(&rb.argv.join(" "))
+            );
+        }
+        put!(out);
+        put!(
+            out,
+            "  {:<7} {:<38} {:<38} {}",
+            "device",
+            "live A -> B",
+            "peak A -> B",
+            "live allocations A -> B"
+        );
+        for c in devices.iter().chain([&total]) {
+            put!(
+                out,
+                "  {:<7} {:<38} {:<38} {}",
+                c.device
+                    .map_or_else(|| "total".to_string(), |d| d.to_string()),
+                bytes_change(c.a.live_bytes, c.b.live_bytes),
+                bytes_change(c.a.peak_bytes, c.b.peak_bytes),
+                count_change(c.a.live_count, c.b.live_count)
+            );
+        }
+        render_sites(&mut out, &grown, true, args.top as usize);
+        render_sites(&mut out, &shrunk, false, args.top as usize);
+        out
+    };
+    print(&text)?;
+    match args.fail_on_growth {
+        Some(limit) if growth > limit => Err(Failure::Check(format!(
+            "live memory grew by {} from A to B, more than --fail-on-growth {}",
+            human_bytes(growth),
+            human_bytes(limit)
+        ))),
+        _ => Ok(0),
+    }
+}

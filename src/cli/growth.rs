@@ -1,0 +1,181 @@
+//! Matching call sites across reports (ids are per report; frames identify a site)
+//! and measuring how their live bytes changed. Sums saturate: a report is input
+//! like any other, and a wrapped sum would hide growth.
+
+use gpuguard_core::report::Report;
+use std::collections::{BTreeMap, BTreeSet};
+
+/// A site's identity across reports.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct SiteKey {
+    /// The framework whose blocks a Python site holds; `None` for a native site.
+    pub python: Option<String>,
+    pub frames: Vec<String>,
+}
+
+/// Live bytes and allocations at one site in one report.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Live {
+    pub bytes: u64,
+    pub count: u64,
+}
+
+impl Live {
+    fn add(&mut self, bytes: u64, count: u64) {
+        self.bytes = self.bytes.saturating_add(bytes);
+        self.count = self.count.saturating_add(count);
+    }
+}
+
+/// Live bytes and count per site of one report, native and Python sites both.
+pub fn site_map(r: &Report) -> BTreeMap<SiteKey, Live> {
+    let mut map: BTreeMap<SiteKey, Live> = BTreeMap::new();
+    for s in &r.sites {
+        let key = SiteKey {
+            python: None,
+            frames: s.frames.clone(),
+        };
+        map.entry(key).or_default().add(s.live_bytes, s.live_count);
+    }
+    for s in &r.python_sites {
+        let key = SiteKey {
+            python: Some(s.framework.clone()),
+            frames: s.frames.clone(),
+        };
+        map.entry(key).or_default().add(s.live_bytes, s.live_count);
+    }
+    map
+}
+
+/// One site across the reports compared, in their order.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SiteTrend {
+    pub key: SiteKey,
+    pub live: Vec<Live>,
+}
+
+impl SiteTrend {
+    pub fn is_python(&self) -> bool {
+        self.key.python.is_some()
+    }
+
+    fn first(&self) -> u64 {
+        self.live.first().map_or(0, |l| l.bytes)
+    }
+
+    fn last(&self) -> u64 {
+        self.live.last().map_or(0, |l| l.bytes)
+    }
+
+    /// Live bytes gained from the first report to the last (0 if it shrank).
+    pub fn grew(&self) -> u64 {
+        self.last().saturating_sub(self.first())
+    }
+
+    /// Live bytes lost from the first report to the last (0 if it grew).
+    pub fn shrank(&self) -> u64 {
+        self.first().saturating_sub(self.last())
+    }
+}
+
+/// Every site of any report, with its live figures in each.
+fn trends(reports: &[&Report]) -> Vec<SiteTrend> {
+    let maps: Vec<_> = reports.iter().map(|r| site_map(r)).collect();
+    let keys: BTreeSet<&SiteKey> = maps.iter().flat_map(|m| m.keys()).collect();
+    keys.into_iter()
+        .map(|k| SiteTrend {
+            key: k.clone(),
+            live: maps
+                .iter()
+                .map(|m| m.get(k).copied().unwrap_or_default())
+                .collect(),
+        })
+        .collect()
+}
+
+/// Python lines (the program's own code) first: in a framework process the native
+/// sites are the framework's allocator, whose figures mix cache and leak. Then by
+/// `amount`, largest first.
+fn order(sites: &mut [SiteTrend], amount: fn(&SiteTrend) -> u64) {
+    sites.sort_by(|a, b| {
+        b.is_python()
+            .cmp(&a.is_python())
+            .then(amount(b).cmp(&amount(a)))
+            .then(a.key.cmp(&b.key))
+    });
+}
+
+/// Sites whose live bytes grew from the first report to the last (`diff`). Which
+/// sites of a series are suspected leaks is `gpuguard_core::growth::suspects`.
+pub fn growing_sites(reports: &[&Report]) -> Vec<SiteTrend> {
+    let mut out: Vec<SiteTrend> = trends(reports)
+        .into_iter()
+        .filter(|t| t.grew() > 0)
+        .collect();
+    order(&mut out, SiteTrend::grew);
+    out
+}
+
+/// Sites whose live bytes fell from the first report to the last.
+pub fn shrinking_sites(reports: &[&Report]) -> Vec<SiteTrend> {
+    let mut out: Vec<SiteTrend> = trends(reports)
+        .into_iter()
+        .filter(|t| t.shrank() > 0)
+        .collect();
+    order(&mut out, SiteTrend::shrank);
+    out
+}
+
+/// All live allocations of a report, counting those it left out.
+pub fn live_allocations(r: &Report) -> u64 {
+    (r.live.len() as u64).saturating_add(r.live_omitted)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gpuguard_core::report::Site;
+
+    fn rep(sites: &[(&str, u64)]) -> Report {
+        Report {
+            sites: sites
+                .iter()
+                .enumerate()
+                .map(|(i, (f, b))| Site {
+                    id: i as u32,
+                    frames: vec![f.to_string(), "main".into()],
+                    live_bytes: *b,
+                    live_count: 1,
+                })
+                .collect(),
+            ..Default::default()
+        }
+    }
+
+    fn names(t: &[SiteTrend]) -> Vec<&str> {
+        t.iter().map(|t| t.key.frames[0].as_str()).collect()
+    }
+
+    #[test]
+    fn sites_match_by_frames_and_order_by_change() {
+        let a = rep(&[("weights", 100), ("cache", 10), ("gone", 5)]);
+        // Ids are reassigned between reports: only frames match sites.
+        let b = rep(&[("cache", 50), ("new", 20), ("weights", 100)]);
+        let g = growing_sites(&[&a, &b]);
+        assert_eq!(names(&g), ["cache", "new"]);
+        assert_eq!(g[0].grew(), 40);
+        assert_eq!(g[1].live[0], Live::default());
+        assert_eq!(names(&shrinking_sites(&[&a, &b])), ["gone"]);
+    }
+
+    #[test]
+    fn sums_saturate_instead_of_wrapping() {
+        let a = rep(&[]);
+        let mut b = rep(&[("huge", 1 << 63)]);
+        b.sites.push(b.sites[0].clone());
+        let g = growing_sites(&[&a, &b]);
+        assert_eq!(g[0].grew(), u64::MAX);
+        b.live_omitted = u64::MAX;
+        assert_eq!(live_allocations(&b), u64::MAX);
+    }
+}

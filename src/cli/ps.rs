@@ -1,0 +1,269 @@
+//! `gpuguard ps`: every process of this user running gpuguard, from the status files
+//! their helper threads keep (`gpuguard_core::status`): a line per process and device
+//! with live, peak and cap, the report directory and how old the figures are.
+//! `--json` prints the statuses; `--watch [SECS]` redraws like `top`.
+
+use super::load::shown;
+use super::output::print;
+use super::text::clean;
+use super::{Failure, Outcome};
+use gpuguard_core::report::human_bytes;
+use gpuguard_core::status::{self, Status};
+use std::io::IsTerminal;
+use std::path::Path;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// How `ps` shows what it found.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Format {
+    Table,
+    Json,
+}
+
+/// What one look at the status directory found.
+fn look(dir: &Path) -> Result<Vec<Status>, Failure> {
+    status::read_all(dir).map_err(|e| {
+        Failure::Input(format!(
+            "{}: cannot read the status directory: {e}",
+            shown(dir)
+        ))
+    })
+}
+
+fn now_unix_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// The table: a line per process and device (a process that has not used a device yet
+/// gets one line with dashes).
+pub fn render_table(statuses: &[Status], dir: &Path, now_ms: u64) -> String {
+    if statuses.is_empty() {
+        return format!(
+            "no process is running gpuguard (no status files in {})\n",
+            shown(dir)
+        );
+    }
+    let mut rows: Vec<[String; 9]> = vec![
+        [
+            "PID", "PROGRAM", "DEV", "LIVE", "PEAK", "CAP", "POOLS", "UPDATED", "REPORTS",
+        ]
+        .map(String::from),
+    ];
+    for s in statuses {
+        let age = age(now_ms.saturating_sub(s.updated_unix_ms));
+        let program = printable(&s.program, 24);
+        let reports = printable(&s.report_dir, 200);
+        if s.devices.is_empty() {
+            rows.push([
+                s.pid.to_string(),
+                program,
+                "-".into(),
+                "-".into(),
+                "-".into(),
+                "-".into(),
+                "-".into(),
+                age,
+                reports,
+            ]);
+            continue;
+        }
+        for d in &s.devices {
+            rows.push([
+                s.pid.to_string(),
+                program.clone(),
+                d.device.to_string(),
+                human_bytes(d.live_bytes),
+                human_bytes(d.peak_bytes),
+                d.cap_bytes.map_or("none".into(), human_bytes),
+                human_bytes(d.pool_held_bytes),
+                age.clone(),
+                reports.clone(),
+            ]);
+        }
+    }
+    let mut widths = [0usize; 9];
+    for row in &rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let mut out = String::new();
+    for row in &rows {
+        let mut line = String::new();
+        for (i, cell) in row.iter().enumerate() {
+            let pad = widths[i] - cell.chars().count();
+            // Numbers right-aligned, text left-aligned; the last column unpadded.
+            if i == row.len() - 1 {
+                line.push_str(cell);
+            } else if (3..=6).contains(&i) || i == 0 {
+                line.push_str(&" ".repeat(pad));
+                line.push_str(cell);
+                line.push_str("  ");
+            } else {
+                line.push_str(cell);
+                line.push_str(&" ".repeat(pad + 2));
+            }
+        }
+        out.push_str(line.trim_end());
+        out.push('\n');
+    }
+    out
+}
+
+/// `0.4 s ago`, `3 min ago`: how old a status is. Old figures mean a busy or stopped
+/// helper thread.
+fn age(ms: u64) -> String {
+    if ms < 60_000 {
+        format!("{:.1} s ago", ms as f64 / 1000.0)
+    } else if ms < 3_600_000 {
+        format!("{} min ago", ms / 60_000)
+    } else {
+        format!("{} h ago", ms / 3_600_000)
+    }
+}
+
+/// A file's string for a terminal: control characters escaped (a program name is
+/// whatever the process chose), cut to `max` characters.
+fn printable(text: &str, max: usize) -> String {
+    let text = clean(text);
+    let mut out: String = text.chars().take(max).collect();
+    if text.chars().count() > max {
+        out.pop();
+        out.push('…');
+    }
+    out
+}
+
+/// One look, rendered.
+fn render(dir: &Path, format: Format) -> Result<String, Failure> {
+    let statuses = look(dir)?;
+    Ok(match format {
+        Format::Table => render_table(&statuses, dir, now_unix_ms()),
+        Format::Json => {
+            let mut text = serde_json::to_string_pretty(&statuses)
+                .map_err(|e| Failure::Input(format!("cannot encode the statuses: {e}")))?;
+            text.push('\n');
+            text
+        }
+    })
+}
+
+/// `gpuguard ps` options.
+#[derive(clap::Args)]
+#[command(
+    after_help = "Each process running gpuguard keeps a status file, rewritten about \
+    once a second, in $XDG_RUNTIME_DIR/gpuguard (or /dev/shm/gpuguard-UID when that \
+    variable is unset); files of processes that are gone are removed here."
+)]
+pub struct PsArgs {
+    /// Print the processes' statuses as JSON
+    #[arg(long)]
+    pub json: bool,
+    /// Refresh every SECS seconds (1 when no value is given) until Ctrl-C
+    #[arg(long, value_name = "SECS", num_args = 0..=1, default_missing_value = "1", value_parser = parse_interval)]
+    pub watch: Option<Duration>,
+}
+
+/// Prints the processes once, or every `--watch` interval until stdout closes or
+/// Ctrl-C (whose default action ends the process: nothing here needs restoring, the
+/// terminal is only ever cleared).
+pub fn main(args: PsArgs) -> Outcome {
+    let dir = status::status_dir_here()
+        .map_err(|e| Failure::Input(format!("cannot find the status directory: {e}")))?;
+    let format = if args.json {
+        Format::Json
+    } else {
+        Format::Table
+    };
+    let Some(every) = args.watch else {
+        print(&render(&dir, format)?)?;
+        return Ok(0);
+    };
+    let terminal = std::io::stdout().is_terminal();
+    loop {
+        let mut text = render(&dir, format)?;
+        if terminal {
+            // Home and clear, then the table under a heading like top's.
+            text = format!(
+                "\x1b[H\x1b[2Jgpuguard ps, every {} s (Ctrl-C to stop)\n\n{text}",
+                trim_secs(every)
+            );
+        } else {
+            text.push('\n');
+        }
+        // A closed stdout (`gpuguard ps --watch | head`) ends the loop here.
+        print(&text)?;
+        std::thread::sleep(every);
+    }
+}
+
+fn trim_secs(d: Duration) -> String {
+    let s = format!("{:.1}", d.as_secs_f64());
+    s.trim_end_matches(".0").to_string()
+}
+
+/// `--watch SECS`: a positive number of seconds, at least 0.1.
+pub fn parse_interval(text: &str) -> Result<Duration, String> {
+    match text.parse::<f64>() {
+        Ok(s) if (0.1..=86_400.0).contains(&s) => Ok(Duration::from_secs_f64(s)),
+        _ => Err(format!(
+            "--watch {text:?}: give the seconds between refreshes, from 0.1 to 86400"
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gpuguard_core::status::DeviceStatus;
+
+    #[test]
+    fn table_has_a_line_per_device() {
+        let s = Status {
+            pid: 77,
+            program: "train\u{1b}[2J.py".into(),
+            report_dir: "/tmp/r".into(),
+            updated_unix_ms: 10_000,
+            devices: vec![
+                DeviceStatus {
+                    device: 0,
+                    live_bytes: 3 << 30,
+                    peak_bytes: 4 << 30,
+                    cap_bytes: Some(8 << 30),
+                    pool_held_bytes: 0,
+                },
+                DeviceStatus {
+                    device: 1,
+                    live_bytes: 0,
+                    peak_bytes: 1 << 20,
+                    cap_bytes: None,
+                    pool_held_bytes: 0,
+                },
+            ],
+            ..Default::default()
+        };
+        let text = render_table(&[s], Path::new("/d"), 12_500);
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 3, "{text}");
+        assert!(lines[0].starts_with("PID"));
+        let w: Vec<&str> = lines[1].split_whitespace().collect();
+        assert_eq!(w[..3], ["77", "train\\x1b[2J.py", "0"]);
+        assert!(lines[1].contains("3.0 GiB") && lines[1].contains("8.0 GiB"));
+        assert!(lines[1].contains("2.5 s ago") && lines[1].ends_with("/tmp/r"));
+        assert!(lines[2].contains("none"));
+        assert!(!text.contains('\u{1b}'));
+        assert!(render_table(&[], Path::new("/d"), 0).contains("no process"));
+    }
+
+    #[test]
+    fn watch_interval() {
+        assert_eq!(parse_interval("2").unwrap(), Duration::from_secs(2));
+        assert_eq!(parse_interval("0.5").unwrap(), Duration::from_millis(500));
+        for bad in ["0", "-1", "abc", "nan", "1e9"] {
+            assert!(parse_interval(bad).is_err(), "{bad}");
+        }
+    }
+}

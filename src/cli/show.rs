@@ -1,0 +1,778 @@
+//! `gpuguard show`: the answer first (a table per device, the lines holding the most
+//! live memory, suspected leaks across reports), then the details.
+
+use super::growth::{Live, SiteKey, SiteTrend, live_allocations};
+use super::load::{load_all, shown};
+use super::output::print;
+use super::text::{clean, count, frames, human_byte_counts, readable_frames};
+use super::{Failure, Outcome};
+use gpuguard_core::growth::{Suspect, suspects};
+use gpuguard_core::report::{self, Report, human_bytes};
+use serde::Serialize;
+use std::path::PathBuf;
+
+/// `gpuguard show` options.
+#[derive(clap::Args)]
+pub struct ShowArgs {
+    /// Report files (gpuguard.*.json); several of one process show suspected leaks
+    #[arg(required = true, value_name = "REPORT")]
+    pub files: Vec<PathBuf>,
+    /// Only the suspected leaks and the lines holding the most live memory
+    #[arg(long = "leaks")]
+    pub leaks_only: bool,
+    /// How many call sites and allocations to list
+    #[arg(long, value_name = "N", default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..))]
+    pub top: u32,
+    /// A machine-readable summary (JSON) of what the text shows
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Frames shown per site; the rest are counted.
+const FRAMES_SHOWN: usize = 8;
+
+pub fn main(args: ShowArgs) -> Outcome {
+    let reports = load_all(&args.files)?;
+    let named: Vec<(String, &Report)> = args.files.iter().map(|f| shown(f)).zip(&reports).collect();
+    let text = if args.json {
+        let summary = json_summary(&named, &args);
+        serde_json::to_string_pretty(&summary)
+            .map(|mut t| {
+                t.push('\n');
+                t
+            })
+            .map_err(|e| Failure::Input(format!("cannot encode the summary: {e}")))?
+    } else {
+        render(&named, &args)
+    };
+    print(&text)?;
+    Ok(0)
+}
+
+fn render(named: &[(String, &Report)], args: &ShowArgs) -> String {
+    let mut out = String::new();
+    for (i, (file, r)) in named.iter().enumerate() {
+        if i > 0 {
+            put!(out);
+        }
+        render_header(&mut out, file, r);
+        if !args.leaks_only {
+            render_devices(&mut out, r);
+        }
+        render_top_sites(&mut out, r, args.top as usize);
+    }
+    let reports: Vec<&Report> = named.iter().map(|(_, r)| *r).collect();
+    render_suspected(&mut out, &reports, args.top as usize);
+    if args.leaks_only {
+        return out;
+    }
+    render_ranks(&mut out, &reports);
+    for (file, r) in named {
+        render_details(&mut out, file, r, args.top as usize);
+    }
+    out
+}
+
+/// Who wrote the report, when and why.
+fn render_header(out: &mut String, file: &str, r: &Report) {
+    put!(out, "gpuguard report {file}");
+    put!(
+        out,
+        "  {} (pid {}), reason: {}, report #{}, {:.1} s after the first CUDA call",
+        clean(&r.program),
+        r.pid,
+        clean(&r.reason),
+        r.seq,
+        r.uptime_s
+    );
+    if !r.argv.is_empty() {
+        put!(out, "  command: {}", clean(&r.argv.join(" ")));
+    }
+}
+
+/// Bytes for a table cell; `-` where nobody could say.
+fn cell(bytes: Option<u64>) -> String {
+    bytes.map_or_else(|| "-".into(), human_bytes)
+}
+
+/// One line per device, in the spirit of `torch.cuda.memory_summary()`.
+fn render_devices(out: &mut String, r: &Report) {
+    put!(out);
+    put!(
+        out,
+        "  {:<6} {:>11} {:>11} {:>11} {:>11} {:>11} {:>11} {:>9} {:>9} {:>7} {:>7} {:>8}",
+        "device",
+        "live",
+        "peak",
+        "in use",
+        "cached",
+        "cap",
+        "total",
+        "allocs",
+        "frees",
+        "failed",
+        "denied",
+        "unknown"
+    );
+    for d in &r.devices {
+        put!(
+            out,
+            "  {:<6} {:>11} {:>11} {:>11} {:>11} {:>11} {:>11} {:>9} {:>9} {:>7} {:>7} {:>8}",
+            d.device,
+            human_bytes(d.current_bytes),
+            human_bytes(d.peak_bytes),
+            cell(d.in_use_bytes),
+            cell(d.cached_bytes),
+            d.cap_bytes.map_or_else(|| "none".into(), human_bytes),
+            if d.total_bytes > 0 {
+                human_bytes(d.total_bytes)
+            } else {
+                "?".into()
+            },
+            d.allocs,
+            d.frees,
+            d.failed,
+            d.denied,
+            d.unknown_frees
+        );
+    }
+    if r.devices.is_empty() {
+        put!(out, "  (no device memory was used)");
+    }
+    if let Some(d) = &r.denial {
+        put!(
+            out,
+            "  cap refused {} ({}) on device {}: {} of its {} cap in use",
+            human_bytes(d.bytes),
+            clean(&d.api),
+            d.device,
+            human_bytes(d.charged_bytes),
+            human_bytes(d.cap_bytes)
+        );
+    }
+}
+
+/// A site's figures and frames, as the top lists and the details show them.
+fn render_site(out: &mut String, label: &str, bytes: u64, what: &str, site_frames: &[String]) {
+    put!(out, "    {label:<12} {:>11} in {what}", human_bytes(bytes));
+    let shown = frames(site_frames);
+    for f in shown.iter().take(FRAMES_SHOWN) {
+        put!(out, "        {f}");
+    }
+    if shown.len() > FRAMES_SHOWN {
+        put!(
+            out,
+            "        ... {}",
+            count((shown.len() - FRAMES_SHOWN) as u64, "more frame")
+        );
+    }
+}
+
+/// The live allocations, then the lines holding the most: Python lines where the
+/// report has them (the program's own code), else the native call sites.
+fn render_top_sites(out: &mut String, r: &Report, top: usize) {
+    let what = if r.reason == "exit" {
+        "still live at exit (leaks, or memory freed only by process teardown)"
+    } else {
+        "live"
+    };
+    put!(out);
+    put!(out, "  {} {what}", count(live_allocations(r), "allocation"));
+    if !r.python_sites.is_empty() {
+        put!(
+            out,
+            "  Python lines holding framework memory in use, most first:"
+        );
+        for s in r.python_sites.iter().take(top) {
+            let blocks = format!("{} ({})", count(s.live_count, "block"), clean(&s.framework));
+            render_site(
+                out,
+                &format!("py site {}", s.id),
+                s.live_bytes,
+                &blocks,
+                &s.frames,
+            );
+        }
+        if r.python_sites.len() > top {
+            put!(
+                out,
+                "    ... {}",
+                count((r.python_sites.len() - top) as u64, "more Python site")
+            );
+        }
+    } else if !r.sites.is_empty() {
+        put!(out, "  call sites holding the most live bytes:");
+        render_native_sites(out, r, top);
+    }
+}
+
+fn render_native_sites(out: &mut String, r: &Report, top: usize) {
+    for s in r.sites.iter().take(top) {
+        let n = count(s.live_count, "allocation");
+        render_site(out, &format!("site {}", s.id), s.live_bytes, &n, &s.frames);
+    }
+    if r.sites.len() > top {
+        put!(
+            out,
+            "    ... {}",
+            count((r.sites.len() - top) as u64, "more call site")
+        );
+    }
+}
+
+/// The reports of each process (host and pid) with 2 or more of them, by `seq`.
+fn processes<'a>(reports: &[&'a Report]) -> Vec<Vec<&'a Report>> {
+    // A process is its host and pid.
+    type Process<'r> = (Option<&'r str>, u32);
+    let mut groups: Vec<(Process, Vec<&Report>)> = Vec::new();
+    for r in reports {
+        let key = (r.host.as_deref(), r.pid);
+        match groups.iter_mut().find(|(k, _)| *k == key) {
+            Some((_, g)) => g.push(r),
+            None => groups.push((key, vec![r])),
+        }
+    }
+    groups
+        .into_iter()
+        .filter_map(|(_, mut group)| {
+            group.sort_by_key(|r| r.seq);
+            group.dedup_by_key(|r| r.seq);
+            (group.len() >= 2).then_some(group)
+        })
+        .collect()
+}
+
+/// A site's growth, with its live bytes in each report.
+pub fn render_trend(out: &mut String, t: &SiteTrend, labels: &[String], sign: char, amount: u64) {
+    put!(out, "    {sign}{}", human_bytes(amount));
+    render_trend_rows(out, t, labels);
+}
+
+/// A site's live figures in each report, its framework and its frames.
+fn render_trend_rows(out: &mut String, t: &SiteTrend, labels: &[String]) {
+    let unit = if t.is_python() { "block" } else { "allocation" };
+    for (label, live) in labels.iter().zip(&t.live) {
+        put!(
+            out,
+            "      {label:<10} {:>11} in {}",
+            human_bytes(live.bytes),
+            count(live.count, unit)
+        );
+    }
+    if let Some(fw) = &t.key.python {
+        put!(out, "        [{} blocks, Python]", clean(fw));
+    }
+    let shown = frames(&t.key.frames);
+    for f in shown.iter().take(FRAMES_SHOWN) {
+        put!(out, "        {f}");
+    }
+    if shown.len() > FRAMES_SHOWN {
+        put!(
+            out,
+            "        ... {}",
+            count((shown.len() - FRAMES_SHOWN) as u64, "more frame")
+        );
+    }
+}
+
+/// A suspect as a trend over its reports (for the rows and the JSON).
+fn suspect_trend(s: &Suspect) -> SiteTrend {
+    SiteTrend {
+        key: SiteKey {
+            python: s.key.framework.clone(),
+            frames: s.key.frames.clone(),
+        },
+        live: s
+            .live
+            .iter()
+            .map(|&(bytes, count)| Live { bytes, count })
+            .collect(),
+    }
+}
+
+/// For each process with 2 or more reports: its suspected leaks, by
+/// `gpuguard_core::growth::suspects` (the criterion is there and in README).
+fn render_suspected(out: &mut String, reports: &[&Report], top: usize) {
+    for group in processes(reports) {
+        let grown = suspects(&group);
+        let labels: Vec<String> = group.iter().map(|r| format!("#{}", r.seq)).collect();
+        // A rank's process is named by its rank too: that is how its job knows it.
+        let rank = group[0].rank.map_or(String::new(), |r| {
+            let of = group[0]
+                .world_size
+                .map_or(String::new(), |w| format!("/{w}"));
+            format!("rank {r}{of}, ")
+        });
+        put!(
+            out,
+            "\nsuspected leaks in {} ({rank}pid {}), across reports {}:",
+            clean(&group[0].program),
+            group[0].pid,
+            labels.join(", ")
+        );
+        if grown.is_empty() {
+            put!(
+                out,
+                "  none: no call site's live bytes grew in most intervals"
+            );
+            continue;
+        }
+        put!(
+            out,
+            "  call sites whose live bytes grew in most intervals, steadiest first, then fastest:"
+        );
+        for g in grown.iter().take(top) {
+            put!(
+                out,
+                "    rose in {} of {}: +{}{}{}",
+                g.rose,
+                count(g.intervals as u64, "interval"),
+                human_bytes(g.growth),
+                g.per_second
+                    .map_or(String::new(), |r| format!(", {}/s", human_bytes(r as u64))),
+                if g.exit_drop_ignored {
+                    ", then fell at exit (judged before that drop)"
+                } else {
+                    ""
+                }
+            );
+            render_trend_rows(out, &suspect_trend(g), &labels);
+        }
+        if grown.len() > top {
+            put!(
+                out,
+                "    ... {}",
+                count((grown.len() - top) as u64, "more call site")
+            );
+        }
+    }
+}
+
+/// One line per rank (its latest report) when the reports carry ranks.
+fn render_ranks(out: &mut String, reports: &[&Report]) {
+    let mut latest: Vec<&Report> = Vec::new();
+    for r in reports.iter().filter(|r| r.rank.is_some()) {
+        let same = |o: &&mut &Report| o.rank == r.rank && o.host == r.host && o.pid == r.pid;
+        match latest.iter_mut().find(same) {
+            Some(slot) if slot.seq < r.seq => *slot = r,
+            Some(_) => {}
+            None => latest.push(r),
+        }
+    }
+    if latest.is_empty() {
+        return;
+    }
+    latest.sort_by_key(|r| (r.rank, r.host.clone(), r.pid));
+    put!(out, "\nper rank (latest report of each):");
+    for r in latest {
+        let devs: Vec<String> = r
+            .devices
+            .iter()
+            .map(|d| {
+                format!(
+                    "device {} {} live, peak {}",
+                    d.device,
+                    human_bytes(d.current_bytes),
+                    human_bytes(d.peak_bytes)
+                )
+            })
+            .collect();
+        put!(
+            out,
+            "  rank {}{} host {} pid {} (#{} {}): {}",
+            r.rank.unwrap_or_default(),
+            r.world_size.map_or(String::new(), |w| format!("/{w}")),
+            clean(r.host.as_deref().unwrap_or("?")),
+            r.pid,
+            r.seq,
+            clean(&r.reason),
+            if devs.is_empty() {
+                "no device memory used".into()
+            } else {
+                devs.join("; ")
+            }
+        );
+    }
+}
+
+/// What the answer left out: memory by kind, the frameworks' split, the trim, the
+/// native sites behind Python lines, the largest live allocations.
+fn render_details(out: &mut String, file: &str, r: &Report, top: usize) {
+    put!(out, "\ndetails of {file}");
+    for d in &r.devices {
+        if d.by_kind.is_empty() {
+            continue;
+        }
+        let kinds: Vec<String> = d
+            .by_kind
+            .iter()
+            .map(|(k, b)| format!("{} {}", clean(k), human_bytes(*b)))
+            .collect();
+        put!(
+            out,
+            "  device {} live by kind: {}",
+            d.device,
+            kinds.join(", ")
+        );
+    }
+    render_classes(out, r);
+    if let Some(d) = &r.denial {
+        put!(out, "  refused call:");
+        for f in frames(&d.frames).iter().take(FRAMES_SHOWN) {
+            put!(out, "        {f}");
+        }
+    }
+    if let Some(t) = &r.trim {
+        render_trim(out, t);
+    }
+    if !r.python_sites.is_empty() && !r.sites.is_empty() {
+        put!(out, "\n  native call sites by live bytes:");
+        render_native_sites(out, r, top);
+    }
+    if !r.live.is_empty() {
+        put!(out, "\n  largest live allocations:");
+        put!(
+            out,
+            "    {:<18} {:>11} {:>4} {:<8} {:<24} {:>9} {:>5}",
+            "address",
+            "bytes",
+            "dev",
+            "kind",
+            "api",
+            "age",
+            "site"
+        );
+        for a in r.live.iter().take(top) {
+            put!(
+                out,
+                "    {:<18} {:>11} {:>4} {:<8} {:<24} {:>8.1}s {:>5}",
+                a.address.to_string(),
+                human_bytes(a.bytes),
+                a.device,
+                clean(&a.kind),
+                clean(&a.api),
+                a.age_s,
+                a.site.map_or("-".into(), |s| s.to_string())
+            );
+        }
+        let total = live_allocations(r);
+        if total > top as u64 {
+            put!(out, "    ... {} more", total - top as u64);
+        }
+    }
+}
+
+/// In use, cached and unclassified bytes per device, and where the split came from.
+fn render_classes(out: &mut String, r: &Report) {
+    for d in &r.devices {
+        if let (Some(u), Some(c)) = (d.in_use_bytes, d.cached_bytes) {
+            put!(
+                out,
+                "  device {}: {} in use by live tensors/arrays, {} cached by frameworks, {} unclassified",
+                d.device,
+                human_bytes(u),
+                human_bytes(c),
+                human_bytes(d.current_bytes.saturating_sub(u.saturating_add(c)))
+            );
+        }
+    }
+    for c in &r.classification {
+        put!(
+            out,
+            "  {}: {}{}",
+            clean(&c.framework),
+            clean(&c.status),
+            c.detail
+                .as_deref()
+                .map_or(String::new(), |d| format!(" ({})", clean(d)))
+        );
+    }
+}
+
+/// What a trim gave back, per device and per mechanism, in human sizes.
+pub fn render_trim(out: &mut String, t: &report::TrimReport) {
+    put!(
+        out,
+        "\n  trim ({}, {}): {} released; Python side: {}",
+        clean(&t.trigger),
+        count(t.merged, "request"),
+        human_bytes(t.released_bytes),
+        clean(&t.python)
+    );
+    for d in &t.devices {
+        put!(
+            out,
+            "    device {}: {} -> {}",
+            d.device,
+            human_bytes(d.before_bytes),
+            human_bytes(d.after_bytes)
+        );
+    }
+    for m in &t.mechanisms {
+        put!(
+            out,
+            "    {:<11} {:<15} {:>11}  {}",
+            clean(&m.name),
+            clean(&m.status),
+            human_bytes(m.released_bytes),
+            clean(&human_byte_counts(m.detail.as_deref().unwrap_or("")))
+        );
+    }
+}
+
+// ---------------------------------------------------------------------------
+// --json: the same summary for programs
+// ---------------------------------------------------------------------------
+
+#[derive(Serialize)]
+struct JsonShow<'a> {
+    reports: Vec<JsonReport<'a>>,
+    suspected_leaks: Vec<JsonSuspect>,
+}
+
+#[derive(Serialize)]
+struct JsonReport<'a> {
+    file: &'a str,
+    program: &'a str,
+    pid: u32,
+    seq: u64,
+    reason: &'a str,
+    argv: &'a [String],
+    #[serde(skip_serializing_if = "Option::is_none")]
+    rank: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    host: Option<&'a str>,
+    live_allocations: u64,
+    /// Left out with `--leaks`, as in the text.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    devices: Option<Vec<JsonDevice>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    denial: Option<&'a report::DenialReport>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    trim: Option<&'a report::TrimReport>,
+    /// Python lines where the report has them, else native call sites; most first.
+    top_sites: Vec<JsonSite>,
+}
+
+#[derive(Serialize)]
+struct JsonDevice {
+    device: i32,
+    live_bytes: u64,
+    peak_bytes: u64,
+    in_use_bytes: Option<u64>,
+    cached_bytes: Option<u64>,
+    cap_bytes: Option<u64>,
+    total_bytes: u64,
+    allocs: u64,
+    frees: u64,
+    failed: u64,
+    denied: u64,
+    unknown_frees: u64,
+    live_count: u64,
+}
+
+#[derive(Serialize)]
+struct JsonSite {
+    /// The framework whose blocks a Python line holds; absent for a native site.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    python_framework: Option<String>,
+    live_bytes: u64,
+    live_count: u64,
+    frames: Vec<String>,
+}
+
+#[derive(Serialize)]
+struct JsonSuspect {
+    program: String,
+    pid: u32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    rank: Option<u64>,
+    seqs: Vec<u64>,
+    sites: Vec<JsonLeak>,
+}
+
+/// A suspected leak: its growth over the reports judged, and how steady it was.
+#[derive(Serialize)]
+struct JsonLeak {
+    #[serde(flatten)]
+    growth: JsonGrowth,
+    /// Intervals between consecutive reports judged, and how many it rose in.
+    rose: usize,
+    intervals: usize,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    bytes_per_second: Option<f64>,
+    /// The exit report's drop was left out of the judgment.
+    exit_drop_ignored: bool,
+}
+
+#[derive(Serialize)]
+pub struct JsonGrowth {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    python_framework: Option<String>,
+    /// Live bytes gained (or, in `diff`'s `shrank`, lost) from first to last (for a
+    /// suspected leak: over the reports judged).
+    change_bytes: u64,
+    /// Live bytes in each report compared, in order.
+    live_bytes: Vec<u64>,
+    frames: Vec<String>,
+}
+
+impl JsonGrowth {
+    pub fn new(t: &SiteTrend, change_bytes: u64) -> JsonGrowth {
+        JsonGrowth {
+            python_framework: t.key.python.clone(),
+            change_bytes,
+            live_bytes: t.live.iter().map(|l| l.bytes).collect(),
+            frames: readable_frames(&t.key.frames),
+        }
+    }
+}
+
+fn top_sites(r: &Report, top: usize) -> Vec<JsonSite> {
+    if !r.python_sites.is_empty() {
+        r.python_sites
+            .iter()
+            .take(top)
+            .map(|s| JsonSite {
+                python_framework: Some(s.framework.clone()),
+                live_bytes: s.live_bytes,
+                live_count: s.live_count,
+                frames: readable_frames(&s.frames),
+            })
+            .collect()
+    } else {
+        r.sites
+            .iter()
+            .take(top)
+            .map(|s| JsonSite {
+                python_framework: None,
+                live_bytes: s.live_bytes,
+                live_count: s.live_count,
+                frames: readable_frames(&s.frames),
+            })
+            .collect()
+    }
+}
+
+fn json_summary<'a>(named: &'a [(String, &'a Report)], args: &ShowArgs) -> JsonShow<'a> {
+    let reports = named
+        .iter()
+        .map(|(file, r)| JsonReport {
+            file,
+            program: &r.program,
+            pid: r.pid,
+            seq: r.seq,
+            reason: &r.reason,
+            argv: &r.argv,
+            rank: r.rank,
+            host: r.host.as_deref(),
+            live_allocations: live_allocations(r),
+            devices: (!args.leaks_only).then(|| {
+                r.devices
+                    .iter()
+                    .map(|d| JsonDevice {
+                        device: d.device,
+                        live_bytes: d.current_bytes,
+                        peak_bytes: d.peak_bytes,
+                        in_use_bytes: d.in_use_bytes,
+                        cached_bytes: d.cached_bytes,
+                        cap_bytes: d.cap_bytes,
+                        total_bytes: d.total_bytes,
+                        allocs: d.allocs,
+                        frees: d.frees,
+                        failed: d.failed,
+                        denied: d.denied,
+                        unknown_frees: d.unknown_frees,
+                        live_count: d.live_count,
+                    })
+                    .collect()
+            }),
+            denial: r.denial.as_ref().filter(|_| !args.leaks_only),
+            trim: r.trim.as_ref().filter(|_| !args.leaks_only),
+            top_sites: top_sites(r, args.top as usize),
+        })
+        .collect();
+    let all: Vec<&Report> = named.iter().map(|(_, r)| *r).collect();
+    let suspected_leaks = processes(&all)
+        .into_iter()
+        .map(|group| JsonSuspect {
+            program: group[0].program.clone(),
+            pid: group[0].pid,
+            rank: group[0].rank,
+            seqs: group.iter().map(|r| r.seq).collect(),
+            sites: suspects(&group)
+                .iter()
+                .take(args.top as usize)
+                .map(|g| JsonLeak {
+                    growth: JsonGrowth::new(&suspect_trend(g), g.growth),
+                    rose: g.rose,
+                    intervals: g.intervals,
+                    bytes_per_second: g.per_second,
+                    exit_drop_ignored: g.exit_drop_ignored,
+                })
+                .collect(),
+        })
+        .collect();
+    JsonShow {
+        reports,
+        suspected_leaks,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gpuguard_core::report::Site;
+
+    fn rep(pid: u32, seq: u64, sites: &[(&str, u64)]) -> Report {
+        Report {
+            pid,
+            seq,
+            sites: sites
+                .iter()
+                .enumerate()
+                .map(|(i, (f, b))| Site {
+                    id: i as u32,
+                    frames: vec![f.to_string(), "main".into()],
+                    live_bytes: *b,
+                    live_count: 1,
+                })
+                .collect(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn suspected_leaks_per_process_in_seq_order() {
+        let r1 = rep(7, 1, &[("leak", 10), ("bumpy", 10)]);
+        let r2 = rep(7, 2, &[("leak", 20), ("bumpy", 5)]);
+        let r3 = rep(7, 3, &[("leak", 30), ("bumpy", 40)]);
+        let other = rep(8, 1, &[("leak", 1)]);
+        let mut out = String::new();
+        render_suspected(&mut out, &[&r3, &other, &r1, &r2], 10);
+        assert!(out.contains("across reports #1, #2, #3"), "{out}");
+        assert!(out.contains("leak") && !out.contains("bumpy"), "{out}");
+        assert_eq!(out.matches("suspected leaks").count(), 1, "{out}");
+    }
+
+    #[test]
+    fn rank_lines_only_with_ranks() {
+        let mut out = String::new();
+        render_ranks(&mut out, &[&rep(1, 1, &[])]);
+        assert!(out.is_empty());
+        let mut a = rep(1, 1, &[]);
+        a.rank = Some(1);
+        a.host = Some("n1".into());
+        let mut b = rep(2, 4, &[]);
+        b.rank = Some(0);
+        b.world_size = Some(2);
+        b.host = Some("n0".into());
+        let mut a2 = a.clone();
+        a2.seq = 2;
+        render_ranks(&mut out, &[&a, &a2, &b]);
+        let lines: Vec<&str> = out.lines().filter(|l| l.starts_with("  rank ")).collect();
+        assert_eq!(lines.len(), 2, "{out}");
+        assert!(lines[0].contains("rank 0/2 host n0 pid 2"), "{out}");
+        assert!(lines[1].contains("rank 1 host n1 pid 1 (#2"), "{out}");
+    }
+}

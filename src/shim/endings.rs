@@ -1,0 +1,215 @@
+//! Endings by signal: SIGTERM, SIGINT and SIGHUP (how Slurm, Kubernetes, torchrun
+//! and Ctrl-C stop a job) end a process by their default action, which runs no exit
+//! handler, so no exit report would be written. Where one of them would do that
+//! (its disposition is the default when gpuguard activates), gpuguard's handler asks
+//! the helper thread for the final report, waits for it (bounded), then puts the
+//! default action back and raises the signal again: the process ends as it would
+//! have, with the same status. A handler the program has (Python's
+//! KeyboardInterrupt, a graceful-shutdown handler) is left alone, before or after.
+//!
+//! The handler does only async-signal-safe work: atomics, write(2), poll(2),
+//! sigaction(2), raise(3). Low layer: it knows only the helper thread's doorbell.
+
+use super::wake;
+use std::ffi::{c_int, c_void};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering::*};
+use std::time::{Duration, Instant};
+
+/// The signals whose default action ends the process and which gpuguard watches.
+pub(crate) const CANDIDATES: [(c_int, &str); 3] = [
+    (libc::SIGTERM, "SIGTERM"),
+    (libc::SIGINT, "SIGINT"),
+    (libc::SIGHUP, "SIGHUP"),
+];
+
+/// How long the handler waits for the helper thread's final report.
+const WAIT_MS: i64 = 5_000;
+
+/// The ending signal being handled (0: none).
+static ENDING: AtomicI32 = AtomicI32::new(0);
+/// Set by the helper thread once the final report is written (or given up).
+static DONE: AtomicBool = AtomicBool::new(false);
+/// Written by the helper thread when it is done; the handler polls it.
+static DONE_FD: AtomicI32 = AtomicI32::new(-1);
+
+/// The name of an ending signal.
+pub(crate) fn name(sig: c_int) -> &'static str {
+    CANDIDATES
+        .iter()
+        .find(|(s, _)| *s == sig)
+        .map_or("signal", |(_, n)| n)
+}
+
+fn our_handler() -> usize {
+    on_ending as extern "C" fn(c_int, *mut libc::siginfo_t, *mut c_void) as usize
+}
+
+/// Installs gpuguard's handler for each of `signals` whose disposition is the
+/// default now (a program's own handler, or SIG_IGN, is left alone). Called at
+/// activation, after the program (and an interpreter) set up their handlers.
+pub(crate) fn install(signals: &[c_int]) {
+    if DONE_FD.load(Acquire) < 0 {
+        // SAFETY: a plain eventfd for the helper's "done" notification.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+        if fd >= 0 && DONE_FD.compare_exchange(-1, fd, AcqRel, Acquire).is_err() {
+            // SAFETY: our own descriptor, never shared.
+            unsafe { libc::close(fd) };
+        }
+    }
+    for &sig in signals {
+        // SAFETY: sigaction with zeroed, then filled structures.
+        unsafe {
+            let mut old: libc::sigaction = std::mem::zeroed();
+            if libc::sigaction(sig, std::ptr::null(), &mut old) != 0 {
+                continue;
+            }
+            if old.sa_sigaction == our_handler() {
+                continue;
+            }
+            if old.sa_sigaction != libc::SIG_DFL {
+                continue; // the program's own handler, or ignored: its choice
+            }
+            let mut act: libc::sigaction = std::mem::zeroed();
+            act.sa_sigaction = our_handler();
+            act.sa_flags = libc::SA_SIGINFO | libc::SA_RESTART;
+            libc::sigemptyset(&mut act.sa_mask);
+            libc::sigaction(sig, &act, std::ptr::null_mut());
+        }
+    }
+}
+
+/// The ending signal the helper thread must write the final report for, if any.
+pub(crate) fn requested() -> Option<c_int> {
+    match ENDING.load(Acquire) {
+        0 => None,
+        s => Some(s),
+    }
+}
+
+/// Whether the final report for an ending signal is still to be written.
+pub(crate) fn pending() -> Option<c_int> {
+    requested().filter(|_| !DONE.load(Acquire))
+}
+
+/// The helper thread wrote the final report (or could not): the handler may go on.
+pub(crate) fn finished() {
+    DONE.store(true, Release);
+    let fd = DONE_FD.load(Acquire);
+    if fd >= 0 {
+        let one: u64 = 1;
+        // SAFETY: 8 bytes to our eventfd.
+        unsafe { libc::write(fd, &one as *const u64 as *const c_void, 8) };
+    }
+}
+
+// ---- the end of a process, however it comes ----------------------------------------
+//
+// At exit (the C exit handler, Python's `atexit`) or at an ending signal, work the
+// helper thread was already asked for (a signal report, a trim, a cap report) is
+// finished first, so the exit report is the last report, with the highest `seq`.
+
+/// Requests to finish what was asked ("settle"), and the last one finished.
+static SETTLE_ASKED: AtomicU64 = AtomicU64::new(0);
+static SETTLE_DONE: AtomicU64 = AtomicU64::new(0);
+/// The process is ending: waits for the Python side give up at once.
+static EXITING: AtomicBool = AtomicBool::new(false);
+/// The helper thread's id (it never waits for itself).
+static HELPER_TID: AtomicI32 = AtomicI32::new(0);
+
+/// Called on the helper thread when it starts.
+pub(crate) fn helper_started() {
+    // SAFETY: gettid has no preconditions.
+    HELPER_TID.store(unsafe { libc::gettid() }, Release);
+}
+
+/// Whether the process is ending (exit began, or an ending signal came).
+pub(crate) fn exiting() -> bool {
+    EXITING.load(Acquire) || ENDING.load(Acquire) != 0
+}
+
+/// At exit, before the exit report: asks the helper thread to finish what it was
+/// asked for and waits for it, at most `wait`. Returns at once on the helper
+/// thread itself, or when there is none.
+pub(crate) fn settle(wait: Duration) {
+    EXITING.store(true, Release);
+    // SAFETY: gettid has no preconditions.
+    if !wake::running() || HELPER_TID.load(Acquire) == unsafe { libc::gettid() } {
+        return;
+    }
+    let ticket = SETTLE_ASKED.fetch_add(1, AcqRel) + 1;
+    wake::ring();
+    // Polled, not a condition variable: no lock a fork could leave held.
+    let deadline = Instant::now() + wait;
+    while SETTLE_DONE.load(Acquire) < ticket && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// The last settle request (the helper compares it with what it finished).
+pub(crate) fn settle_asked() -> u64 {
+    SETTLE_ASKED.load(Acquire)
+}
+
+/// The helper thread finished everything asked up to `ticket`.
+pub(crate) fn settled(ticket: u64) {
+    SETTLE_DONE.fetch_max(ticket, AcqRel);
+}
+
+/// In a forked child: the parent's ending is not the child's.
+pub(crate) fn after_fork_in_child() {
+    ENDING.store(0, Relaxed);
+    DONE.store(false, Relaxed);
+    EXITING.store(false, Relaxed);
+    HELPER_TID.store(0, Relaxed);
+    SETTLE_DONE.store(SETTLE_ASKED.load(Relaxed), Relaxed);
+}
+
+fn now_ms() -> i64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime is async-signal-safe; valid out pointer.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec * 1000 + ts.tv_nsec / 1_000_000
+}
+
+extern "C" fn on_ending(sig: c_int, _info: *mut libc::siginfo_t, _uctx: *mut c_void) {
+    // SAFETY: async-signal-safe calls only (see the module comment).
+    unsafe {
+        let errno = *libc::__errno_location();
+        let first = ENDING.compare_exchange(0, sig, AcqRel, Acquire).is_ok();
+        let fd = DONE_FD.load(Acquire);
+        // No helper thread (not started, or it could not be): nothing is written.
+        if wake::running() && fd >= 0 {
+            if first {
+                wake::ring();
+            }
+            let deadline = now_ms() + WAIT_MS;
+            while !DONE.load(Acquire) {
+                let left = deadline - now_ms();
+                if left <= 0 {
+                    break;
+                }
+                let mut pfd = libc::pollfd {
+                    fd,
+                    events: libc::POLLIN,
+                    revents: 0,
+                };
+                libc::poll(&mut pfd, 1, left.min(100) as c_int);
+            }
+        }
+        // The default action, as if gpuguard had never been there.
+        let mut act: libc::sigaction = std::mem::zeroed();
+        act.sa_sigaction = libc::SIG_DFL;
+        libc::sigemptyset(&mut act.sa_mask);
+        libc::sigaction(sig, &act, std::ptr::null_mut());
+        libc::raise(sig);
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, sig);
+        libc::pthread_sigmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut());
+        // Not reached for a signal whose default ends the process.
+        *libc::__errno_location() = errno;
+    }
+}

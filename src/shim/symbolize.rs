@@ -1,0 +1,181 @@
+//! Native frames as people read them: `function+0x.. (module+0x..) at file:line`.
+//! The function comes from the module's ELF symbols (`gpuguard_core::symbols`) or the
+//! loader's, demangled in every program with `rustc-demangle` (Rust) and
+//! `cpp_demangle` (C++), never through the C++ runtime the program may not have; the
+//! file and line from the module's DWARF line tables (`addr2line`), read lazily the
+//! first time a report needs a module and kept for the thread's later reports.
+//! Report time only (a report writer's thread), never a hook.
+
+use super::real;
+use gpuguard_core::reporter::FrameInfo;
+use gpuguard_core::symbols::SymbolTable;
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::ffi::{CStr, c_void};
+
+/// What one report has read so far, by module path: symbol tables, and DWARF where
+/// the thread's own cache is gone (a thread exiting).
+#[derive(Default)]
+pub(crate) struct Modules {
+    symbols: HashMap<String, Option<SymbolTable>>,
+    lines: Lines,
+}
+
+pub(crate) type Tables = RefCell<Modules>;
+
+type Lines = HashMap<String, Option<addr2line::Loader>>;
+
+thread_local! {
+    /// DWARF of each module this thread symbolized, by path (None: none readable).
+    /// Built on first need and kept: the helper thread writes most reports.
+    static LINES: RefCell<Lines> = RefCell::new(HashMap::new());
+}
+
+/// Modules whose DWARF is not read: the CUDA libraries (huge, internal, no lines).
+fn skip_lines(module: &str) -> bool {
+    module.starts_with("libcuda.so") || module.starts_with("libcudart.so")
+}
+
+/// `file:line` of address `probe` (the module's own addresses) in `file`.
+fn file_line(file: &str, probe: u64, tables: &Tables) -> Option<String> {
+    let look = |cache: &mut Lines| {
+        let loader = cache
+            .entry(file.to_string())
+            .or_insert_with(|| addr2line::Loader::new(file).ok());
+        let loc = loader.as_ref()?.find_location(probe).ok()??;
+        Some(format!("{}:{}", loc.file?, loc.line?))
+    };
+    // At exit the thread's own storage may be gone: the report's cache then.
+    LINES
+        .try_with(|cache| look(&mut cache.borrow_mut()))
+        .unwrap_or_else(|_| look(&mut tables.borrow_mut().lines))
+}
+
+fn program_name() -> String {
+    super::sys::program_name()
+}
+
+/// `function+0x.. (module+0x..) at file:line`, each part as far as known (else
+/// `module+0x..`). Frames of gpuguard and the CUDA libraries are marked internal, so
+/// a site starts at the caller.
+pub(crate) fn symbolize(pc: usize, tables: &Tables) -> FrameInfo {
+    use super::python::frames;
+    if super::tags::is_tag(pc) {
+        return FrameInfo {
+            text: super::tags::text(pc),
+            internal: false,
+            interpreter: false,
+        };
+    }
+    if frames::is_python(pc) {
+        return FrameInfo {
+            text: match frames::text(pc) {
+                Some(t) => format!("{}{t}", gpuguard_core::report::PY_FRAME),
+                None => format!("{}(code no longer alive)", gpuguard_core::report::PY_FRAME),
+            },
+            internal: false,
+            interpreter: false,
+        };
+    }
+    // A return address points after the call; look up the call itself.
+    let at = pc.saturating_sub(1);
+    // SAFETY: dladdr only reads the loader's tables.
+    let mut dl: libc::Dl_info = unsafe { std::mem::zeroed() };
+    if unsafe { libc::dladdr(at as *const c_void, &mut dl) } == 0 || dl.dli_fname.is_null() {
+        return FrameInfo {
+            text: format!("{pc:#x}"),
+            internal: false,
+            interpreter: false,
+        };
+    }
+    // SAFETY: dladdr filled these with C strings owned by the loader.
+    let path = unsafe { CStr::from_ptr(dl.dli_fname) }
+        .to_string_lossy()
+        .into_owned();
+    let base = dl.dli_fbase as usize;
+    let module = match path.rsplit('/').next() {
+        Some(m) if !m.is_empty() => m.to_string(),
+        _ => program_name(),
+    };
+    let off = at - base;
+    let internal = real::is_own_code(at) || skip_lines(&module);
+    // CPython (a shared libpython or a python executable) and the foreign-function
+    // layer ctypes calls C through.
+    let interpreter = module.starts_with("libpython")
+        || module.starts_with("python")
+        || module.starts_with("libffi.so")
+        || module.starts_with("_ctypes");
+    let file = if path.is_empty() {
+        "/proc/self/exe".to_string()
+    } else {
+        path
+    };
+    let (from_elf, probe) = {
+        let mut tables = tables.borrow_mut();
+        let table = tables
+            .symbols
+            .entry(file.clone())
+            .or_insert_with(|| SymbolTable::load(std::path::Path::new(&file)));
+        let absolute = table.as_ref().is_some_and(|t| t.absolute);
+        let probe = if absolute { at } else { off } as u64;
+        let named = table
+            .as_ref()
+            .and_then(|t| t.lookup(probe).map(|(n, o)| (demangle(n), o)));
+        (named, probe)
+    };
+    let from_loader = || {
+        (!dl.dli_sname.is_null()).then(|| {
+            // SAFETY: as above.
+            let n = unsafe { CStr::from_ptr(dl.dli_sname) }.to_string_lossy();
+            (demangle(&n), (at - dl.dli_saddr as usize) as u64)
+        })
+    };
+    let mut text = match from_elf.or_else(from_loader) {
+        Some((name, o)) => format!("{name}+{o:#x} ({module}+{off:#x})"),
+        None => format!("{module}+{off:#x}"),
+    };
+    if !internal && let Some(fl) = file_line(&file, probe, tables) {
+        text.push_str(" at ");
+        text.push_str(&fl);
+    }
+    FrameInfo {
+        text,
+        internal,
+        interpreter,
+    }
+}
+
+/// A mangled Rust (legacy `_ZN...17h<hash>E`, or v0 `_R...`) or C++ (`_Z...`) name,
+/// readable; any other name as it is.
+pub(crate) fn demangle(name: &str) -> String {
+    if !name.starts_with("_Z") && !name.starts_with("_R") {
+        return name.to_string();
+    }
+    if let Ok(rust) = rustc_demangle::try_demangle(name) {
+        // `{:#}` leaves out the hash, which says nothing to a person.
+        return format!("{rust:#}");
+    }
+    cpp_demangle::Symbol::new(name)
+        .ok()
+        .and_then(|s| s.demangle(&cpp_demangle::DemangleOptions::default()).ok())
+        .unwrap_or_else(|| name.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::demangle;
+
+    #[test]
+    fn rust_and_cpp_names_are_demangled_without_the_cpp_runtime() {
+        assert_eq!(
+            demangle("_ZN6cudarc6driver6result12malloc_async17h67cca8cdf474afacE"),
+            "cudarc::driver::result::malloc_async"
+        );
+        assert_eq!(
+            demangle("_ZN2at6detail10empty_cudaEv"),
+            "at::detail::empty_cuda()"
+        );
+        assert_eq!(demangle("main"), "main");
+        assert_eq!(demangle("_Znot-a-name"), "_Znot-a-name");
+    }
+}

@@ -1,0 +1,91 @@
+//! Settings as the process environment holds them: a report directory whose name is
+//! not UTF-8 is used byte for byte, and an unknown `GPUGUARD_*` name is one warning
+//! naming the closest known variable, the program running on.
+
+mod common;
+mod core_support;
+
+use common::*;
+use core_support::fresh_dir;
+use std::ffi::OsString;
+use std::fs;
+use std::os::unix::ffi::OsStringExt;
+use std::path::PathBuf;
+use std::process::{Command, Output, Stdio};
+
+/// Runs `gg leak 1` on the sim under gpuguard with `env` added (values as bytes).
+fn gg_leak(env: &[(&str, OsString)]) -> Output {
+    let mut cmd = Command::new(sim_dir().join("gg"));
+    cmd.args(["leak", "1"])
+        .stdin(Stdio::null())
+        .env("LD_LIBRARY_PATH", sim_dir())
+        .env("LD_PRELOAD", shim());
+    for (k, _) in std::env::vars_os() {
+        if k.to_string_lossy().starts_with("GPUGUARD_") {
+            cmd.env_remove(k);
+        }
+    }
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.output().unwrap()
+}
+
+/// `GPUGUARD_DIR` with a byte that is not UTF-8: the report lands in that very
+/// directory, not in one whose name has U+FFFD in its place.
+#[test]
+fn report_dir_is_kept_byte_for_byte() {
+    let base = fresh_dir("bytes");
+    let mut raw = base.clone().into_os_string().into_vec();
+    raw.extend_from_slice(b"/r\xe9ports");
+    let dir = PathBuf::from(OsString::from_vec(raw));
+    fs::create_dir(&dir).unwrap();
+    let out = gg_leak(&[("GPUGUARD_DIR", dir.clone().into_os_string())]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let entries = |d: &PathBuf| -> Vec<OsString> {
+        fs::read_dir(d)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect()
+    };
+    let reports = entries(&dir);
+    assert_eq!(reports.len(), 1, "{reports:?}\n{stderr}");
+    assert!(reports[0].to_string_lossy().ends_with(".exit.json"));
+    // Nothing else appeared beside it (a lossy twin directory, say).
+    assert_eq!(entries(&base).len(), 1, "{:?}", entries(&base));
+    let _ = fs::remove_dir_all(&base);
+}
+
+/// An unknown name: the program runs, and gpuguard says so once, with the closest
+/// known name; `GPUGUARD_LOG=off` silences it.
+#[test]
+fn unknown_variable_is_one_warning() {
+    let dir = fresh_dir("warn");
+    let out = gg_leak(&[
+        ("GPUGUARD_DIR", dir.clone().into_os_string()),
+        ("GPUGUARD_CAPP", "1GiB".into()),
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let warnings: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.contains("GPUGUARD_CAPP"))
+        .collect();
+    assert_eq!(warnings.len(), 1, "{stderr}");
+    assert!(
+        warnings[0].starts_with("gpuguard[")
+            && warnings[0]
+                .ends_with("unknown variable GPUGUARD_CAPP ignored; did you mean GPUGUARD_CAP?"),
+        "{}",
+        warnings[0]
+    );
+    let quiet = gg_leak(&[
+        ("GPUGUARD_DIR", dir.clone().into_os_string()),
+        ("GPUGUARD_CAPP", "1GiB".into()),
+        ("GPUGUARD_LOG", "off".into()),
+    ]);
+    assert!(quiet.status.success());
+    assert!(!String::from_utf8_lossy(&quiet.stderr).contains("GPUGUARD_CAPP"));
+    let _ = fs::remove_dir_all(&dir);
+}

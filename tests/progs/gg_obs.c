@@ -1,0 +1,255 @@
+/*
+ * gg_obs.c - test program for watching a process: the timeline (GPUGUARD_TRACE),
+ * status files (gpuguard ps), GPUGUARD_WARN_AT lines, GPUGUARD_LOG_EVERY lines and
+ * the C API's trim and set_cap. Usage: gg_obs MODE [args]; output as in gg_common.h,
+ * plus:
+ *   READY                      the program holds its memory and waits for stdin's end
+ *   TRIM rc=<n> path=<p>       gpuguard_trim's answer
+ *   SETCAP bytes=<n> rc=<n>    gpuguard_set_cap's answer
+ */
+#include "gg_common.h"
+
+#include <pthread.h>
+#include <sys/wait.h>
+
+#define MiB (1ULL << 20)
+
+typedef int (*gg_trim_fn)(uint32_t, char *, size_t);
+typedef int (*gg_set_cap_fn)(int, uint64_t);
+
+static void setup(void)
+{
+    CUcontext c;
+    MUST(cuInit(0));
+    MUST(cuDevicePrimaryCtxRetain(&c, 0));
+    MUST(cuCtxSetCurrent(c));
+}
+
+static CUdeviceptr dev_alloc(size_t bytes)
+{
+    CUdeviceptr p;
+    MUST(cuMemAlloc_v2(&p, bytes));
+    alloc_line(p, bytes, 0, "device");
+    return p;
+}
+
+static void dev_free(CUdeviceptr p)
+{
+    MUST(cuMemFree_v2(p));
+    free_line(p);
+}
+
+static void trim_now(void)
+{
+    gg_trim_fn trim = (gg_trim_fn)dlsym(RTLD_DEFAULT, "gpuguard_trim");
+    char path[4096] = "";
+    int rc = trim ? trim(10000, path, sizeof path) : -2;
+    printf("TRIM rc=%d path=%s\n", rc, path);
+}
+
+static void set_cap(uint64_t bytes)
+{
+    gg_set_cap_fn f = (gg_set_cap_fn)dlsym(RTLD_DEFAULT, "gpuguard_set_cap");
+    printf("SETCAP bytes=%llu rc=%d\n", (unsigned long long)bytes, f ? f(0, bytes) : -2);
+}
+
+/* Waits for stdin to end (the test closes it). */
+static void wait_stdin(void)
+{
+    puts("READY");
+    fflush(stdout);
+    char buf[64];
+    while (fread(buf, 1, sizeof buf, stdin) > 0) {
+    }
+}
+
+/* ---- trace: 30 MiB, a refused 40 MiB (cap 64 MiB), a trim, 8 MiB left behind ---- */
+static int mode_trace(int argc, char **argv)
+{
+    int pause = argc > 1 ? atoi(argv[1]) : 150;
+    setup();
+    CUdeviceptr a = dev_alloc(30 * MiB);
+    sleep_ms(pause);
+    CUdeviceptr b;
+    rc_line("refused", cuMemAlloc_v2(&b, 40 * MiB));
+    sleep_ms(pause);
+    trim_now();
+    dev_free(a);
+    CUdeviceptr c = dev_alloc(8 * MiB);
+    leak_line(c, 8 * MiB);
+    sleep_ms(pause);
+    puts("OK");
+    return 0;
+}
+
+/* ---- hold MIB: holds MIB MiB until stdin ends ---- */
+static int mode_hold(int argc, char **argv)
+{
+    long mib = argc > 1 ? atol(argv[1]) : 24;
+    setup();
+    CUdeviceptr a = dev_alloc((size_t)mib * MiB);
+    wait_stdin();
+    dev_free(a);
+    puts("OK");
+    return 0;
+}
+
+/* ---- fork_hold: the parent holds 8 MiB, a forked child 4 MiB of its own; both
+ * until stdin ends (CHILD <pid> names the child) ---- */
+static int mode_fork_hold(int argc, char **argv)
+{
+    (void)argc; (void)argv;
+    setup();
+    CUdeviceptr a = dev_alloc(8 * MiB);
+    fflush(stdout);
+    pid_t child = fork();
+    if (child == 0) {
+        CUdeviceptr p;
+        MUST(cuMemAlloc_v2(&p, 4 * MiB));
+        printf("CHILD %d\n", (int)getpid());
+        fflush(stdout);
+        char buf[64];
+        while (fread(buf, 1, sizeof buf, stdin) > 0) {
+        }
+        exit(0); /* its exit handler removes its status file */
+    }
+    sleep_ms(10);
+    wait_stdin();
+    int st;
+    waitpid(child, &st, 0);
+    dev_free(a);
+    puts("OK");
+    return 0;
+}
+
+/* ---- warnloop N: 45 MiB held, then N steps of +10 MiB and back; then all freed
+ * and 55 MiB once more (cap 100 MiB, GPUGUARD_WARN_AT 0.5: 50 MiB) ---- */
+static int mode_warnloop(int argc, char **argv)
+{
+    int n = argc > 1 ? atoi(argv[1]) : 20;
+    setup();
+    CUdeviceptr a = dev_alloc(45 * MiB);
+    for (int i = 0; i < n; i++) {
+        CUdeviceptr b = dev_alloc(10 * MiB);
+        fprintf(stderr, "MARK step %d\n", i);
+        dev_free(b);
+    }
+    dev_free(a);
+    fprintf(stderr, "MARK freed\n");
+    CUdeviceptr c = dev_alloc(55 * MiB);
+    fprintf(stderr, "MARK again\n");
+    dev_free(c);
+    puts("OK");
+    return 0;
+}
+
+/* ---- warn_exit: crosses GPUGUARD_WARN_AT and _exit()s at once ---- */
+static int mode_warn_exit(int argc, char **argv)
+{
+    (void)argc; (void)argv;
+    setup();
+    dev_alloc(60 * MiB);
+    fflush(stdout);
+    _exit(0);
+}
+
+/* ---- logevery PAUSE: 10 MiB; 30 MiB for a moment; 10 MiB again ---- */
+static int mode_logevery(int argc, char **argv)
+{
+    int pause = argc > 1 ? atoi(argv[1]) : 500;
+    setup();
+    CUdeviceptr a = dev_alloc(10 * MiB);
+    sleep_ms(pause);
+    CUdeviceptr b = dev_alloc(20 * MiB);
+    dev_free(b);
+    fprintf(stderr, "MARK spike\n");
+    sleep_ms(pause);
+    fprintf(stderr, "MARK end\n");
+    dev_free(a);
+    puts("OK");
+    return 0;
+}
+
+/* ---- capi: caps set and lifted at run time, a trim on request ---- */
+static int mode_capi(int argc, char **argv)
+{
+    (void)argc; (void)argv;
+    setup();
+    CUdeviceptr a = dev_alloc(4 * MiB);
+    set_cap(16 * MiB);
+    CUdeviceptr b;
+    rc_line("over_cap", cuMemAlloc_v2(&b, 20 * MiB));
+    set_cap(0);
+    int rc = cuMemAlloc_v2(&b, 20 * MiB);
+    rc_line("uncapped", rc);
+    if (rc == 0) alloc_line(b, 20 * MiB, 0, "device");
+    set_cap(8 * MiB);
+    step("capped");
+    print_gg();
+    if (rc == 0) dev_free(b);
+    trim_now();
+    dev_free(a);
+    puts("OK");
+    return 0;
+}
+
+/* ---- tags: 3 MiB under "train", 5 MiB under "eval" inside it, 7 MiB untagged,
+ * 11 MiB under "eval" in another thread; all left behind ---- */
+typedef int (*gg_push_fn)(const char *);
+typedef int (*gg_pop_fn)(void);
+
+static void *tagged_thread(void *arg)
+{
+    (void)arg;
+    gg_push_fn push = (gg_push_fn)dlsym(RTLD_DEFAULT, "gpuguard_push_tag");
+    gg_pop_fn pop = (gg_pop_fn)dlsym(RTLD_DEFAULT, "gpuguard_pop_tag");
+    setup();
+    rc_line("push_thread", push("eval"));
+    CUdeviceptr p = dev_alloc(11 * MiB);
+    leak_line(p, 11 * MiB);
+    rc_line("pop_thread", pop());
+    return NULL;
+}
+
+static int mode_tags(int argc, char **argv)
+{
+    (void)argc; (void)argv;
+    gg_push_fn push = (gg_push_fn)dlsym(RTLD_DEFAULT, "gpuguard_push_tag");
+    gg_pop_fn pop = (gg_pop_fn)dlsym(RTLD_DEFAULT, "gpuguard_pop_tag");
+    if (!push || !pop) {
+        puts("GG absent");
+        return 0;
+    }
+    setup();
+    rc_line("push_train", push("train"));
+    CUdeviceptr a = dev_alloc(3 * MiB);
+    leak_line(a, 3 * MiB);
+    rc_line("push_eval", push("eval"));
+    CUdeviceptr b = dev_alloc(5 * MiB);
+    leak_line(b, 5 * MiB);
+    rc_line("pop_eval", pop());
+    rc_line("pop_train", pop());
+    rc_line("pop_none", pop());
+    rc_line("push_null", push(NULL));
+    CUdeviceptr c = dev_alloc(7 * MiB);
+    leak_line(c, 7 * MiB);
+    pthread_t t;
+    pthread_create(&t, NULL, tagged_thread, NULL);
+    pthread_join(t, NULL);
+    puts("OK");
+    return 0;
+}
+
+static const struct gg_mode g_modes[] = {
+    {"tags", mode_tags},
+    {"trace", mode_trace},
+    {"hold", mode_hold},
+    {"fork_hold", mode_fork_hold},
+    {"warnloop", mode_warnloop},
+    {"warn_exit", mode_warn_exit},
+    {"logevery", mode_logevery},
+    {"capi", mode_capi},
+    {NULL, NULL},
+};
+
+int main(int argc, char **argv) { return gg_dispatch(g_modes, argc, argv); }

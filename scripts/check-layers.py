@@ -21,7 +21,7 @@ from pathlib import Path
 # in its own layer.
 LAYERS = [
     ("ffi", ["fault", "sys", "cuda", "wake", "endings", "real", "table"], []),
-    ("base", ["line", "events", "control", "tags", "settings", "unwind", "python::api",
+    ("base", ["line", "events", "control", "tags", "settings", "unwind", "python::api", "python::layout",
               "python::frames", "bench_switch"], ["ffi"]),
     ("books", ["books", "caps"], ["ffi", "base"]),
     ("state", ["state"], ["ffi", "base", "books"]),

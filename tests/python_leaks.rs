@@ -305,3 +305,60 @@ fn python_frames_of_the_allocating_thread_name_the_line_without_a_recorder() {
     let exit = &report(&r, "exit")[0].1;
     assert!(exit.get("python_sites").is_none(), "{exit:#}");
 }
+
+#[test]
+fn a_small_tensor_kept_each_step_is_a_suspected_leak_with_its_line_by_default() {
+    // Default mode (no GPUGUARD_PYTHON=lines): one 64 KiB tensor kept a step, which
+    // PyTorch's cache absorbs (a 2 MiB segment every 32 steps), over a series of
+    // snapshots. The recorder runs in short windows after each report; the blocks it
+    // names that live on grow from report to report.
+    small_leak_is_the_first_suspect("small:500:3", "250ms");
+}
+
+#[test]
+fn slow_steps_are_covered_by_a_window_that_waits_for_allocations() {
+    // 60 ms steps of 4 allocations, snapshots every 400 ms: a window of a fiftieth of
+    // the interval would see a step's leak one time in three; it stays open until it
+    // has seen enough allocations (up to a fifth of the interval).
+    small_leak_is_the_first_suspect("small:45:60", "400ms");
+}
+
+fn small_leak_is_the_first_suspect(action: &str, every: &str) {
+    let line = common::marked_line("trainer.py", "SMALL-LEAK-LINE");
+    let r = run_trainer(
+        &["torch", "ready:0.3", action],
+        &[("GPUGUARD_SNAPSHOT_EVERY", every)],
+        true,
+    );
+    r.assert_ok();
+    let snaps = report(&r, "snapshot");
+    assert!(snaps.len() >= 4, "{}", r.describe());
+    let mut files: Vec<&std::path::PathBuf> = snaps.iter().map(|(p, _)| p).collect();
+    let exit = report(&r, "exit");
+    files.push(&exit[0].0);
+    let out = Command::new(env!("CARGO_BIN_EXE_gpuguard"))
+        .arg("show")
+        .args(&files)
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    let section = &text[text.find("suspected leaks in").expect(&text)..];
+    let want = format!("trainer.py:{line} in <module>");
+    // The first suspect is the line, as a sampled PyTorch site.
+    let first: Vec<&str> = section
+        .split("    rose in ")
+        .nth(1)
+        .unwrap_or_else(|| panic!("{section}"))
+        .lines()
+        .collect();
+    assert!(
+        first
+            .iter()
+            .any(|l| l.contains("[pytorch-sampled blocks, Python]")),
+        "{section}"
+    );
+    assert!(first.iter().any(|l| l.ends_with(&want)), "{section}");
+    let detail = exit[0].1["classification"][0]["detail"].as_str().unwrap();
+    assert!(detail.contains("after each report"), "{detail}");
+}

@@ -2,13 +2,14 @@
 //! live memory, suspected leaks across reports), then the details.
 
 use super::growth::{
-    MergedSite, PYTHON_STACK, SiteTrend, growing_sites, live_allocations, native_sites,
+    Live, MergedSite, PYTHON_STACK, SiteKey, SiteTrend, live_allocations, native_sites,
     python_sites, unit,
 };
 use super::load::{load_all, shown};
 use super::output::print;
 use super::text::{clean, count, frames, human_byte_counts, readable_frames};
 use super::{Failure, Outcome};
+use gpuguard_core::growth::{Suspect, suspects};
 use gpuguard_core::report::{self, Report, human_bytes};
 use serde::Serialize;
 use std::path::PathBuf;
@@ -289,6 +290,11 @@ fn processes<'a>(reports: &[&'a Report]) -> Vec<Vec<&'a Report>> {
 /// A site's growth, with its live bytes in each report.
 pub fn render_trend(out: &mut String, t: &SiteTrend, labels: &[String], sign: char, amount: u64) {
     put!(out, "    {sign}{}", human_bytes(amount));
+    render_trend_rows(out, t, labels);
+}
+
+/// A site's live figures in each report, its framework and its frames.
+fn render_trend_rows(out: &mut String, t: &SiteTrend, labels: &[String]) {
     let unit = unit(t.key.python.as_deref());
     for (label, live) in labels.iter().zip(&t.live) {
         put!(
@@ -316,10 +322,26 @@ pub fn render_trend(out: &mut String, t: &SiteTrend, labels: &[String], sign: ch
     }
 }
 
-/// For each process with 2 or more reports: the sites whose live bytes only grew.
+/// A suspect as a trend over its reports (for the rows and the JSON).
+fn suspect_trend(s: &Suspect) -> SiteTrend {
+    SiteTrend {
+        key: SiteKey {
+            python: s.key.framework.clone(),
+            frames: s.key.frames.clone(),
+        },
+        live: s
+            .live
+            .iter()
+            .map(|&(bytes, count)| Live { bytes, count })
+            .collect(),
+    }
+}
+
+/// For each process with 2 or more reports: its suspected leaks, by
+/// `gpuguard_core::growth::suspects` (the criterion is there and in README).
 fn render_suspected(out: &mut String, reports: &[&Report], top: usize) {
     for group in processes(reports) {
-        let grown = growing_sites(&group);
+        let grown = suspects(&group);
         let labels: Vec<String> = group.iter().map(|r| format!("#{}", r.seq)).collect();
         // A rank's process is named by its rank too: that is how its job knows it.
         let rank = group[0].rank.map_or(String::new(), |r| {
@@ -336,15 +358,32 @@ fn render_suspected(out: &mut String, reports: &[&Report], top: usize) {
             labels.join(", ")
         );
         if grown.is_empty() {
-            put!(out, "  none: no call site's live bytes only grew");
+            put!(
+                out,
+                "  none: no call site's live bytes grew in most intervals"
+            );
             continue;
         }
         put!(
             out,
-            "  call sites whose live bytes only grew, Python lines first, most first:"
+            "  call sites whose live bytes grew in most intervals, steadiest first, then fastest:"
         );
-        for t in grown.iter().take(top) {
-            render_trend(out, t, &labels, '+', t.grew());
+        for g in grown.iter().take(top) {
+            put!(
+                out,
+                "    rose in {} of {}: +{}{}{}",
+                g.rose,
+                count(g.intervals as u64, "interval"),
+                human_bytes(g.growth),
+                g.per_second
+                    .map_or(String::new(), |r| format!(", {}/s", human_bytes(r as u64))),
+                if g.exit_drop_ignored {
+                    ", then fell at exit (judged before that drop)"
+                } else {
+                    ""
+                }
+            );
+            render_trend_rows(out, &suspect_trend(g), &labels);
         }
         if grown.len() > top {
             put!(
@@ -604,14 +643,29 @@ struct JsonSuspect {
     #[serde(skip_serializing_if = "Option::is_none")]
     rank: Option<u64>,
     seqs: Vec<u64>,
-    sites: Vec<JsonGrowth>,
+    sites: Vec<JsonLeak>,
+}
+
+/// A suspected leak: its growth over the reports judged, and how steady it was.
+#[derive(Serialize)]
+struct JsonLeak {
+    #[serde(flatten)]
+    growth: JsonGrowth,
+    /// Intervals between consecutive reports judged, and how many it rose in.
+    rose: usize,
+    intervals: usize,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    bytes_per_second: Option<f64>,
+    /// The exit report's drop was left out of the judgment.
+    exit_drop_ignored: bool,
 }
 
 #[derive(Serialize)]
 pub struct JsonGrowth {
     #[serde(skip_serializing_if = "Option::is_none")]
     python_framework: Option<String>,
-    /// Live bytes gained (or, in `diff`'s `shrank`, lost) from first to last.
+    /// Live bytes gained (or, in `diff`'s `shrank`, lost) from first to last (for a
+    /// suspected leak: over the reports judged).
     change_bytes: u64,
     /// Live bytes in each report compared, in order.
     live_bytes: Vec<u64>,
@@ -691,10 +745,16 @@ fn json_summary<'a>(named: &'a [(String, &'a Report)], args: &ShowArgs) -> JsonS
             pid: group[0].pid,
             rank: group[0].rank,
             seqs: group.iter().map(|r| r.seq).collect(),
-            sites: growing_sites(&group)
+            sites: suspects(&group)
                 .iter()
                 .take(args.top as usize)
-                .map(|t| JsonGrowth::new(t, t.grew()))
+                .map(|g| JsonLeak {
+                    growth: JsonGrowth::new(&suspect_trend(g), g.growth),
+                    rose: g.rose,
+                    intervals: g.intervals,
+                    bytes_per_second: g.per_second,
+                    exit_drop_ignored: g.exit_drop_ignored,
+                })
                 .collect(),
         })
         .collect();

@@ -154,7 +154,11 @@ def _gg_calibrate_in(tstate, me):
         if instr_off is None:
             return {"error": "instruction pointer not found"}
         base = _gg_word(iparent + instr_off) - pcode - parent.f_lasti
-        lay.update(mode=1, code_off=code_off, prev_off=prev_off, instr_off=instr_off, base=base)
+        owner_off = _gg_owner(iframe, prev_off, code_off, me)
+        if owner_off is None:
+            return {"error": "entry frames not recognized"}
+        lay.update(mode=1, code_off=code_off, prev_off=prev_off, instr_off=instr_off, base=base,
+                   owner_off=owner_off)
         # Check: the grandparent read through the layout agrees with Python.
         if _gg_word(igrand + code_off) != id(grand.f_code):
             return {"error": "frame chain check failed"}
@@ -163,26 +167,63 @@ def _gg_calibrate_in(tstate, me):
         if _gg_word(iparent + prev_off) != igrand:
             return {"error": "frame link check failed"}
         return lay
-    # 3.10: the thread state points at frame objects, which hold code, back, lasti.
-    ts_off = _gg_find(tstate, 512, id(me))
+    # 3.10: the thread state points at frame objects, which hold code, back, lasti;
+    # the current one is this function's own while only C is called (a call of a
+    # Python function would push its frame).
+    import ctypes
+
+    here = id(sys._getframe(0))
+    ts_off = None
+    for off in range(0, 512, 8):
+        if ctypes.c_void_p.from_address(tstate + off).value == here:
+            ts_off = off
+            break
     code_off = _gg_find(id(me), 128, id(me.f_code))
     back_off = _gg_find(id(me), 128, id(parent))
     if None in (ts_off, code_off, back_off):
         return {"error": "frame object layout not recognized"}
-    import ctypes
-
     lasti_off = None
     for off in range(0, 160, 4):
         v = ctypes.c_int.from_address(id(parent) + off).value
-        if v * 2 == parent.f_lasti and v > 0:
+        w = ctypes.c_int.from_address(id(grand) + off).value
+        if v * 2 == parent.f_lasti and v > 0 and w * 2 == grand.f_lasti:
             lasti_off = off
             break
     if lasti_off is None:
         return {"error": "f_lasti not found"}
-    if ctypes.c_int.from_address(id(grand) + lasti_off).value * 2 != grand.f_lasti:
-        return {"error": "f_lasti check failed"}
     return {"mode": 2, "ts_off": ts_off, "ts_deref": -1, "code_off": code_off, "prev_off": back_off,
             "instr_off": lasti_off, "base": 0}
+
+
+def _gg_owner(iframe, prev_off, code_off, me):
+    """Where an interpreter frame says who owns it (3.12+), -1 where the chain has
+    only frames of code (3.11), None if neither holds. The chain from here runs
+    through the interpreter's own entry frame of this pending call (owned by the C
+    stack: 3) on its way to the program's frames; skipping the frames so marked must
+    leave exactly the code of Python's own f_back chain."""
+    import ctypes
+
+    want = []
+    f = me
+    while f is not None and len(want) < 48:
+        want.append(id(f.f_code))
+        f = f.f_back
+    chain = []
+    p = iframe
+    while p and len(chain) < 64:
+        chain.append(p)
+        p = _gg_word(p + prev_off)
+    codes = [_gg_word(p + code_off) for p in chain]
+    if sys.version_info < (3, 12):
+        return -1 if codes[: len(want)] == want else None
+    for off in range(64, 80):
+        owners = [ctypes.c_ubyte.from_address(p + off).value for p in chain]
+        if 3 not in owners or any(o > 3 for o in owners):
+            continue
+        kept = [c for c, o in zip(codes, owners) if o != 3]
+        if kept[: len(want)] == want:
+            return off
+    return None
 
 
 def _gg_scan_tstate(tstate):
@@ -467,6 +508,8 @@ def _gg_classify_now(args):
                 # A site starts at the program's code: PyTorch's own frames (a
                 # module's forward, say) are trimmed off the top.
                 tdir = os.path.dirname(t.__file__) + os.sep
+                sampled = _gg_state["torch_recorder"] == "sampling"
+                fw_name = "pytorch-sampled" if sampled else "pytorch"
                 snap = t.cuda.memory._snapshot()
                 for seg in snap.get("segments", []):
                     dev = seg.get("device", 0)
@@ -485,14 +528,20 @@ def _gg_classify_now(args):
                                 for f in fs[first:]
                             )
                             if frames:
-                                blocks.append(("pytorch", size, frames))
+                                blocks.append((fw_name, size, frames))
                         addr += size
-                fw["detail"] = "%s allocator; blocks from PyTorch's memory snapshot; %s" % (
-                    backend,
-                    "Python lines from its recorder"
-                    if _gg_state["torch_recorder"] == "on"
-                    else "recorder off (GPUGUARD_PYTHON=lines turns it on)",
-                )
+                if _gg_state["torch_recorder"] == "on":
+                    how = "Python lines from its recorder"
+                elif sampled:
+                    how = (
+                        "recorder off but for a window after each report (the last %.0f ms): Python lines "
+                        "(pytorch-sampled) of the blocks allocated in those windows that "
+                        "still live (GPUGUARD_PYTHON=lines records every block)"
+                        % _gg_state.get("window_ms", 0)
+                    )
+                else:
+                    how = "recorder off (GPUGUARD_PYTHON=lines turns it on)"
+                fw["detail"] = "%s allocator; blocks from PyTorch's memory snapshot; %s" % (backend, how)
             else:
                 fw["detail"] = (
                     "%s allocator: totals from PyTorch; each tensor is one stream-ordered "
@@ -705,6 +754,81 @@ def _gg_jax_profile(jax):
 def _gg_classify(args):
     _gg_setup(args)
     _gg_answer("reply", _gg_classify_now(args))
+    _gg_sample_window(args)
+
+
+# ---- default mode: PyTorch's recorder in short windows --------------------------------
+#
+# With the recorder off (the default), a small tensor kept each step is invisible: the
+# caching allocator serves it from a segment it already holds, and the hooks see the
+# driver only once per segment, from whichever allocation happened to need it. So after
+# each report PyTorch's recorder is turned on for a window and off again by a timer.
+# A window lasts until it has seen _GG_WINDOW_ALLOCS tensor allocations (so a slow step
+# is covered whole) and at least a fiftieth of the snapshot interval (20 ms to 2 s;
+# 50 ms without snapshots), at most a fifth of the interval (0.5 s without). A block
+# allocated in a window keeps its stack while it lives (PyTorch keeps a block's
+# context_when_allocated after recording stops), so a line that keeps allocating and
+# never frees shows in each report with more sampled blocks than the last: a steady
+# grower in `gpuguard show`. Transient blocks die before the next report. The recorder
+# costs per allocation recorded (about 2 us on the H200), so a window costs a few
+# hundred allocations' worth, or a fiftieth of the time when allocations are dense.
+
+_GG_WINDOW_ALLOCS = 256
+
+
+def _gg_sample_window(args):
+    st = _gg_state
+    if args.get("recorders") or int(args.get("depth", 0)) <= 0:
+        return
+    if st["torch_recorder"] not in (None, "sampling"):
+        return
+    t = _gg_torch()
+    if t is None or _gg_torch_backend(t) != "native":
+        return
+    every = args.get("every_ms")
+    step = min(max(every / 50.0, 20.0), 2000.0) / 1000.0 if every else 0.05
+    longest = max(step, every / 5000.0 if every else 0.5)
+    mem = t.cuda.memory
+
+    def allocations():
+        try:
+            return int(t.cuda.memory_stats().get("allocation.all.allocated", 0))
+        except Exception:
+            return None
+
+    try:
+        mem._record_memory_history(enabled="state", context="alloc", stacks="python")
+    except Exception as e:
+        st["torch_recorder"] = "error: " + _gg_err(e)
+        return
+    st["torch_recorder"] = "sampling"
+    import threading
+    import time
+
+    opened, first = time.monotonic(), allocations()
+
+    def close():
+        try:
+            mem._record_memory_history(enabled=None)
+        except Exception:
+            pass
+        st["window_ms"] = (time.monotonic() - opened) * 1000.0
+
+    def check():
+        n = allocations()
+        enough = n is None or first is None or n - first >= _GG_WINDOW_ALLOCS
+        if enough or time.monotonic() - opened + step > longest:
+            close()
+        else:
+            arm()
+
+    def arm():
+        timer = threading.Timer(step, check)
+        timer.daemon = True
+        timer.name = "gpuguard-window"
+        timer.start()
+
+    arm()
 
 
 def _gg_at_exit():

@@ -22,6 +22,7 @@ use std::time::{Duration, Instant};
 
 mod api;
 pub(crate) mod frames;
+mod layout;
 
 use api::{Api, MethodDef, Obj, api, lock};
 
@@ -240,8 +241,13 @@ pub(crate) fn call(function: &str, devices: &[i32]) -> String {
     let pairs = active_books()
         .map(|b| frames::pairs_json(&frames::unresolved(&b.sites)))
         .unwrap_or_else(|| "[]".into());
+    // The snapshot interval sizes the default mode's sampling windows.
+    let every = settings()
+        .cfg
+        .snapshot_every_ms
+        .map_or_else(|| "None".to_string(), |ms| ms.to_string());
     format!(
-        "{function}({{\"devices\": {devices}, \"depth\": {depth}, \"recorders\": {recorders}, \"pairs\": {pairs}}})"
+        "{function}({{\"devices\": {devices}, \"depth\": {depth}, \"recorders\": {recorders}, \"every_ms\": {every}, \"pairs\": {pairs}}})"
     )
 }
 

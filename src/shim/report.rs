@@ -243,14 +243,13 @@ fn denial(books: &Books, tables: &Tables) -> Option<gpuguard_core::report::Denia
         .cloned()
         .unwrap_or_default();
     let infos: Vec<FrameInfo> = stack.iter().map(|&pc| symbolize(pc, tables)).collect();
-    let first_user = infos.iter().position(|f| !f.internal).unwrap_or(0);
     Some(gpuguard_core::report::DenialReport {
         device: d.device,
         bytes: d.bytes,
         api: table::api_name(d.api).to_string(),
         charged_bytes: d.charged,
         cap_bytes: d.cap,
-        frames: infos.into_iter().skip(first_user).map(|f| f.text).collect(),
+        frames: reporter::site_frames(&infos.iter().collect::<Vec<_>>()),
     })
 }
 

@@ -64,6 +64,7 @@ pub(crate) fn symbolize(pc: usize, tables: &Tables) -> FrameInfo {
         return FrameInfo {
             text: super::tags::text(pc),
             internal: false,
+            interpreter: false,
         };
     }
     if frames::is_python(pc) {
@@ -73,6 +74,7 @@ pub(crate) fn symbolize(pc: usize, tables: &Tables) -> FrameInfo {
                 None => format!("{}(code no longer alive)", gpuguard_core::report::PY_FRAME),
             },
             internal: false,
+            interpreter: false,
         };
     }
     // A return address points after the call; look up the call itself.
@@ -83,6 +85,7 @@ pub(crate) fn symbolize(pc: usize, tables: &Tables) -> FrameInfo {
         return FrameInfo {
             text: format!("{pc:#x}"),
             internal: false,
+            interpreter: false,
         };
     }
     // SAFETY: dladdr filled these with C strings owned by the loader.
@@ -96,6 +99,12 @@ pub(crate) fn symbolize(pc: usize, tables: &Tables) -> FrameInfo {
     };
     let off = at - base;
     let internal = real::is_own_code(at) || skip_lines(&module);
+    // CPython (a shared libpython or a python executable) and the foreign-function
+    // layer ctypes calls C through.
+    let interpreter = module.starts_with("libpython")
+        || module.starts_with("python")
+        || module.starts_with("libffi.so")
+        || module.starts_with("_ctypes");
     let file = if path.is_empty() {
         "/proc/self/exe".to_string()
     } else {
@@ -129,7 +138,11 @@ pub(crate) fn symbolize(pc: usize, tables: &Tables) -> FrameInfo {
         text.push_str(" at ");
         text.push_str(&fl);
     }
-    FrameInfo { text, internal }
+    FrameInfo {
+        text,
+        internal,
+        interpreter,
+    }
 }
 
 /// A mangled Rust (legacy `_ZN...17h<hash>E`, or v0 `_R...`) or C++ (`_Z...`) name,

@@ -196,24 +196,33 @@ fn capture_site_in(books: &Books, t: &ThreadState) -> u32 {
     if depth == 0 {
         return NO_SITE;
     }
-    // In a thread running Python, its Python frames say where; native frames past
-    // the framework's first few are the interpreter's, so fewer are walked.
+    // SAFETY: this thread's own buffers; a hook never runs inside another on the
+    // same thread (the driver guard), so nothing else holds them now.
+    let (pcs, last) = unsafe { (&mut *t.scratch.get(), &mut *t.last.get()) };
+    // In a thread running Python, its Python frames say where, and native frames past
+    // the framework's first few are the interpreter's: those are cut, never the
+    // Python ones. The Python frames are read first (into the tail), so a thread that
+    // has a thread state but runs no Python now (a framework's worker, such as
+    // PyTorch's autograd threads) keeps its whole native stack.
     let py = frames::thread_state();
-    let native = if py != 0 {
+    let py_n = if py != 0 {
+        frames::walk(py, &mut pcs[MAX_FRAMES..MAX_FRAMES + PY_FRAMES])
+    } else {
+        0
+    };
+    let native = if py_n > 0 {
         depth.min(PY_THREAD_NATIVE)
     } else {
         depth
     };
-    // SAFETY: this thread's own buffers; a hook never runs inside another on the
-    // same thread (the driver guard), so nothing else holds them now.
-    let (pcs, last) = unsafe { (&mut *t.scratch.get(), &mut *t.last.get()) };
     let mut n = unwind::capture(
         &mut pcs[..native.min(MAX_FRAMES)],
         stack_bounds(t),
         &is_own_code,
     );
-    if py != 0 {
-        n += frames::walk(py, &mut pcs[n..n + PY_FRAMES]);
+    if py_n > 0 {
+        pcs.copy_within(MAX_FRAMES..MAX_FRAMES + py_n, n);
+        n += py_n;
     }
     // The thread's phase label (`gpuguard_push_tag`), as the outermost frame.
     let tag = tags::current();
@@ -229,7 +238,11 @@ fn capture_site_in(books: &Books, t: &ThreadState) -> u32 {
     if len == n && owner == here && pcs[..n] == last[..n] {
         return id;
     }
-    let id = books.sites.intern(&pcs[..n]);
+    let (id, new) = books.sites.intern_new(&pcs[..n]);
+    if new && py_n > 0 {
+        // Its Python code is running now: the time to copy what names it.
+        frames::remember(&pcs[..n]);
+    }
     last[..n].copy_from_slice(&pcs[..n]);
     t.last_site.set((n, here, id));
     id

@@ -35,6 +35,7 @@ pub const PROGRAMS: &[&str] = &[
     "gg_obs",
     "gg_rel",
     "gg_multi",
+    "gg_pyembed",
 ];
 
 pub fn manifest_dir() -> PathBuf {
@@ -303,7 +304,7 @@ fn compile_all(cc: &OsString, out: &Path) {
     a.extend([progs.join("gg_early_lib.c").into(), "-lcuda".into()]);
     cc_run(a);
 
-    let programs: [(&str, &[&str]); 10] = [
+    let programs: [(&str, &[&str]); 11] = [
         ("gg", &["-lcuda", "-lcudart", "-ldl", "-lpthread"]),
         ("gg_dl", &["-ldl", "-lpthread"]),
         ("gg_rt", &["-lcudart", "-ldl", "-lpthread"]),
@@ -313,6 +314,7 @@ fn compile_all(cc: &OsString, out: &Path) {
             &["-lcuda", "-lcudart", "-lnvidia-ml", "-ldl", "-lpthread"],
         ),
         ("gg_nvml", &["-lnvidia-ml", "-ldl"]),
+        ("gg_pyembed", &["-lcudart", "-ldl", "-lpthread"]),
         ("gg_obs", &["-lcuda", "-ldl", "-lpthread"]),
         ("gg_rel", &["-lcuda", "-lcudart", "-ldl", "-lpthread"]),
         ("gg_early", &["-lgg_early", "-lcuda", "-ldl"]),
@@ -454,18 +456,52 @@ pub fn python() -> PathBuf {
         })
 }
 
-/// `tests/python/trainer.py ARGS` under [`python`], on the sim, with the stand-in
-/// frameworks of `tests/python/fakefw` importable (see [`run`] for the rest).
-pub fn run_trainer(args: &[&str], env: &[(&str, &str)], preload: bool) -> Run {
-    let py = python();
+/// The interpreters the version-sensitive Python tests run on: the paths in
+/// `GG_TEST_PYTHONS` (separated by `:`), else [`python`] alone.
+pub fn pythons() -> Vec<PathBuf> {
+    match std::env::var("GG_TEST_PYTHONS") {
+        Ok(v) if !v.trim().is_empty() => v
+            .split(':')
+            .filter(|p| !p.is_empty())
+            .map(PathBuf::from)
+            .collect(),
+        _ => vec![python()],
+    }
+}
+
+/// `tests/python/SCRIPT ARGS` under the interpreter `py`, as [`run_trainer`] runs
+/// `trainer.py`.
+pub fn run_python(
+    py: &Path,
+    script: &str,
+    args: &[&str],
+    env: &[(&str, &str)],
+    preload: bool,
+) -> Run {
     let dir = manifest_dir().join("tests/python");
-    let script = dir.join("trainer.py").display().to_string();
+    let script = dir.join(script).display().to_string();
     let fakefw = dir.join("fakefw").display().to_string();
     let mut all: Vec<&str> = vec![&script];
     all.extend_from_slice(args);
     let mut e: Vec<(&str, &str)> = vec![("PYTHONPATH", &fakefw), ("PYTHONDONTWRITEBYTECODE", "1")];
     e.extend_from_slice(env);
     run(&py.display().to_string(), &all, &e, preload)
+}
+
+/// The 1-based line of `tests/python/SCRIPT` that carries `marker`.
+pub fn marked_line(script: &str, marker: &str) -> usize {
+    let text = fs::read_to_string(manifest_dir().join("tests/python").join(script))
+        .unwrap_or_else(|e| panic!("{script}: {e}"));
+    text.lines()
+        .position(|l| l.contains(marker))
+        .unwrap_or_else(|| panic!("{marker} in {script}"))
+        + 1
+}
+
+/// `tests/python/trainer.py ARGS` under [`python`], on the sim, with the stand-in
+/// frameworks of `tests/python/fakefw` importable (see [`run`] for the rest).
+pub fn run_trainer(args: &[&str], env: &[(&str, &str)], preload: bool) -> Run {
+    run_python(&python(), "trainer.py", args, env, preload)
 }
 
 /// The line of `tests/python/trainer.py` that leaks (marked `# LEAK-LINE`).

@@ -6,6 +6,7 @@ FRAMEWORK: torch, cupy, jax, torch+jax, none (Python without a framework), or no
 Actions, run in order:
   cache:MiB     allocate that much in 1 MiB blocks and drop it (the framework caches it)
   leak:N        one step of the leak: keep N 1 MiB blocks in a global list
+  small:N:MS    N training steps that each keep one 64 KiB tensor (MS ms a step)
   big:MiB       allocate one block of that size and keep it; prints BIG <MiB> ok|refused
   owned:N       keep N 1 MiB blocks in objects that free them in __del__ (so the
                 interpreter's teardown frees them, as PyTorch's async backend does)
@@ -127,6 +128,20 @@ for action in sys.argv[2:]:
     elif name == "leak":
         for _ in range(int(arg)):
             LEAKS.append(alloc(MiB))  # LEAK-LINE
+    elif name == "small":
+        # A training loop that keeps one 64 KiB tensor a step (and makes three
+        # temporaries): the cache absorbs it, the driver sees a 2 MiB segment every
+        # 32 steps. small:STEPS:MS, MS of "compute" a step in six parts, so that
+        # gpuguard's calls (which run when the main thread returns to Python) may come
+        # anywhere in a step, mostly away from its allocations.
+        steps, _, ms = arg.partition(":")
+        part = float(ms or 2) / 6000.0
+        for _ in range(int(steps)):
+            for _ in range(6):
+                time.sleep(part)
+            tmp = [alloc(64 << 10) for _ in range(3)]
+            del tmp
+            LEAKS.append(alloc(64 << 10))  # SMALL-LEAK-LINE
     elif name == "big":
         try:
             LEAKS.append(alloc(int(arg) * MiB))

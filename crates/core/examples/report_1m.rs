@@ -82,6 +82,7 @@ fn main() {
         symbolize: &|pc| FrameInfo {
             text: format!("frame_{pc:x} (libapp.so+0x{pc:x})"),
             internal: false,
+            interpreter: false,
         },
         device_total: &|_| 80 << 30,
         config: ReportConfig::default(),

@@ -51,7 +51,9 @@ impl Answer {
 /// Adds the classification to a report; returns whether a framework's recorder
 /// gave Python lines (then its memory is better named by them than by stacks).
 pub fn apply(report: &mut Report, answer: Answer) -> bool {
-    let recorded = !answer.sites.is_empty();
+    // Sampled lines (a recorder on in short windows) name only some blocks: the
+    // stacks' own sites stay.
+    let recorded = answer.sites.iter().any(|s| !s.framework.ends_with(SAMPLED));
     report.classification = answer.frameworks;
     for d in &mut report.devices {
         let mine: Vec<&FrameworkDevice> = answer
@@ -93,6 +95,10 @@ pub fn apply(report: &mut Report, answer: Answer) -> bool {
     report.python_sites = sites;
     recorded
 }
+
+/// How the framework name of Python sites from a sampled recorder ends
+/// (`pytorch-sampled`).
+pub const SAMPLED: &str = "-sampled";
 
 /// The framework name of Python sites taken from the calling thread's own stack.
 pub const FROM_STACK: &str = "python-stack";

@@ -7,7 +7,8 @@
 //!   stacks), `vmm` (mappings of VMM handles);
 //! - `report` (the JSON model the library writes and the command reads), `reporter`
 //!   (ledger -> report -> file), `classify` (frameworks' blocks joined to a report),
-//!   `symbols` (ELF function names);
+//!   `symbols` (ELF function names), `pylines` (Python line tables), `growth`
+//!   (which call sites look like leaks across a series of reports);
 //! - `trace` (the memory timeline file, `GPUGUARD_TRACE`), `status` (the per-process
 //!   status files `gpuguard ps` lists).
 
@@ -16,7 +17,9 @@
 pub mod cap;
 pub mod classify;
 pub mod config;
+pub mod growth;
 pub mod ledger;
+pub mod pylines;
 pub mod report;
 pub mod reporter;
 pub mod sites;

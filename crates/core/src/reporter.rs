@@ -17,6 +17,31 @@ pub struct FrameInfo {
     pub text: String,
     /// Inside gpuguard or a CUDA library: trimmed from the top of a site.
     pub internal: bool,
+    /// Inside the Python interpreter (or the foreign-function layer it calls C
+    /// through): in a site that has Python frames, these and the native frames after
+    /// them are the interpreter's plumbing, which the Python frames say better.
+    pub interpreter: bool,
+}
+
+/// A site's frames as reported: gpuguard's and CUDA's own frames trimmed off the
+/// top (never to nothing), and where the site has Python frames, the interpreter's
+/// native frames before them. Two captures of one place give the same frames even
+/// when their raw stacks differ (one taken by a full unwind, one by the learned
+/// walk, which can stop early in a frame of dynamic size such as libffi's).
+pub fn site_frames(infos: &[&FrameInfo]) -> Vec<String> {
+    use crate::report::PY_FRAME;
+    let first_user = infos.iter().position(|f| !f.internal).unwrap_or(0);
+    let rest = &infos[first_user..];
+    let first_py = rest.iter().position(|f| f.text.starts_with(PY_FRAME));
+    let native_end = match first_py {
+        Some(p) => rest[..p].iter().position(|f| f.interpreter).unwrap_or(p),
+        None => rest.len(),
+    };
+    rest[..native_end]
+        .iter()
+        .chain(first_py.map_or(&[][..], |p| &rest[p..]))
+        .map(|f| f.text.clone())
+        .collect()
 }
 
 pub struct ReportInput<'a> {
@@ -225,29 +250,51 @@ pub fn build_parts(input: &ReportInput<'_>) -> (Report, LiveList) {
         live_count: host_live,
     };
 
-    // Sites: symbolize only those that hold live memory, each address once.
+    // Sites: symbolize only those that hold live memory, each address once. Stacks
+    // that read the same are one site (the lowest id), whatever their raw addresses.
     let mut names: HashMap<usize, FrameInfo> = HashMap::new();
-    let mut sites: Vec<Site> = site_use
-        .iter()
-        .enumerate()
-        .filter(|(_, u)| u.1 > 0)
-        .filter_map(|(id, &(bytes, count))| {
-            let stack = all_sites.get(id)?;
-            for &pc in stack.iter() {
-                names.entry(pc).or_insert_with(|| (input.symbolize)(pc));
+    let mut by_frames: HashMap<Vec<String>, usize> = HashMap::new();
+    // Site id -> the id it was merged into (only for merged ones).
+    let mut merged_into: HashMap<u32, u32> = HashMap::new();
+    let mut sites: Vec<Site> = Vec::new();
+    for (id, &(bytes, count)) in site_use.iter().enumerate() {
+        if count == 0 {
+            continue;
+        }
+        let Some(stack) = all_sites.get(id) else {
+            continue;
+        };
+        for &pc in stack.iter() {
+            names.entry(pc).or_insert_with(|| (input.symbolize)(pc));
+        }
+        let infos: Vec<&FrameInfo> = stack.iter().map(|pc| &names[pc]).collect();
+        let frames = site_frames(&infos);
+        match by_frames.get(&frames) {
+            Some(&i) => {
+                sites[i].live_bytes += bytes;
+                sites[i].live_count += count;
+                merged_into.insert(id as u32, sites[i].id);
             }
-            let infos: Vec<&FrameInfo> = stack.iter().map(|pc| &names[pc]).collect();
-            // Trim gpuguard's and CUDA's own frames off the top, but never to nothing.
-            let first_user = infos.iter().position(|f| !f.internal).unwrap_or(0);
-            Some(Site {
-                id: id as u32,
-                frames: infos[first_user..].iter().map(|f| f.text.clone()).collect(),
-                live_bytes: bytes,
-                live_count: count,
-            })
-        })
-        .collect();
+            None => {
+                by_frames.insert(frames.clone(), sites.len());
+                sites.push(Site {
+                    id: id as u32,
+                    frames,
+                    live_bytes: bytes,
+                    live_count: count,
+                });
+            }
+        }
+    }
     sites.sort_unstable_by(|a, b| b.live_bytes.cmp(&a.live_bytes).then(a.id.cmp(&b.id)));
+    // The list's entries point at the merged ids, streamed or materialized alike.
+    if !merged_into.is_empty() {
+        for e in entries.iter_mut() {
+            if let Some(&to) = merged_into.get(&e.site) {
+                e.site = to;
+            }
+        }
+    }
 
     // Counters and sites above cover every allocation; the list keeps the largest.
     let live_omitted = total.saturating_sub(entries.len() as u64);
@@ -687,8 +734,13 @@ mod tests {
             sites,
             api_name: &|_| "cuMemAlloc_v2",
             symbolize: &|pc| FrameInfo {
-                text: format!("f{pc}"),
+                text: if pc >= 1000 {
+                    format!("python: p{pc}")
+                } else {
+                    format!("f{pc}")
+                },
                 internal: pc < 10,
+                interpreter: (500..1000).contains(&pc),
             },
             device_total: &|_| 1 << 30,
             config: ReportConfig::default(),
@@ -763,10 +815,57 @@ mod tests {
     }
 
     #[test]
+    fn stacks_that_read_the_same_are_one_site() {
+        let ledger = Ledger::new();
+        let sites = SiteTable::new();
+        // Two raw stacks of one place: they differ only in gpuguard's/CUDA's own
+        // frames at the top (trimmed), or in the interpreter's frames before the
+        // Python ones (one capture walked further than the other).
+        let a = sites.intern(&[1, 100, 200]);
+        let b = sites.intern(&[2, 3, 100, 200]);
+        let c = sites.intern(&[1, 100, 600, 601, 1001, 1002]);
+        let d = sites.intern(&[1, 100, 600, 1001, 1002]);
+        let other = sites.intern(&[1, 100, 1003]);
+        let rec = |site| Record {
+            bytes: 8,
+            ctx: 0,
+            t_ns: 0,
+            site,
+            thread: 1,
+            device: 0,
+            kind: Kind::Device,
+            api: 0,
+        };
+        for (i, s) in [a, b, b, c, d, d, other].into_iter().enumerate() {
+            ledger.insert(Key::device(0x1000 * (i as u64 + 1)), rec(s));
+        }
+        let r = build(&input(&ledger, &sites));
+        assert_eq!(r.sites.len(), 3, "{:#?}", r.sites);
+        let by = |f: &[&str]| r.sites.iter().find(|s| s.frames == f).unwrap();
+        let native = by(&["f100", "f200"]);
+        assert_eq!(
+            (native.id, native.live_count, native.live_bytes),
+            (a, 3, 24)
+        );
+        let py = by(&["f100", "python: p1001", "python: p1002"]);
+        assert_eq!((py.id, py.live_count), (c, 3));
+        assert_eq!(by(&["f100", "python: p1003"]).live_count, 1);
+        // Every live allocation points at a site in the list.
+        for l in &r.live {
+            assert!(r.sites.iter().any(|s| Some(s.id) == l.site), "{l:?}");
+        }
+    }
+
+    #[test]
     fn streamed_report_reads_back_as_the_built_one() {
         let ledger = Ledger::new();
         let sites = SiteTable::new();
         let s = sites.intern(&[1, 2, 100]);
+        // Stacks that read as `s` does (differing only in trimmed internal frames):
+        // merged into `s`, in the streamed list as in the built one.
+        let dup = sites.intern(&[3, 100]);
+        let dup2 = sites.intern(&[4, 5, 100]);
+        let other = sites.intern(&[1, 101]);
         let mut n = 0u64;
         let mut put = |key: Key, bytes: u64, device: i16, kind: Kind, site: u32| {
             n += 1;
@@ -796,6 +895,9 @@ mod tests {
         put(Key::array(7), 30, 2, Kind::Array, s);
         put(Key::host(0x1000), 5, -1, Kind::Host, NO_SITE);
         put(Key::device(0), 1 << 40, 0, Kind::Managed, s);
+        put(Key::device(0x2000), 20, 0, Kind::Device, dup);
+        put(Key::device(0x3000), 3, 1, Kind::Device, dup2);
+        put(Key::device(0x4000), 7, 0, Kind::Device, other);
         for max_live in [None, Some(0), Some(2), Some(100)] {
             let base = ReportInput {
                 max_live,
@@ -809,6 +911,22 @@ mod tests {
             write_json(&mut out, &report, &live, &base).unwrap();
             let back: Report = serde_json::from_slice(&out).unwrap();
             assert_eq!(back, built, "max_live {max_live:?}");
+            // One site per place; every entry points at a listed (merged) site.
+            assert_eq!(back.sites.len(), 2, "{:#?}", back.sites);
+            let merged = back.sites.iter().find(|x| x.frames == ["f100"]).unwrap();
+            assert_eq!((merged.id, merged.live_count), (s, 6));
+            assert_eq!(merged.live_bytes, (1 << 40) + 10 + 30 + 30 + 20 + 3);
+            for l in &back.live {
+                assert!(l.site.is_none_or(|id| id == s || id == other), "{l:?}");
+                assert!(
+                    l.site
+                        .is_none_or(|id| back.sites.iter().any(|x| x.id == id))
+                );
+            }
+            if max_live.is_none() {
+                let to_merged = back.live.iter().filter(|l| l.site == Some(s)).count();
+                assert_eq!(to_merged, 6);
+            }
             assert_eq!(
                 serde_json::to_string(&back).unwrap().len(),
                 out.len(),

@@ -53,14 +53,23 @@ impl SiteTable {
 
     /// The id of this stack, creating it on first sight.
     pub fn intern(&self, stack: &[usize]) -> u32 {
+        self.intern_new(stack).0
+    }
+
+    /// The id of this stack, and whether this call created it (exactly one caller
+    /// sees `true` for each stack).
+    pub fn intern_new(&self, stack: &[usize]) -> (u32, bool) {
         if let Some(id) = self.ids.get(stack) {
-            return *id;
+            return (*id, false);
         }
-        *self.ids.entry(stack.into()).or_insert_with(|| {
+        let mut created = false;
+        let id = *self.ids.entry(stack.into()).or_insert_with(|| {
+            created = true;
             let mut frames = self.frames.lock().unwrap_or_else(|e| e.into_inner());
             frames.push(stack.into());
             (frames.len() - 1) as u32
-        })
+        });
+        (id, created)
     }
 
     /// The frames of every site, indexed by id.

@@ -1,17 +1,29 @@
-//! The calling thread's Python frames, read by a hook without the GIL.
+//! The calling thread's Python frames, read by a hook without the GIL, and the
+//! names of their code.
 //!
 //! Only the thread itself changes its frame chain, and it is inside the hook, so the
 //! chain and the code objects it references hold still while it is read. Where the
-//! thread state keeps it, and how frames are laid out, is measured by `bridge.py`
-//! (`_gg_calibrate`) for the running interpreter and checked there before it is
-//! handed over; until then (and if it failed) nothing is read.
+//! thread state keeps it, and how frames are laid out, comes from `layout`: known
+//! for the running interpreter from its first allocation on (3.10 to 3.13), else
+//! measured by `bridge.py` (`_gg_calibrate`) on the main thread, which also checks a
+//! known layout and turns frames off if it disagrees. Until one is confirmed,
+//! nothing is read. The interpreter's own entry frames (3.12+: owned by the C
+//! stack) are not frames of code and are skipped, as are frames of code it made
+//! without a source (first line 0: 3.13's shim between a class call and `__init__`).
+//!
+//! Names: when a capture makes a new call site, its code objects are alive (they are
+//! running), so their names and line tables (immutable fields) are copied then, and
+//! a frame is named from that copy whenever the report comes. Where no copy could be
+//! made, `bridge.py` names frames (`_gg_resolve`) while their code is alive.
 
 use super::api::{api, lock};
-use crate::shim::settings::{LogLevel, log};
+use super::layout::{self as read, Layout, builtin};
+use crate::shim::settings::{LogLevel, log, settings};
+use gpuguard_core::pylines::{self, Format};
 use gpuguard_core::sites::SiteTable;
 use std::collections::HashMap;
-use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicPtr, Ordering::*};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, AtomicUsize, Ordering::*};
+use std::sync::{Mutex, OnceLock};
 
 /// Marks a site entry as a Python frame: bit 63, the bytecode offset in bits 47
 /// to 62, the code object's address below (user addresses fit in 47 bits).
@@ -19,34 +31,105 @@ pub const PY_TAG: usize = 1 << 63;
 const ADDR_MASK: usize = (1 << 47) - 1;
 const OFFSET_MAX: usize = 0xFFFF;
 
-static ON: AtomicBool = AtomicBool::new(false);
-/// mode (1: interpreter frames, 2: frame objects), ts_off, ts_deref (-1: none),
-/// code_off, prev_off, instr_off, base.
-static LAYOUT: [AtomicI64; 7] = [const { AtomicI64::new(0) }; 7];
-type Names = Mutex<Option<HashMap<usize, Option<String>>>>;
+/// Where frames stand: not tried yet; being set up; read; no layout known (the
+/// calibration may bring one); off for good (finalizing, or a check failed).
+const UNTRIED: u8 = 0;
+const TRYING: u8 = 1;
+const ON: u8 = 2;
+const WAITING: u8 = 3;
+const OFF: u8 = 4;
+static STATE: AtomicU8 = AtomicU8::new(UNTRIED);
+static LAYOUT: OnceLock<Layout> = OnceLock::new();
+/// Set once a walk found a code object where the layout said: the layout is this
+/// interpreter's. Before that, a frame that is not code turns frames off.
+static CONFIRMED: AtomicBool = AtomicBool::new(false);
+/// Why the interpreter's layout is not known in advance, for the log.
+static NO_BUILTIN: OnceLock<&'static str> = OnceLock::new();
 
-/// Resolved entries: file:line in function, or None when the code was gone. Behind
-/// a pointer, so a forked child whose copy was locked at the fork (by a thread that
-/// does not exist there) gets a fresh table instead of a lock nobody will release.
-static NAMES_AT: AtomicPtr<Names> = AtomicPtr::new(std::ptr::null_mut());
-static FIRST_NAMES: Names = Mutex::new(None);
-
-fn names() -> &'static Names {
-    // SAFETY: NAMES_AT is null or a leaked, never-freed table.
-    unsafe { NAMES_AT.load(Acquire).as_ref() }.unwrap_or(&FIRST_NAMES)
+/// A table behind a pointer, so a forked child whose copy was locked at the fork (by
+/// a thread that does not exist there) gets a fresh table instead of a lock nobody
+/// will release.
+struct ForkSafe<T: 'static> {
+    at: AtomicPtr<Mutex<Option<T>>>,
+    first: Mutex<Option<T>>,
 }
 
-/// In a forked child: a table locked at the fork is replaced (its lock would never
-/// be released); its names are kept when it was free.
-pub(crate) fn after_fork_in_child() {
-    let locked = names().try_lock().is_err();
-    if locked {
-        NAMES_AT.store(Box::into_raw(Box::new(Mutex::new(None))), Release);
+impl<T> ForkSafe<T> {
+    const fn new() -> Self {
+        ForkSafe {
+            at: AtomicPtr::new(std::ptr::null_mut()),
+            first: Mutex::new(None),
+        }
+    }
+
+    fn get(&'static self) -> &'static Mutex<Option<T>> {
+        // SAFETY: `at` is null or a leaked, never-freed table.
+        unsafe { self.at.load(Acquire).as_ref() }.unwrap_or(&self.first)
+    }
+
+    /// In a forked child: a table locked at the fork is replaced; its contents are
+    /// kept when it was free. Returns whether it was replaced.
+    fn after_fork_in_child(&'static self) -> bool {
+        let locked = self.get().try_lock().is_err();
+        if locked {
+            self.at
+                .store(Box::into_raw(Box::new(Mutex::new(None))), Release);
+        }
+        locked
     }
 }
 
+/// Resolved entries: file:line in function, or None when the code was gone.
+static NAMES: ForkSafe<HashMap<usize, Option<String>>> = ForkSafe::new();
+
+fn names() -> &'static Mutex<Option<HashMap<usize, Option<String>>>> {
+    NAMES.get()
+}
+
+/// In a forked child: the name table and the code copies, if locked at the fork
+/// (a report reading them, a hook copying names), are replaced by empty ones.
+pub(crate) fn after_fork_in_child() {
+    NAMES.after_fork_in_child();
+    if COPIES.after_fork_in_child() {
+        // The parent's copies are gone from this process's view: the budget
+        // counts what the child can still name from.
+        COPIED_BYTES.store(0, Relaxed);
+    }
+}
+
+/// A code object's names and line table, copied while it ran.
+struct CodeCopy {
+    /// (co_filename, co_name, co_linetable, co_firstlineno): another code object
+    /// at the same address differs in these.
+    ident: (usize, usize, usize, i32),
+    file: String,
+    name: String,
+    first_line: i32,
+    table: Vec<u8>,
+    format: Format,
+}
+
+/// Copies by code object address, and the bytes they hold (bounded).
+static COPIES: ForkSafe<HashMap<usize, CodeCopy>> = ForkSafe::new();
+static COPIED_BYTES: AtomicUsize = AtomicUsize::new(0);
+const COPY_LIMIT: usize = 32 << 20;
+const TABLE_MAX: usize = 128 << 10;
+const TEXT_MAX: usize = 4096;
+
+fn layout() -> Layout {
+    LAYOUT.get().copied().unwrap_or_default()
+}
+
+/// Frames on with `l`; a layout is published once (then frames stay on with it, or
+/// go off for good).
+fn publish(l: Layout) -> bool {
+    let ok = LAYOUT.set(l).is_ok();
+    STATE.store(if ok { ON } else { OFF }, Release);
+    ok
+}
+
 #[derive(serde::Deserialize)]
-struct Layout {
+struct Measured {
     mode: i64,
     ts_off: i64,
     ts_deref: i64,
@@ -54,37 +137,142 @@ struct Layout {
     prev_off: i64,
     instr_off: i64,
     base: i64,
+    #[serde(default = "minus_one")]
+    owner_off: i64,
 }
 
-/// The layout from `_gg_calibrate`, or its reason for having none.
-pub(super) fn set_layout(json: &str) {
-    match serde_json::from_str::<Layout>(json) {
-        Ok(l) if (1..=2).contains(&l.mode) => {
-            for (slot, v) in LAYOUT.iter().zip([
-                l.mode,
-                l.ts_off,
-                l.ts_deref,
-                l.code_off,
-                l.prev_off,
-                l.instr_off,
-                l.base,
-            ]) {
-                slot.store(v, Relaxed);
-            }
-            ON.store(true, Release);
+fn minus_one() -> i64 {
+    -1
+}
+
+/// The known layout, tried once Python runs (from a hook or the main thread).
+fn try_builtin() -> bool {
+    if !settings().cfg.python {
+        let _ = STATE.compare_exchange(UNTRIED, WAITING, AcqRel, Acquire);
+        return false;
+    }
+    let Some(a) = api() else {
+        let _ = STATE.compare_exchange(UNTRIED, WAITING, AcqRel, Acquire);
+        return false;
+    };
+    // SAFETY: reads the runtime's state; callable without the GIL.
+    if unsafe { (a.is_initialized)() } == 0 {
+        return false; // not yet: tried again at the next capture
+    }
+    if STATE
+        .compare_exchange(UNTRIED, TRYING, AcqRel, Acquire)
+        .is_err()
+    {
+        return STATE.load(Acquire) == ON;
+    }
+    // SAFETY: Python is initialized.
+    match unsafe { builtin() } {
+        Ok(l) => publish(l),
+        Err(why) => {
+            let _ = NO_BUILTIN.set(why);
+            STATE.store(WAITING, Release);
+            false
         }
-        _ => log(
-            LogLevel::Info,
-            format_args!("no Python frames in call sites: {json}"),
-        ),
+    }
+}
+
+/// The layout from `_gg_calibrate`, or its reason for having none: the check of a
+/// known layout, or the layout itself where none is known.
+pub(super) fn set_layout(json: &str) {
+    if STATE.load(Acquire) == UNTRIED {
+        try_builtin();
+    }
+    let measured = match serde_json::from_str::<Measured>(json) {
+        Ok(m) if (1..=2).contains(&m.mode) => m,
+        _ => {
+            if STATE.load(Acquire) == ON {
+                // Nothing to check the known layout against: keep it only if the
+                // hooks have already seen code where it said.
+                log(
+                    LogLevel::Info,
+                    format_args!(
+                        "Python frame layout not measured ({json}); the known one is used"
+                    ),
+                );
+            } else {
+                log(
+                    LogLevel::Info,
+                    format_args!("no Python frames in call sites: {json}"),
+                );
+            }
+            return;
+        }
+    };
+    let m = [
+        measured.mode,
+        measured.ts_off,
+        measured.ts_deref,
+        measured.code_off,
+        measured.prev_off,
+        measured.instr_off,
+        measured.base,
+        measured.owner_off,
+    ];
+    match STATE.load(Acquire) {
+        ON => {
+            let known = layout().frame_part();
+            if known != m {
+                STATE.store(OFF, Release);
+                log(
+                    LogLevel::Warn,
+                    format_args!(
+                        "Python frames off: the interpreter's layout {m:?} is not the known {known:?}"
+                    ),
+                );
+            }
+        }
+        WAITING | UNTRIED => {
+            if let Some(why) = NO_BUILTIN.get() {
+                log(
+                    LogLevel::Info,
+                    format_args!("Python frames from the calibration ({why} in advance)"),
+                );
+            }
+            let l = Layout {
+                mode: measured.mode,
+                ts_off: measured.ts_off,
+                ts_deref: measured.ts_deref,
+                code_off: measured.code_off,
+                prev_off: measured.prev_off,
+                instr_off: measured.instr_off,
+                base: measured.base,
+                owner_off: measured.owner_off,
+                cstack: 3,
+                co_filename: -1,
+                co_name: -1,
+                co_qualname: -1,
+                co_firstlineno: -1,
+                co_linetable: -1,
+                // SAFETY: a lookup through glibc.
+                code_type: unsafe {
+                    crate::shim::real::lookup(libc::RTLD_DEFAULT, c"PyCode_Type") as i64
+                },
+                ..Layout::default()
+            };
+            if l.code_type != 0 {
+                publish(l);
+            }
+        }
+        _ => {}
     }
 }
 
 /// This thread's Python thread state, 0 when it has none or frames are not read.
 #[inline]
 pub(crate) fn thread_state() -> usize {
-    if !ON.load(Acquire) {
-        return 0;
+    match STATE.load(Acquire) {
+        ON => {}
+        UNTRIED => {
+            if !try_builtin() {
+                return 0;
+            }
+        }
+        _ => return 0,
     }
     match api() {
         // SAFETY: documented as callable without the GIL; reads a thread-local.
@@ -100,53 +288,153 @@ pub(crate) fn walk(ts: usize, out: &mut [usize]) -> usize {
     if out.is_empty() || ts == 0 {
         return 0;
     }
-    let l: [i64; 7] = std::array::from_fn(|i| LAYOUT[i].load(Relaxed));
-    let [mode, ts_off, ts_deref, code_off, prev_off, instr_off, base] = l;
-    // SAFETY: reads of this thread's own thread state and frames at offsets
-    // measured and checked for this interpreter; every pointer is checked for
-    // null and alignment before it is followed.
+    let Some(l) = LAYOUT.get() else {
+        return 0;
+    };
+    let code_type = l.code_type as usize;
+    let first_line_off = l.co_firstlineno;
+    // SAFETY: reads of this thread's own thread state and frames at offsets known
+    // or measured for this interpreter; every pointer is checked for null and
+    // alignment before it is followed, and a code pointer's type before it is kept.
     unsafe {
-        let mut frame = word(ts, ts_off);
-        if ts_deref >= 0 {
-            frame = word(frame, ts_deref);
+        let mut frame = read::word(ts, l.ts_off);
+        if l.ts_deref >= 0 {
+            frame = read::word(frame, l.ts_deref);
         }
         let mut n = 0;
-        while frame != 0 && n < out.len() {
-            let code = word(frame, code_off);
-            if code == 0 || code & 7 != 0 || code > ADDR_MASK {
+        let mut hops = 0;
+        while frame != 0 && n < out.len() && hops < 4 * out.len() {
+            hops += 1;
+            if l.owner_off >= 0
+                && i64::from(std::ptr::read_volatile(
+                    (frame + l.owner_off as usize) as *const u8,
+                )) == l.cstack
+            {
+                // The interpreter's own entry frame: no code of the program's.
+                frame = read::word(frame, l.prev_off);
+                continue;
+            }
+            let code = read::word(frame, l.code_off);
+            if code == 0 || code & 7 != 0 || code > ADDR_MASK || read::word(code, 8) != code_type {
+                if n == 0 && !CONFIRMED.load(Relaxed) {
+                    // Not code where the layout says: it is not this interpreter's.
+                    STATE.store(OFF, Release);
+                }
                 break;
             }
-            let offset = if mode == 1 {
-                let instr = word(frame, instr_off);
-                instr.wrapping_sub(code).wrapping_sub(base as usize)
+            if first_line_off >= 0
+                && std::ptr::read_volatile((code + first_line_off as usize) as *const i32) == 0
+            {
+                // Code the interpreter made, with no source (3.13's `__init__` shim
+                // between a class call and its `__init__`): not the program's frame.
+                frame = read::word(frame, l.prev_off);
+                continue;
+            }
+            let offset = if l.mode == 1 {
+                let instr = read::word(frame, l.instr_off);
+                instr.wrapping_sub(code).wrapping_sub(l.base as usize)
             } else {
-                let lasti = *((frame as isize + instr_off as isize) as *const i32);
+                let lasti = *((frame as isize + l.instr_off as isize) as *const i32);
                 (lasti.max(0) as usize) * 2
             };
             out[n] = PY_TAG | (offset.min(OFFSET_MAX) << 47) | code;
             n += 1;
-            frame = word(frame, prev_off);
+            frame = read::word(frame, l.prev_off);
+        }
+        if n > 0 && !CONFIRMED.load(Relaxed) {
+            CONFIRMED.store(true, Relaxed);
         }
         n
     }
 }
 
-/// The word at `base + off`, 0 if `base` is null or misaligned.
-unsafe fn word(base: usize, off: i64) -> usize {
-    if base == 0 || base & 7 != 0 {
-        return 0;
+/// A new call site was made from `stack` on this thread, inside the hook: its
+/// Python frames' code objects are alive now, so their names are copied (once per
+/// code object, bounded in all).
+pub(crate) fn remember(stack: &[usize]) {
+    if STATE.load(Acquire) != ON {
+        return;
     }
-    // SAFETY: per the caller.
-    unsafe { std::ptr::read_volatile((base as isize + off as isize) as *const usize) }
+    let l = layout();
+    if !l.names() || COPIED_BYTES.load(Relaxed) > COPY_LIMIT {
+        return;
+    }
+    // Never waits in a hook: if a report is reading the copies right now, this
+    // site's frames are named by the bridge instead.
+    let Ok(mut copies) = COPIES.get().try_lock() else {
+        return;
+    };
+    let m = copies.get_or_insert_with(HashMap::new);
+    for &e in stack.iter().filter(|e| is_python(**e)) {
+        let code = e & ADDR_MASK;
+        // SAFETY: `code` is the code object of a frame running on this thread (its
+        // type was checked by `walk`); the fields read are immutable.
+        unsafe {
+            let first_line =
+                std::ptr::read_volatile((code + l.co_firstlineno as usize) as *const i32);
+            let ident = (
+                read::word(code, l.co_filename),
+                read::word(code, l.co_name),
+                read::word(code, l.co_linetable),
+                first_line,
+            );
+            if m.get(&code).is_some_and(|c| c.ident == ident) {
+                continue;
+            }
+            let name = (l.co_qualname >= 0)
+                .then(|| read::string(&l, read::word(code, l.co_qualname), TEXT_MAX))
+                .flatten()
+                .or_else(|| read::string(&l, ident.1, TEXT_MAX));
+            let (Some(file), Some(name), Some(table)) = (
+                read::string(&l, ident.0, TEXT_MAX),
+                name,
+                read::bytes(&l, ident.2, TABLE_MAX),
+            ) else {
+                continue;
+            };
+            COPIED_BYTES.fetch_add(file.len() + name.len() + table.len() + 64, Relaxed);
+            let format = if l.lines_format == 1 {
+                Format::Pairs310
+            } else {
+                Format::Locations311
+            };
+            m.insert(
+                code,
+                CodeCopy {
+                    ident,
+                    file,
+                    name,
+                    first_line,
+                    table,
+                    format,
+                },
+            );
+        }
+    }
+}
+
+/// `file:line in function` from a copy of the entry's code object, if one was made.
+fn copied_text(entry: usize) -> Option<String> {
+    let (addr, off) = split(entry);
+    let copies = lock(COPIES.get());
+    let c = copies.as_ref()?.get(&addr)?;
+    let line = pylines::line_at(c.format, c.first_line, &c.table, off).unwrap_or(c.first_line);
+    Some(format!("{}:{line} in {}", c.file, c.name))
+}
+
+fn has_copy(entry: usize) -> bool {
+    lock(COPIES.get())
+        .as_ref()
+        .is_some_and(|m| m.contains_key(&(entry & ADDR_MASK)))
 }
 
 /// No more reading of Python frames (the interpreter is finalizing).
 pub(super) fn stop() {
-    ON.store(false, Release);
+    STATE.store(OFF, Release);
 }
 
 pub(crate) fn enabled() -> bool {
-    ON.load(Relaxed)
+    STATE.load(Relaxed) == ON
 }
 
 pub(crate) fn is_python(entry: usize) -> bool {
@@ -159,20 +447,24 @@ fn split(entry: usize) -> (usize, usize) {
 
 /// `file:line in function` for a resolved entry; None if not (yet) resolved.
 pub(crate) fn text(entry: usize) -> Option<String> {
-    lock(names()).as_ref()?.get(&entry).cloned().flatten()
+    copied_text(entry).or_else(|| lock(names()).as_ref()?.get(&entry).cloned().flatten())
 }
 
 /// Python entries of the sites that have not been resolved yet.
 pub(crate) fn unresolved(sites: &SiteTable) -> Vec<usize> {
-    if !ON.load(Acquire) {
+    if STATE.load(Acquire) != ON {
         return Vec::new();
     }
-    let names = lock(names());
-    let mut out: Vec<usize> = sites
+    let copied: Vec<usize> = sites
         .all()
         .iter()
         .flat_map(|s| s.iter().copied())
-        .filter(|e| is_python(*e) && names.as_ref().is_none_or(|m| !m.contains_key(e)))
+        .filter(|e| is_python(*e) && !has_copy(*e))
+        .collect();
+    let names = lock(names());
+    let mut out: Vec<usize> = copied
+        .into_iter()
+        .filter(|e| names.as_ref().is_none_or(|m| !m.contains_key(e)))
         .collect();
     out.sort_unstable();
     out.dedup();

@@ -1,15 +1,29 @@
-"""torch.cuda stand-in: one device, blocks cached by size, freed by empty_cache()."""
+"""torch.cuda stand-in: one device and a small caching allocator over the simulated
+runtime, in PyTorch's shapes. Tensors under 1 MiB are carved from 2 MiB segments
+(PyTorch's small pool: a small tensor a step costs the driver one segment every
+32 steps, the rest comes from the cache); larger ones are a block each (PyTorch's
+small pool takes sizes up to 1 MiB inclusive; here 1 MiB tensors stay blocks of their
+own, which keeps the older tests' arithmetic simple). Freed blocks are cached and
+given back by empty_cache()."""
 import sys
 
 import simrt  # tests/python/fakefw, on PYTHONPATH
 
 from . import memory  # noqa: F401
 
+SMALL = 1 << 20  # below this: the small pool
+SEGMENT = 2 << 20  # a small pool segment
+ROUND = 512
+
 _initialized = False
-_cache = {}  # size -> [ptr] cached (freed by the program, kept by the allocator)
-_blocks = {}  # ptr -> [size, in_use, frames]
+_cache = {}  # size -> [ptr]: large blocks freed by the program, kept by the allocator
+_blocks = {}  # ptr -> [size, in_use, frames, segment base or None]
+_segments = {}  # base -> [used bytes (bump), unused]
+_free_small = {}  # size -> [ptr]: small blocks freed by the program, kept cached
+_bump = None  # the segment new small blocks are carved from
 _reserved = 0
 _allocated = 0
+_nallocs = 0  # tensor allocations so far (memory_stats' allocation.all.allocated)
 
 
 def _lazy_init():
@@ -35,6 +49,14 @@ def memory_allocated(device=None):
     return _allocated
 
 
+def memory_stats(device=None):
+    return {
+        "allocation.all.allocated": _nallocs,
+        "allocated_bytes.all.current": _allocated,
+        "reserved_bytes.all.current": _reserved,
+    }
+
+
 def _frames():
     out = []
     f = sys._getframe(4)  # the caller of torch.empty
@@ -44,17 +66,41 @@ def _frames():
     return out
 
 
+def _small(nbytes):
+    global _reserved, _bump
+    size = max(ROUND, (nbytes + ROUND - 1) // ROUND * ROUND)
+    free = _free_small.get(size)
+    if free:
+        ptr = free.pop()
+        return ptr, _blocks[ptr][3]
+    if _bump is None or _segments[_bump][0] + size > SEGMENT:
+        _bump = simrt.malloc(SEGMENT)
+        _reserved += SEGMENT
+        _segments[_bump] = [0, None]
+    seg = _segments[_bump]
+    seg[0] += size
+    return _bump + seg[0] - size, _bump
+
+
 def _alloc(nbytes):
-    global _reserved, _allocated
+    global _reserved, _allocated, _nallocs
     _lazy_init()
-    cached = _cache.get(nbytes)
-    if cached:
-        ptr = cached.pop()
+    _nallocs += 1
+    if nbytes < SMALL:
+        ptr, seg = _small(nbytes)
+        size = max(ROUND, (nbytes + ROUND - 1) // ROUND * ROUND)
     else:
-        ptr = simrt.malloc(nbytes)
-        _reserved += nbytes
-    _allocated += nbytes
-    _blocks[ptr] = [nbytes, True, _frames() if memory._recording else []]
+        seg, size = None, nbytes
+        cached = _cache.get(nbytes)
+        if cached:
+            ptr = cached.pop()
+        else:
+            ptr = simrt.malloc(nbytes)
+            _reserved += nbytes
+    _allocated += size
+    # The recorder keeps the allocating stack of each block allocated while it is on
+    # (context "alloc" or "state"); the block keeps it after recording stops.
+    _blocks[ptr] = [size, True, _frames() if memory._recording else [], seg]
     return ptr
 
 
@@ -64,7 +110,10 @@ def _free(ptr):
     b[1] = False
     b[2] = []
     _allocated -= b[0]
-    _cache.setdefault(b[0], []).append(ptr)
+    if b[3] is not None:
+        _free_small.setdefault(b[0], []).append(ptr)
+    else:
+        _cache.setdefault(b[0], []).append(ptr)
 
 
 def empty_cache():
@@ -75,3 +124,15 @@ def empty_cache():
             del _blocks[p]
             _reserved -= size
     _cache.clear()
+    global _bump
+    busy = {b[3] for b in _blocks.values() if b[1] and b[3] is not None}
+    for base in [b for b in _segments if b not in busy]:
+        for p in [p for p, b in _blocks.items() if b[3] == base]:
+            del _blocks[p]
+        del _segments[base]
+        simrt.free(base)
+        _reserved -= SEGMENT
+        if _bump == base:
+            _bump = None
+    for size in list(_free_small):
+        _free_small[size] = [p for p in _free_small[size] if p in _blocks]

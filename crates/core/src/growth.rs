@@ -1,0 +1,313 @@
+//! Which call sites look like leaks across a series of reports of one process.
+//!
+//! The criterion (README, "Suspected leaks"): over the reports in order, a site is
+//! a suspect when its live bytes ended higher than they started and rose in most
+//! intervals between consecutive reports (more than half, and at least two when
+//! there are two or more intervals). A site that grew once (a warm-up, a new input
+//! shape) and then stayed flat is not one. When the series ends in the exit report
+//! and the site's bytes fell only there (the program freed its list as it returned,
+//! just before exit), the judgment is on the series before that drop, and the
+//! suspect says so. Suspects are ranked by how steadily they grew (the share of
+//! intervals in which they rose); among equally steady ones, a framework's own lines
+//! of its blocks first (block-exact, from its recorder, sampled or not), then lines
+//! from the allocating thread's stack (the line that made the framework take memory
+//! from the driver, which under a cache may be any allocation), then native sites
+//! (a framework's are its allocator): sampled lines count only some blocks, so
+//! speeds compare only within a kind; then by how fast (bytes a second over the
+//! judged reports, or per interval without times). A site that held nothing in the
+//! first reports is judged from the report before it first held memory, over at
+//! least two intervals: one that appears in the last report only is not a suspect.
+
+use crate::report::Report;
+use std::collections::BTreeMap;
+
+/// A site's identity across reports (ids differ from report to report).
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct SiteKey {
+    /// `None`: a call site of the hooks (native frames, then Python ones); else the
+    /// framework whose blocks in use a Python site counts (`pytorch`, `cupy`, ...).
+    pub framework: Option<String>,
+    pub frames: Vec<String>,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Suspect {
+    pub key: SiteKey,
+    /// Live (bytes, count) in each report of the series, in order.
+    pub live: Vec<(u64, u64)>,
+    /// Of the intervals judged, how many it rose in.
+    pub rose: usize,
+    pub intervals: usize,
+    /// Bytes it grew by over the judged reports.
+    pub growth: u64,
+    /// Bytes a second over the judged reports, when they carry times.
+    pub per_second: Option<f64>,
+    /// The exit report's drop was left out of the judgment.
+    pub exit_drop_ignored: bool,
+}
+
+impl Suspect {
+    /// The share of intervals it rose in, 0 to 1.
+    pub fn steadiness(&self) -> f64 {
+        self.rose as f64 / self.intervals.max(1) as f64
+    }
+
+    /// Bytes per second, else per interval.
+    pub fn speed(&self) -> f64 {
+        self.per_second
+            .unwrap_or(self.growth as f64 / self.intervals.max(1) as f64)
+    }
+
+    pub fn is_python(&self) -> bool {
+        self.key.framework.is_some()
+    }
+
+    /// 2: a framework's lines of its own blocks (a recorder's, sampled or not:
+    /// block-exact); 1: lines from the allocating thread's stack (the line that made
+    /// the framework take memory from the driver); 0: native call sites.
+    pub fn precision(&self) -> u8 {
+        match self.key.framework.as_deref() {
+            None => 0,
+            Some(crate::classify::FROM_STACK) => 1,
+            Some(_) => 2,
+        }
+    }
+}
+
+/// Live (bytes, count) per site in one report.
+pub fn site_map(r: &Report) -> BTreeMap<SiteKey, (u64, u64)> {
+    let mut m: BTreeMap<SiteKey, (u64, u64)> = BTreeMap::new();
+    for s in &r.sites {
+        let e = m
+            .entry(SiteKey {
+                framework: None,
+                frames: s.frames.clone(),
+            })
+            .or_default();
+        e.0 += s.live_bytes;
+        e.1 += s.live_count;
+    }
+    for s in &r.python_sites {
+        let e = m
+            .entry(SiteKey {
+                framework: Some(s.framework.clone()),
+                frames: s.frames.clone(),
+            })
+            .or_default();
+        e.0 += s.live_bytes;
+        e.1 += s.live_count;
+    }
+    m
+}
+
+/// The judgment on one series of live bytes: (rose, intervals, growth, first
+/// report judged) if a suspect. A site that holds nothing in the first reports is
+/// judged from the report before it first held memory, and needs two intervals
+/// there (one when the whole series has only one).
+fn judge(all: &[u64]) -> Option<(usize, usize, u64, usize)> {
+    let start = all.iter().position(|b| *b > 0)?.saturating_sub(1);
+    let bytes = &all[start..];
+    let intervals = bytes.len().checked_sub(1).filter(|n| *n > 0)?;
+    if intervals < 2 && all.len() > 2 {
+        return None;
+    }
+    let rose = bytes.windows(2).filter(|w| w[1] > w[0]).count();
+    let growth = bytes.last()?.checked_sub(bytes[0]).filter(|g| *g > 0)?;
+    let most = rose * 2 > intervals && (intervals == 1 || rose >= 2);
+    most.then_some((rose, intervals, growth, start))
+}
+
+/// The suspected leaks across `reports` of one process (any order; sorted by
+/// `seq` here, duplicates dropped), most steady first, then fastest.
+pub fn suspects(reports: &[&Report]) -> Vec<Suspect> {
+    let mut series: Vec<&Report> = reports.to_vec();
+    series.sort_by_key(|r| r.seq);
+    series.dedup_by_key(|r| r.seq);
+    if series.len() < 2 {
+        return Vec::new();
+    }
+    let maps: Vec<_> = series.iter().map(|r| site_map(r)).collect();
+    let keys: std::collections::BTreeSet<&SiteKey> = maps.iter().flat_map(|m| m.keys()).collect();
+    let ends_at_exit = series.last().is_some_and(|r| r.reason == "exit");
+    let mut out: Vec<Suspect> = keys
+        .into_iter()
+        .filter_map(|k| {
+            let live: Vec<(u64, u64)> = maps
+                .iter()
+                .map(|m| m.get(k).copied().unwrap_or_default())
+                .collect();
+            let bytes: Vec<u64> = live.iter().map(|l| l.0).collect();
+            let n = bytes.len();
+            let (judged, exit_drop_ignored) = match judge(&bytes) {
+                Some(j) => (Some(j), false),
+                None if ends_at_exit && n >= 3 && bytes[n - 1] < bytes[n - 2] => {
+                    (judge(&bytes[..n - 1]), true)
+                }
+                None => (None, false),
+            };
+            let (rose, intervals, growth, first) = judged?;
+            let last = if exit_drop_ignored { n - 2 } else { n - 1 };
+            let secs = series[last].uptime_s - series[first].uptime_s;
+            Some(Suspect {
+                key: k.clone(),
+                live,
+                rose,
+                intervals,
+                growth,
+                per_second: (secs > 0.0).then(|| growth as f64 / secs),
+                exit_drop_ignored,
+            })
+        })
+        .collect();
+    out.sort_by(|a, b| {
+        b.steadiness()
+            .total_cmp(&a.steadiness())
+            .then(b.precision().cmp(&a.precision()))
+            .then(b.speed().total_cmp(&a.speed()))
+            .then(a.key.cmp(&b.key))
+    });
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::report::{PythonSite, Site};
+
+    fn rep(seq: u64, reason: &str, t: f64, sites: &[(&str, u64)]) -> Report {
+        Report {
+            seq,
+            reason: reason.into(),
+            uptime_s: t,
+            sites: sites
+                .iter()
+                .enumerate()
+                .map(|(i, (f, b))| Site {
+                    id: i as u32,
+                    frames: vec![f.to_string()],
+                    live_bytes: *b,
+                    live_count: 1,
+                })
+                .collect(),
+            ..Default::default()
+        }
+    }
+
+    fn names(s: &[Suspect]) -> Vec<&str> {
+        s.iter().map(|s| s.key.frames[0].as_str()).collect()
+    }
+
+    #[test]
+    fn grew_once_then_flat_is_not_a_suspect() {
+        let rs: Vec<Report> = (0..6u64)
+            .map(|i| {
+                rep(
+                    i + 1,
+                    "snapshot",
+                    i as f64,
+                    &[
+                        ("warmup", if i == 0 { 10 } else { 106 }),
+                        ("leak", 10 + i),
+                        ("flat", 50),
+                    ],
+                )
+            })
+            .collect();
+        let refs: Vec<&Report> = rs.iter().collect();
+        let s = suspects(&refs);
+        assert_eq!(names(&s), ["leak"]);
+        assert_eq!((s[0].rose, s[0].intervals, s[0].growth), (5, 5, 5));
+        assert_eq!(s[0].per_second, Some(1.0));
+        assert!(!s[0].exit_drop_ignored);
+    }
+
+    #[test]
+    fn late_sites_are_judged_from_their_start() {
+        let series: [u64; 5] = [0, 0, 5, 10, 15];
+        let rs: Vec<Report> = series
+            .iter()
+            .enumerate()
+            .map(|(i, b)| {
+                rep(
+                    i as u64 + 1,
+                    "snapshot",
+                    i as f64,
+                    &[("late", *b), ("new", if i == 4 { 9 } else { 0 })],
+                )
+            })
+            .collect();
+        let refs: Vec<&Report> = rs.iter().collect();
+        let s = suspects(&refs);
+        assert_eq!(names(&s), ["late"]);
+        assert_eq!((s[0].rose, s[0].intervals), (3, 3));
+        assert_eq!(s[0].per_second, Some(5.0));
+    }
+
+    #[test]
+    fn steady_before_fast_and_most_intervals_needed() {
+        // "bumpy" grows more but in only 2 of 4 intervals; "steady" in all 4;
+        // "mostly" in 3 of 4 and fastest of the two that qualify after "steady".
+        let series = [
+            [("steady", 10), ("bumpy", 10), ("mostly", 0)],
+            [("steady", 11), ("bumpy", 500), ("mostly", 100)],
+            [("steady", 12), ("bumpy", 5), ("mostly", 50)],
+            [("steady", 13), ("bumpy", 900), ("mostly", 200)],
+            [("steady", 14), ("bumpy", 800), ("mostly", 300)],
+        ];
+        let rs: Vec<Report> = series
+            .iter()
+            .enumerate()
+            .map(|(i, s)| rep(i as u64 + 1, "snapshot", i as f64, s))
+            .collect();
+        // Order given does not matter: seq does.
+        let refs: Vec<&Report> = rs.iter().rev().collect();
+        let s = suspects(&refs);
+        assert_eq!(names(&s), ["steady", "mostly"]);
+        assert!(s[0].steadiness() > s[1].steadiness());
+    }
+
+    #[test]
+    fn a_drop_at_exit_after_steady_growth_still_counts_and_says_so() {
+        let mut rs: Vec<Report> = (0..5u64)
+            .map(|i| rep(i + 1, "snapshot", i as f64, &[("list", 100 * (i + 1))]))
+            .collect();
+        rs.push(rep(6, "exit", 5.0, &[("list", 0)]));
+        let refs: Vec<&Report> = rs.iter().collect();
+        let s = suspects(&refs);
+        assert_eq!(names(&s), ["list"]);
+        assert!(s[0].exit_drop_ignored);
+        assert_eq!((s[0].rose, s[0].intervals, s[0].growth), (4, 4, 400));
+        assert_eq!(s[0].live.len(), 6);
+        // A drop in a report that is not the exit is judged as it is.
+        rs[5].reason = "snapshot".into();
+        let refs: Vec<&Report> = rs.iter().collect();
+        assert!(suspects(&refs).is_empty());
+    }
+
+    #[test]
+    fn two_reports_compare_directly_and_python_sites_are_keyed_by_framework() {
+        let mut a = rep(1, "signal", 0.0, &[("x", 1)]);
+        let mut b = rep(2, "signal", 0.0, &[("x", 1)]);
+        for (r, bytes) in [(&mut a, 10), (&mut b, 30)] {
+            r.python_sites.push(PythonSite {
+                id: 0,
+                framework: "pytorch".into(),
+                frames: vec!["t.py:3 in f".into()],
+                live_bytes: bytes,
+                live_count: 1,
+            });
+        }
+        let s = suspects(&[&a, &b]);
+        assert_eq!(s.len(), 1);
+        assert!(s[0].is_python());
+        // Equally steady: the Python line before a faster native site.
+        b.sites[0].live_bytes = 1000;
+        let s = suspects(&[&a, &b]);
+        assert_eq!(s.len(), 2);
+        assert!(s[0].is_python() && !s[1].is_python());
+        assert_eq!(s[0].key.framework.as_deref(), Some("pytorch"));
+        assert_eq!(s[0].per_second, None);
+        assert_eq!(s[0].speed(), 20.0);
+        assert!(suspects(&[&a]).is_empty());
+    }
+}

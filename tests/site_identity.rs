@@ -1,0 +1,48 @@
+//! One site per place (issue 12): the README demo's program leaks 8 MiB from one
+//! function three times; the exit report shows one site for it, with all three, in
+//! the JSON and in `gpuguard show`, whatever path each capture took.
+
+mod common;
+mod core_support;
+
+use core_support::*;
+
+const MIB: u64 = 1 << 20;
+
+#[test]
+fn the_demo_s_leak_is_one_site() {
+    let r = gg_run("hello_gpu", &["9"], &[]);
+    assert!(r.status.success(), "{}", r.describe());
+    let (path, rep) = exit_report(&r);
+    let sites: Vec<&serde_json::Value> = rep["sites"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|s| {
+            s["frames"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|f| f.as_str().unwrap().contains("remember_batch_stats"))
+        })
+        .collect();
+    assert_eq!(sites.len(), 1, "{sites:#?}");
+    assert_eq!(sites[0]["live_count"], 3);
+    assert_eq!(sites[0]["live_bytes"], 24 * MIB);
+    // Every live allocation of it names that site.
+    let id = &sites[0]["id"];
+    let of_site = rep["live"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|a| &a["site"] == id)
+        .count();
+    assert_eq!(of_site, 3);
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_gpuguard"))
+        .arg("show")
+        .arg(&path)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("24.0 MiB in 3"), "{text}");
+}

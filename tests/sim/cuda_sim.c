@@ -22,6 +22,11 @@
  *                      sleeps this long before it gives the memory back, as a
  *                      slow free in a real driver: the memory is still held
  *                      meanwhile (default 0)
+ *   SIMCUDA_SIGSAFE    1: every section under the sim's global lock runs with all
+ *                      signals blocked, so a signal handler may call the sim (a
+ *                      handler interrupting a thread that holds the lock would
+ *                      otherwise deadlock on it, or on calloc). For tests of
+ *                      allocations made from signal handlers (default 0)
  *   SIMCUDA_FAULTS     fault injection: comma-separated rules NAME=CODE@WHEN, where
  *                      NAME is an export (cuMemAlloc_v2, cuMemFree_v2, cuMemCreate,
  *                      cuMemAllocAsync_ptsz, ...) or * for every call that needs
@@ -65,6 +70,7 @@
 #include <errno.h>
 #include <limits.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -293,8 +299,24 @@ static unsigned long long g_next_vmm_id = 0x5100;
 static __thread CUcontext t_stack[CTX_STACK_MAX];
 static __thread int t_depth;
 
-static void lock(void) { pthread_mutex_lock(&g_lock); }
-static void unlock(void) { pthread_mutex_unlock(&g_lock); }
+static int g_sigsafe;
+static __thread sigset_t t_saved_mask;
+
+static void lock(void)
+{
+    if (g_sigsafe) {
+        sigset_t all;
+        sigfillset(&all);
+        pthread_sigmask(SIG_BLOCK, &all, &t_saved_mask);
+    }
+    pthread_mutex_lock(&g_lock);
+}
+
+static void unlock(void)
+{
+    pthread_mutex_unlock(&g_lock);
+    if (g_sigsafe) pthread_sigmask(SIG_SETMASK, &t_saved_mask, NULL);
+}
 
 /* A fork while another thread holds the lock must not leave the child's
  * copy locked forever. */
@@ -494,6 +516,7 @@ static void load_config(void)
     g_mem = (size_t)env_ull("SIMCUDA_MEM", (size_t)8 << 30);
     g_fail_next = (int)env_ull("SIMCUDA_FAIL_NEXT", 0);
     g_free_delay_ms = (unsigned)env_ull("SIMCUDA_FREE_DELAY_MS", 0);
+    g_sigsafe = env_ull("SIMCUDA_SIGSAFE", 0) != 0;
     g_fault_seed = env_ull("SIMCUDA_FAULT_SEED", 1);
     const char *faults = getenv("SIMCUDA_FAULTS");
     if (faults && *faults && faults_parse(faults) != 0) {

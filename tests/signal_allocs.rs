@@ -1,0 +1,44 @@
+//! Allocations made by a signal handler that interrupted a hook on the same thread
+//! (issue 11): the main thread loops allocate/free through the linked driver while a
+//! second thread sends it SIGALRM; the handler allocates (and frees some of its own)
+//! from inside the interrupted hooks. The exit report's live list must be exactly
+//! what the handler kept.
+
+mod common;
+mod core_support;
+
+use common::*;
+use core_support::*;
+
+#[test]
+fn allocations_from_a_signal_handler_inside_a_hook_are_recorded() {
+    let r = gg_run(
+        "gg",
+        &["sigalloc", "300"],
+        &[("SIMCUDA_FREE_DELAY_MS", "1"), ("SIMCUDA_SIGSAFE", "1")],
+    );
+    r.assert_ok();
+    let out = r.out();
+    let s = &out.kv("SIGALLOC")[0];
+    assert_eq!(s["kept"], 300, "{}", r.describe());
+    assert_eq!(s["fails"], 0, "{}", r.describe());
+    // the handler really ran inside hooks: far more runs than kept (a free every
+    // fourth run) and a main loop that was interrupted many times
+    assert!(s["runs"] >= 300, "{s:?}");
+    let (_, rep) = exit_report(&r);
+    let want = leak_set(out);
+    assert_eq!(want.len(), 300);
+    let got = live_set(&rep);
+    let missing = want.difference(&got).count();
+    let extra = got.difference(&want).count();
+    assert_eq!(
+        (missing, extra),
+        (0, 0),
+        "exit report live[] vs the handler's books: {missing} of {} missing, {extra} extra",
+        want.len()
+    );
+    // gpuguard's counters agree with the driver's books
+    let gg = out.gg(0).expect("GG line");
+    let sim = out.sim(0).expect("SIM line");
+    assert_eq!(gg["current"], sim["live"], "{}", r.describe());
+}

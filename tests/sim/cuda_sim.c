@@ -641,13 +641,42 @@ static void book_sub(int dev, size_t bytes)
 }
 
 /* Records a new device allocation backed by a fresh mapping (lock held). */
+/* Records of linear allocations (lock held). With SIMCUDA_SIGSAFE they come from a
+ * fixed store instead of calloc, so a signal handler that interrupted malloc may
+ * still allocate through the sim. */
+#define SIGSAFE_RECS 65536
+static struct rec g_rec_store[SIGSAFE_RECS];
+static int g_rec_store_used;
+static struct rec *g_rec_spare; /* freed store records, chained by next */
+
+static struct rec *rec_new(void)
+{
+    if (!g_sigsafe) return calloc(1, sizeof(struct rec));
+    struct rec *r = g_rec_spare;
+    if (r) g_rec_spare = r->next;
+    else if (g_rec_store_used < SIGSAFE_RECS) r = &g_rec_store[g_rec_store_used++];
+    else return NULL;
+    memset(r, 0, sizeof *r);
+    return r;
+}
+
+static void rec_delete(struct rec *r)
+{
+    if (r >= g_rec_store && r < g_rec_store + SIGSAFE_RECS) {
+        r->next = g_rec_spare;
+        g_rec_spare = r;
+    } else {
+        free(r);
+    }
+}
+
 static CUresult dev_alloc_locked(enum kind kind, int dev, size_t bytes, CUcontext ctx,
                                  unsigned long long *key_out)
 {
     if (!fits(dev, bytes)) return CUDA_ERROR_OUT_OF_MEMORY;
     void *p = map_anon(bytes, kind == K_LEGACY);
     if (!p) return CUDA_ERROR_OUT_OF_MEMORY;
-    struct rec *r = calloc(1, sizeof *r);
+    struct rec *r = rec_new();
     if (!r) { munmap(p, bytes); return CUDA_ERROR_OUT_OF_MEMORY; }
     r->key = (uintptr_t)p;
     r->kind = kind;
@@ -676,7 +705,7 @@ static void rec_destroy_locked(struct rec *r)
         if (r->fd >= 0) close(r->fd);
         book_sub(r->dev, r->bytes);
     }
-    free(r);
+    rec_delete(r);
 }
 
 /* ---- pools (lock held throughout) ---- */

@@ -41,11 +41,16 @@ fn allocations_from_a_signal_handler_inside_a_hook_are_recorded() {
     let in_handler = live(&rep)
         .into_iter()
         .filter(|e| {
-            site_of(&rep, e)["frames"]
+            let Some(id) = e["site"].as_u64() else {
+                return false;
+            };
+            rep["sites"]
                 .as_array()
-                .and_then(|f| f.first())
-                .and_then(|f| f.as_str())
-                .is_some_and(|f| f.contains("sig_alloc_handler"))
+                .into_iter()
+                .flatten()
+                .filter(|s| s["id"].as_u64() == Some(id))
+                .filter_map(|s| s["frames"].as_array()?.first()?.as_str())
+                .any(|f| f.contains("sig_alloc_handler"))
         })
         .count();
     assert!(in_handler > 0, "no live record names the handler");

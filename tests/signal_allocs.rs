@@ -59,3 +59,28 @@ fn allocations_from_a_signal_handler_inside_a_hook_are_recorded() {
     let sim = out.sim(0).expect("SIM line");
     assert_eq!(gg["current"], sim["live"], "{}", r.describe());
 }
+
+/// The other kind of nested hook: the driver calling its own export from inside a
+/// hooked call (`SIMCUDA_REENTER`: the sim's `cuMemAllocManaged` allocates through
+/// its exported `cuMemAlloc_v2`). It still passes straight through: one record,
+/// named for the call the program made, counted once.
+#[test]
+fn the_driver_calling_its_own_export_is_not_taken_for_a_signal_handler() {
+    let plain = gg_run("gg", &["link"], &[]);
+    let r = gg_run("gg", &["link"], &[("SIMCUDA_REENTER", "1")]);
+    plain.assert_ok();
+    r.assert_ok();
+    let (_, rep) = exit_report(&r);
+    assert_eq!(live_set(&rep), leak_set(r.out()), "{}", r.describe());
+    let managed = r
+        .allocs()
+        .into_iter()
+        .find(|a| a.kind == "managed")
+        .expect("a managed ALLOC line");
+    let e = live_entry(&rep, managed.addr).expect("the managed allocation is live");
+    assert_eq!(e["api"], "cuMemAllocManaged", "{e}");
+    assert_eq!(e["kind"], "managed", "{e}");
+    let (gg, gg_plain) = (r.gg(0).unwrap(), plain.gg(0).unwrap());
+    assert_eq!(gg["allocs"], gg_plain["allocs"], "counted once");
+    assert_eq!(gg["current"], r.sim(0).unwrap()["live"]);
+}

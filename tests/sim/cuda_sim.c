@@ -27,6 +27,10 @@
  *                      handler interrupting a thread that holds the lock would
  *                      otherwise deadlock on it, or on calloc). For tests of
  *                      allocations made from signal handlers (default 0)
+ *   SIMCUDA_REENTER    1: cuMemAllocManaged allocates by calling the exported
+ *                      cuMemAlloc_v2 (as a driver calling its own export, so an
+ *                      interposer sees a nested call from inside the driver), then
+ *                      marks the memory managed (default 0)
  *   SIMCUDA_FAULTS     fault injection: comma-separated rules NAME=CODE@WHEN, where
  *                      NAME is an export (cuMemAlloc_v2, cuMemFree_v2, cuMemCreate,
  *                      cuMemAllocAsync_ptsz, ...) or * for every call that needs
@@ -300,6 +304,7 @@ static __thread CUcontext t_stack[CTX_STACK_MAX];
 static __thread int t_depth;
 
 static int g_sigsafe;
+static int g_reenter;
 static __thread sigset_t t_saved_mask;
 
 static void lock(void)
@@ -517,6 +522,7 @@ static void load_config(void)
     g_fail_next = (int)env_ull("SIMCUDA_FAIL_NEXT", 0);
     g_free_delay_ms = (unsigned)env_ull("SIMCUDA_FREE_DELAY_MS", 0);
     g_sigsafe = env_ull("SIMCUDA_SIGSAFE", 0) != 0;
+    g_reenter = env_ull("SIMCUDA_REENTER", 0) != 0;
     g_fault_seed = env_ull("SIMCUDA_FAULT_SEED", 1);
     const char *faults = getenv("SIMCUDA_FAULTS");
     if (faults && *faults && faults_parse(faults) != 0) {
@@ -1356,6 +1362,19 @@ CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flag
     REQUIRE_INIT();
     if (!dptr) return CUDA_ERROR_INVALID_VALUE;
     if (flags != CU_MEM_ATTACH_GLOBAL && flags != CU_MEM_ATTACH_HOST) return CUDA_ERROR_INVALID_VALUE;
+    if (g_reenter) {
+        /* through the exported symbol (the PLT): interposable, as a real driver's */
+        CUresult (*volatile own)(CUdeviceptr *, size_t) = cuMemAlloc_v2;
+        CUdeviceptr d;
+        CUresult rc = own(&d, bytesize);
+        if (rc != CUDA_SUCCESS) return rc;
+        lock();
+        struct rec *r = rec_find(d, KM_DEVPTR);
+        if (r) r->kind = K_MANAGED;
+        unlock();
+        *dptr = d;
+        return CUDA_SUCCESS;
+    }
     unsigned long long p;
     CUresult rc = alloc_linear(K_MANAGED, bytesize, &p);
     if (rc == CUDA_SUCCESS) *dptr = p;

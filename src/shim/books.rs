@@ -26,6 +26,12 @@ pub(crate) struct Books {
     pub created_ctx: gpuguard_core::ledger::U64Map<()>,
     /// Set before the first cuCtxCreate: until then records need no context.
     pub created_any: AtomicBool,
+    /// Allocations and frees made from a signal handler inside a hook on the same
+    /// thread, recorded when the hook left (`stashed`), and those that found the
+    /// thread's stash full (`unrecorded`: never recorded; such an allocation's free
+    /// counts as unknown, such a free leaves its record live).
+    pub stashed: AtomicU64,
+    pub unrecorded: AtomicU64,
     /// Devices visible to the process, asked at the first allocation (0: not yet;
     /// -1: the driver could not say).
     pub device_count: std::sync::atomic::AtomicI32,
@@ -61,6 +67,8 @@ impl Books {
                 .collect(),
             created_ctx: Default::default(),
             created_any: AtomicBool::new(false),
+            stashed: AtomicU64::new(0),
+            unrecorded: AtomicU64::new(0),
             device_count: std::sync::atomic::AtomicI32::new(0),
             vmm: gpuguard_core::vmm::VmmMaps::new(),
             thresholds: new_thresholds(),

@@ -11,6 +11,7 @@ use std::sync::atomic::Ordering::*;
 /// the capped devices checked.
 fn on_activation() {
     fault::point("activate");
+    real::find_driver_range();
     worker::signals_on_activation();
     endings::install(&ending_signals());
     worker::start();
@@ -73,6 +74,21 @@ extern "C" fn at_exit() {
         report::write_exit_report(python::at_exit_answer);
         // After the exit report, so its event is on the timeline.
         shielded(observe::on_exit);
+        let stashed = books.stashed.load(Relaxed);
+        let unrecorded = books.unrecorded.load(Relaxed);
+        if stashed > 0 || unrecorded > 0 {
+            log(
+                if unrecorded > 0 {
+                    LogLevel::Warn
+                } else {
+                    LogLevel::Debug
+                },
+                format_args!(
+                    "calls from signal handlers inside a hook: {stashed} recorded when the \
+                     hook left, {unrecorded} not recorded (the thread's stash was full)"
+                ),
+            );
+        }
         log(
             LogLevel::Debug,
             format_args!(

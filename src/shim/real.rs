@@ -373,41 +373,74 @@ impl Driver {
 pub(crate) static OWN_LO: AtomicUsize = AtomicUsize::new(0);
 pub(crate) static OWN_HI: AtomicUsize = AtomicUsize::new(0);
 
-pub(crate) fn find_own_range() {
+/// The address range of the driver library (libcuda), so a hook entered again on a
+/// thread already inside one can tell the driver calling its own exports from a
+/// signal handler. Both 0 until known.
+static DRIVER_LO: AtomicUsize = AtomicUsize::new(0);
+static DRIVER_HI: AtomicUsize = AtomicUsize::new(0);
+
+/// The loaded object holding `addr`: [its base, the end of its last segment).
+fn object_range(addr: *const c_void) -> Option<(usize, usize)> {
     unsafe extern "C" fn each(
         info: *mut libc::dl_phdr_info,
         _size: usize,
         data: *mut c_void,
     ) -> c_int {
-        // SAFETY: glibc passes a valid dl_phdr_info; data is our base address.
+        // SAFETY: glibc passes a valid dl_phdr_info; data is our (base, hi) pair.
         unsafe {
-            let base = *(data as *const usize);
+            let range = &mut *(data as *mut (usize, usize));
             let info = &*info;
-            if info.dlpi_addr as usize != base {
+            if info.dlpi_addr as usize != range.0 {
                 return 0;
             }
             let mut hi = 0usize;
             for i in 0..info.dlpi_phnum as usize {
                 let ph = &*info.dlpi_phdr.add(i);
                 if ph.p_type == libc::PT_LOAD {
-                    hi = hi.max(base + (ph.p_vaddr + ph.p_memsz) as usize);
+                    hi = hi.max(range.0 + (ph.p_vaddr + ph.p_memsz) as usize);
                 }
             }
-            OWN_LO.store(base, Relaxed);
-            OWN_HI.store(hi, Relaxed);
+            range.1 = hi;
             1
         }
     }
-    // SAFETY: dladdr on one of our own functions; dl_iterate_phdr with a callback that
-    // only reads what glibc passes.
+    // SAFETY: dladdr on a code address; dl_iterate_phdr with a callback that only
+    // reads what glibc passes.
     unsafe {
         let mut dl: libc::Dl_info = std::mem::zeroed();
-        if libc::dladdr(find_own_range as *const c_void, &mut dl) == 0 {
-            return;
+        if libc::dladdr(addr, &mut dl) == 0 {
+            return None;
         }
-        let mut base = dl.dli_fbase as usize;
-        libc::dl_iterate_phdr(Some(each), &mut base as *mut usize as *mut c_void);
+        let mut range = (dl.dli_fbase as usize, 0usize);
+        libc::dl_iterate_phdr(Some(each), &mut range as *mut (usize, usize) as *mut c_void);
+        (range.1 > range.0).then_some(range)
     }
+}
+
+pub(crate) fn find_own_range() {
+    if let Some((lo, hi)) = object_range(find_own_range as *const c_void) {
+        OWN_LO.store(lo, Relaxed);
+        OWN_HI.store(hi, Relaxed);
+    }
+}
+
+/// Finds the driver library's range (at activation: the driver is loaded by then).
+pub(crate) fn find_driver_range() {
+    let Some(f) = OWN.mem_free.get() else {
+        return;
+    };
+    if let Some((lo, hi)) = object_range(f as *const c_void) {
+        DRIVER_HI.store(hi, Relaxed);
+        DRIVER_LO.store(lo, Relaxed);
+    }
+}
+
+/// Whether `pc` lies in the driver library; `None` while its range is unknown.
+#[inline]
+pub(crate) fn is_driver_code(pc: usize) -> Option<bool> {
+    let lo = DRIVER_LO.load(Relaxed);
+    let hi = DRIVER_HI.load(Relaxed);
+    (lo < hi).then_some(pc >= lo && pc < hi)
 }
 
 #[inline]

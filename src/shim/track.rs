@@ -5,7 +5,7 @@
 use super::bench_switch;
 use super::books::Books;
 use super::python::frames;
-use super::real::{DRIVER, is_own_code};
+use super::real::{DRIVER, is_driver_code, is_own_code};
 use super::settings::config;
 use super::state::{active_books, books, shielded};
 use super::sys::monotonic_ns;
@@ -13,7 +13,8 @@ use super::{fault, tags, unwind};
 use gpuguard_core::ledger::{Key, Kind, NO_SITE, Record};
 use std::cell::{Cell, UnsafeCell};
 use std::ffi::{c_int, c_void};
-use std::sync::atomic::{AtomicU64, Ordering::*};
+use std::mem::MaybeUninit;
+use std::sync::atomic::{AtomicU8, AtomicU64, AtomicUsize, Ordering::*, compiler_fence};
 
 /// A runtime call in progress on this thread: the driver call beneath it takes its
 /// name as the label and says that it saw the bytes, so they are counted once.
@@ -37,9 +38,16 @@ const NO_FRAME: RuntimeFrame = RuntimeFrame {
 /// Everything a hook keeps per thread, in one thread-local so a hook looks its thread
 /// up once (in a preloaded library every thread-local access is a `__tls_get_addr`).
 struct ThreadState {
-    /// Depth of driver hooks on this thread: a hook reached from inside another (a
-    /// driver calling its own exports) passes straight through.
+    /// Depth of driver hooks on this thread (also set while a runtime hook works on
+    /// the books): a hook reached from inside another is either the driver calling its
+    /// own exports (passes straight through) or a signal handler that interrupted the
+    /// hook (recorded through `stash`).
     driver_depth: Cell<u32>,
+    /// The outer hook is in its real call (not in gpuguard's code).
+    in_real: Cell<bool>,
+    /// What signal handlers allocated and freed inside a hook on this thread, for the
+    /// outer hook to record when it leaves.
+    stash: Stash,
     runtime: Cell<RuntimeFrame>,
     thread_id: Cell<u32>,
     /// (context, device, epoch) of the last lookup: contexts rarely change per thread.
@@ -61,6 +69,8 @@ thread_local! {
     static THREAD: ThreadState = const {
         ThreadState {
             driver_depth: Cell::new(0),
+            in_real: Cell::new(false),
+            stash: Stash::new(),
             runtime: Cell::new(NO_FRAME),
             thread_id: Cell::new(0),
             ctx_cache: Cell::new((0, 0, u64::MAX)),
@@ -89,10 +99,341 @@ static CTX_EPOCH: AtomicU64 = AtomicU64::new(0);
 pub(crate) struct DriverScope(&'static ThreadState);
 
 impl Drop for DriverScope {
+    #[inline]
     fn drop(&mut self) {
-        let d = &self.0.driver_depth;
-        d.set(d.get().saturating_sub(1));
+        let t = self.0;
+        let d = t.driver_depth.get();
+        t.driver_depth.set(d.saturating_sub(1));
+        // A handler that ran before the depth fell stashed; one after it records
+        // itself. The store above must come before the look below.
+        compiler_fence(SeqCst);
+        if t.stash.len.load(Relaxed) != 0 && d == 1 {
+            drain_stash(t);
+        }
     }
+}
+
+impl DriverScope {
+    /// The real call, marked so a hook entered during it can tell the driver's own
+    /// calls from a signal handler's.
+    #[inline]
+    fn real<R>(&self, call: impl FnOnce() -> R) -> R {
+        self.0.in_real.set(true);
+        let r = call();
+        self.0.in_real.set(false);
+        r
+    }
+}
+
+/// Marks the thread busy with the books (a runtime hook's own work): a signal handler
+/// that allocates meanwhile goes through the stash. `None` when already inside a hook.
+fn hold(t: &'static ThreadState) -> Option<DriverScope> {
+    if t.driver_depth.get() > 0 {
+        return None;
+    }
+    t.driver_depth.set(1);
+    Some(DriverScope(t))
+}
+
+/// How a driver allocation or free hook was entered.
+enum Entry {
+    /// The outermost hook on this thread.
+    Top(DriverScope),
+    /// Inside another hook on this thread, from somewhere that is not the driver: a
+    /// signal handler that interrupted it. Recorded through the stash.
+    Signal(&'static ThreadState, Frames),
+    /// Straight through: the driver calling its own exports, or gpuguard paused.
+    Through,
+}
+
+/// Enters a driver allocation or free hook.
+#[inline]
+fn enter_hook() -> Entry {
+    let t = thread();
+    if t.driver_depth.get() > 0 {
+        nested(t)
+    } else if bench_switch::paused() {
+        claim_for_runtime(t, 0);
+        Entry::Through
+    } else {
+        t.driver_depth.set(1);
+        Entry::Top(DriverScope(t))
+    }
+}
+
+/// A hook entered on a thread already inside one. While the outer hook is in
+/// gpuguard's own code nothing but a signal handler can get here (gpuguard never
+/// calls a hook); during its real call the caller's return address decides: in the
+/// driver library, the driver calling its own export; anywhere else, a handler.
+#[cold]
+#[inline(never)]
+fn nested(t: &'static ThreadState) -> Entry {
+    // Not asked whether gpuguard is active: the outer hook may be activating it (what
+    // is stashed meanwhile is recorded once it is, or dropped if it never is).
+    let mut f = Frames {
+        pcs: [0; STASH_FRAMES],
+        n: 0,
+    };
+    if t.in_real.get() {
+        f.n = unwind::capture(&mut f.pcs, t.stack.get(), &is_own_code) as u8;
+        // Unknown caller or unknown driver range: as before, straight through.
+        match f.pcs[..f.n as usize].first() {
+            Some(&pc) if is_driver_code(pc) == Some(false) => {}
+            _ => return Entry::Through,
+        }
+    }
+    // Else no stack: the outer hook may be in the middle of a capture itself.
+    Entry::Signal(t, f)
+}
+
+// ---- the stash: what signal handlers did inside a hook ------------------------------
+
+/// Entries per thread; past them a handler's calls go unrecorded (counted in
+/// `Books::unrecorded`, logged at exit).
+const STASH_SLOTS: usize = 64;
+/// Frames kept of a handler's allocation, for its site.
+const STASH_FRAMES: usize = 6;
+
+const S_ALLOC: u8 = 1;
+const S_FREE: u8 = 2;
+/// Allocated and freed again before the drain: counted, never live.
+const S_ALLOC_FREED: u8 = 3;
+const S_DONE: u8 = 4;
+
+#[derive(Clone, Copy)]
+struct Frames {
+    pcs: [usize; STASH_FRAMES],
+    n: u8,
+}
+
+#[derive(Clone, Copy)]
+struct Stashed {
+    key: Key,
+    /// For a free: `t_ns` (when) and `device` only.
+    rec: Record,
+    frames: Frames,
+}
+
+/// A per-thread, lock-free, append-only list. Only this thread touches it: a handler
+/// appends (running to its end before the code it interrupted goes on), the outer
+/// hook drains it when it leaves. The atomics keep the compiler from reordering
+/// across a handler; nothing here takes a lock or allocates.
+struct Stash {
+    len: AtomicUsize,
+    state: [AtomicU8; STASH_SLOTS],
+    slots: UnsafeCell<[MaybeUninit<Stashed>; STASH_SLOTS]>,
+    /// Calls that found it full since the last drain.
+    dropped: AtomicU64,
+}
+
+impl Stash {
+    const fn new() -> Stash {
+        Stash {
+            len: AtomicUsize::new(0),
+            state: [const { AtomicU8::new(0) }; STASH_SLOTS],
+            slots: UnsafeCell::new([const { MaybeUninit::uninit() }; STASH_SLOTS]),
+            dropped: AtomicU64::new(0),
+        }
+    }
+
+    fn slot(&self, i: usize) -> *mut MaybeUninit<Stashed> {
+        debug_assert!(i < STASH_SLOTS);
+        // SAFETY: i < STASH_SLOTS, inside the array.
+        unsafe { (self.slots.get() as *mut MaybeUninit<Stashed>).add(i) }
+    }
+
+    /// Reads an entry whose state says it was written.
+    fn read(&self, i: usize) -> Stashed {
+        // SAFETY: the entry was written before its state was published (`push`), and
+        // is never written again while its state is S_ALLOC..S_DONE in this round.
+        unsafe { (*self.slot(i)).assume_init() }
+    }
+
+    fn push(&self, state: u8, e: Stashed) {
+        let i = self.len.fetch_add(1, SeqCst);
+        if i >= STASH_SLOTS {
+            self.len.fetch_sub(1, SeqCst);
+            self.dropped.fetch_add(1, Relaxed);
+            return;
+        }
+        // SAFETY: slot i was reserved above: no one else writes it in this round.
+        unsafe { self.slot(i).write(MaybeUninit::new(e)) };
+        self.state[i].store(state, SeqCst);
+    }
+
+    /// A free of an allocation still in the stash: the two cancel out. False when
+    /// the newest entry for `key` is not an allocation.
+    fn cancel(&self, key: Key) -> bool {
+        let n = self.len.load(SeqCst).min(STASH_SLOTS);
+        for i in (0..n).rev() {
+            let st = self.state[i].load(SeqCst);
+            if !matches!(st, S_ALLOC | S_FREE | S_ALLOC_FREED) || self.read(i).key != key {
+                continue;
+            }
+            return st == S_ALLOC
+                && self.state[i]
+                    .compare_exchange(S_ALLOC, S_ALLOC_FREED, SeqCst, SeqCst)
+                    .is_ok();
+        }
+        false
+    }
+}
+
+/// Records what handlers stashed on this thread, in order. Runs as the outermost hook
+/// (depth 1 meanwhile, so a handler striking now stashes too), until the stash is
+/// seen empty with the depth back at 0.
+#[cold]
+#[inline(never)]
+fn drain_stash(t: &ThreadState) {
+    let s = &t.stash;
+    loop {
+        t.driver_depth.set(1);
+        compiler_fence(SeqCst);
+        let books = active_books();
+        let mut i = 0;
+        loop {
+            let len = s.len.load(SeqCst);
+            if i >= len.min(STASH_SLOTS) {
+                if s.len.compare_exchange(len, 0, SeqCst, SeqCst).is_ok() {
+                    break;
+                }
+                continue;
+            }
+            let st = s.state[i].swap(S_DONE, SeqCst);
+            if let (Some(b), S_ALLOC | S_FREE | S_ALLOC_FREED) = (books, st) {
+                let e = s.read(i);
+                b.stashed.fetch_add(1, Relaxed);
+                shielded(|| apply_stashed(b, st, e));
+            }
+            i += 1;
+        }
+        let dropped = s.dropped.swap(0, SeqCst);
+        if let (Some(b), true) = (books, dropped > 0) {
+            b.unrecorded.fetch_add(dropped, Relaxed);
+        }
+        t.driver_depth.set(0);
+        compiler_fence(SeqCst);
+        if s.len.load(SeqCst) == 0 {
+            return;
+        }
+    }
+}
+
+fn apply_stashed(books: &Books, st: u8, e: Stashed) {
+    let ledger = &books.ledger;
+    if st == S_FREE {
+        match ledger.take_older(e.key, e.rec.t_ns) {
+            Some(rec) => {
+                ledger.confirm_free(&rec);
+                books.after_free(rec.device.into(), rec.kind);
+            }
+            None => ledger.unknown_free(e.key, e.rec.device.into()),
+        }
+        return;
+    }
+    let mut rec = e.rec;
+    let n = (e.frames.n as usize).min(config().stack_depth);
+    if n > 0 {
+        rec.site = books.sites.intern(&e.frames.pcs[..n]);
+    }
+    let dev = i32::from(rec.device);
+    books.note_device(dev);
+    if st == S_ALLOC {
+        ledger.insert(e.key, rec);
+        if !rec.kind.is_host() {
+            books.after_alloc(dev, rec.kind, None);
+        }
+    } else {
+        ledger.counted_through(rec);
+    }
+}
+
+/// The context and device of a handler's call, as `call_device` finds them, without
+/// the thread's cache (the interrupted hook may be using it).
+fn signal_device(named: Option<i32>) -> (u64, i32) {
+    if let Some(books) = active_books()
+        && !books.created_any.load(Relaxed)
+    {
+        if let Some(d) = named {
+            return (0, d);
+        }
+        if books.single_device() {
+            return (0, 0);
+        }
+    }
+    let ctx = DRIVER.current_ctx();
+    (ctx, named.or_else(|| DRIVER.current_device()).unwrap_or(0))
+}
+
+fn clamp_device(d: i32) -> i16 {
+    d.clamp(i16::MIN.into(), i16::MAX.into()) as i16
+}
+
+/// A driver allocation made from a signal handler inside a hook: no cap, no lock;
+/// stashed for the outer hook.
+fn signal_alloc(
+    t: &ThreadState,
+    frames: Frames,
+    api: u8,
+    kind: Kind,
+    plan: &Plan,
+    call: impl FnOnce() -> c_int,
+    made: impl FnOnce() -> Option<Made>,
+) -> c_int {
+    let rc = call();
+    if rc == SUCCESS {
+        shielded(|| {
+            let m = made()?;
+            let (ctx, dev) = signal_device(plan.device);
+            let rec = Record {
+                bytes: m.bytes,
+                ctx,
+                t_ns: monotonic_ns(),
+                site: NO_SITE,
+                thread: thread_id(t),
+                device: clamp_device(dev),
+                kind,
+                api: claim_for_runtime(t, api),
+            };
+            t.stash.push(
+                S_ALLOC,
+                Stashed {
+                    key: m.key,
+                    rec,
+                    frames,
+                },
+            );
+            Some(())
+        });
+    }
+    rc
+}
+
+/// A driver free made from a signal handler inside a hook: cancels a stashed
+/// allocation, or is stashed for the outer hook.
+fn signal_free(t: &ThreadState, frames: Frames, key: Key, call: impl FnOnce() -> c_int) -> c_int {
+    let rc = call();
+    if rc == SUCCESS {
+        shielded(|| {
+            claim_for_runtime(t, 0);
+            if t.stash.cancel(key) {
+                return;
+            }
+            let (_, dev) = signal_device(None);
+            let rec = Record {
+                bytes: 0,
+                ctx: 0,
+                t_ns: monotonic_ns(),
+                site: NO_SITE,
+                thread: thread_id(t),
+                device: clamp_device(dev),
+                kind: Kind::Device,
+                api: 0,
+            };
+            t.stash.push(S_FREE, Stashed { key, rec, frames });
+        });
+    }
+    rc
 }
 
 /// Enters a driver hook; `None` when this thread is already inside one.
@@ -426,10 +767,13 @@ pub(crate) fn driver_alloc(
     call: impl FnOnce() -> c_int,
     made: impl FnOnce() -> Option<Made>,
 ) -> c_int {
-    let Some(scope) = enter_driver() else {
-        return call();
+    let scope = match enter_hook() {
+        Entry::Top(s) => s,
+        Entry::Signal(t, f) => return signal_alloc(t, f, api, kind, &plan, call, made),
+        Entry::Through => return call(),
     };
     let t = scope.0;
+    let call = || scope.real(call);
     guarded(call, |real| {
         let (books, ctx, dev, reserved) = match admit(t, api, kind, &plan) {
             Some(Admission::Admitted {
@@ -495,12 +839,15 @@ pub(crate) fn driver_alloc(
 /// free puts it back.
 #[inline]
 pub(crate) fn driver_free(key: Key, call: impl FnOnce() -> c_int) -> c_int {
-    let Some(scope) = enter_driver() else {
-        return call();
+    let scope = match enter_hook() {
+        Entry::Top(s) => s,
+        Entry::Signal(t, f) if key.value != 0 => return signal_free(t, f, key, call),
+        _ => return call(),
     };
     if key.value == 0 {
-        return call();
+        return scope.real(call);
     }
+    let call = || scope.real(call);
     guarded(call, |real| {
         let Some(books) = books() else {
             return real();
@@ -531,10 +878,10 @@ pub(crate) fn teardown(
     call: impl FnOnce() -> c_int,
     drop_if: impl Fn(&Key, &Record, &Books) -> bool,
 ) -> c_int {
-    let Some(_scope) = enter_driver() else {
+    let Some(scope) = enter_driver() else {
         return call();
     };
-    let rc = call();
+    let rc = scope.real(call);
     if rc == SUCCESS {
         shielded(|| {
             if let Some(books) = active_books() {
@@ -552,10 +899,10 @@ pub(crate) fn observe(
     call: impl FnOnce() -> c_int,
     note: impl FnOnce(&Books) -> Option<()>,
 ) -> c_int {
-    let Some(_scope) = enter_driver() else {
+    let Some(scope) = enter_driver() else {
         return call();
     };
-    let rc = call();
+    let rc = scope.real(call);
     if rc == SUCCESS {
         shielded(|| books().and_then(note));
     }
@@ -582,11 +929,13 @@ pub(crate) fn runtime_alloc(
     made: impl FnOnce() -> Option<Made>,
 ) -> c_int {
     let (rc, frame) = in_runtime_frame(api, None, call);
-    if rc == SUCCESS && !frame.seen {
+    let t = thread();
+    // Inside a hook (a signal handler's call) the books cannot be touched here.
+    if rc == SUCCESS && !frame.seen && t.driver_depth.get() == 0 {
+        let _busy = hold(t);
         shielded(|| {
             let books = books()?;
             let m = made()?;
-            let t = thread();
             let (ctx, dev) = ctx_device_in(t);
             books.note_device(dev);
             let rec = Record {
@@ -610,7 +959,11 @@ pub(crate) fn runtime_alloc(
 /// record is taken before the real free (so an address the driver hands to another
 /// thread at once is never confused with this one) and put back if the free failed.
 pub(crate) fn runtime_free(api: u8, key: Key, call: impl FnOnce() -> c_int) -> c_int {
-    let taken = if key.value != 0 {
+    let t = thread();
+    // Inside a hook (a signal handler's call) the books cannot be touched here: the
+    // driver free beneath records it.
+    let taken = if key.value != 0 && t.driver_depth.get() == 0 {
+        let _busy = hold(t);
         shielded(|| {
             active_books()
                 .and_then(|b| b.ledger.take(key))
@@ -623,6 +976,7 @@ pub(crate) fn runtime_free(api: u8, key: Key, call: impl FnOnce() -> c_int) -> c
     let (rc, frame) = in_runtime_frame(api, taken, call);
     if let Some((key, rec)) = frame.taken {
         // The driver hook beneath did not take it over (an unhooked driver pointer).
+        let _busy = hold(t);
         shielded(|| {
             let books = active_books()?;
             if rc == SUCCESS {

@@ -745,6 +745,85 @@ static int mode_capi(int argc, char **argv)
 static int mode_nocuda_(int argc, char **argv) { (void)argc; (void)argv; return mode_nocuda(); }
 static int mode_signal_before_(int argc, char **argv) { (void)argc; (void)argv; return mode_signal_before(); }
 
+/* ---- sigalloc N: allocations made by a signal handler that interrupts hooks ----
+ * The main thread loops cuMemAlloc_v2 + cuMemFree_v2 (run with SIMCUDA_FREE_DELAY_MS
+ * so it spends its time inside the free hook's real call, and SIMCUDA_SIGSAFE so the
+ * sim may be called from a handler); a second thread sends SIGALRM to it in a loop.
+ * The handler allocates (and every fourth time frees the newest of its own), keeping
+ * N allocations in the end: those are the program's LEAK lines. */
+#define SIG_KEEP_MAX 4096
+static CUdeviceptr g_sig_kept[SIG_KEEP_MAX];
+static size_t g_sig_kept_bytes[SIG_KEEP_MAX];
+static volatile sig_atomic_t g_sig_nkept, g_sig_runs, g_sig_fails, g_sig_stop;
+static int g_sig_target;
+static pthread_t g_sig_main;
+
+static void sig_alloc_handler(int sig)
+{
+    (void)sig;
+    int saved = errno;
+    int n = g_sig_runs++;
+    if (g_sig_nkept < g_sig_target) {
+        if (n % 4 == 3 && g_sig_nkept > 0) {
+            int i = g_sig_nkept - 1;
+            if (cuMemFree_v2(g_sig_kept[i]) == CUDA_SUCCESS) g_sig_nkept = i;
+            else g_sig_fails++;
+        } else {
+            size_t bytes = 4096 * (size_t)(1 + n % 7) + (size_t)(n % 13);
+            CUdeviceptr p;
+            if (cuMemAlloc_v2(&p, bytes) == CUDA_SUCCESS) {
+                g_sig_kept[g_sig_nkept] = p;
+                g_sig_kept_bytes[g_sig_nkept] = bytes;
+                g_sig_nkept++;
+            } else {
+                g_sig_fails++;
+            }
+        }
+    }
+    errno = saved;
+}
+
+static void *sig_sender(void *arg)
+{
+    (void)arg;
+    while (!g_sig_stop) {
+        pthread_kill(g_sig_main, SIGALRM);
+        usleep(200);
+    }
+    return NULL;
+}
+
+static int mode_sigalloc(int argc, char **argv)
+{
+    g_sig_target = argc > 1 ? atoi(argv[1]) : 200;
+    if (g_sig_target < 1 || g_sig_target > SIG_KEEP_MAX) g_sig_target = 200;
+    setup(0);
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = sig_alloc_handler;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESTART;
+    sigaction(SIGALRM, &sa, NULL);
+    g_sig_main = pthread_self();
+    pthread_t th;
+    if (pthread_create(&th, NULL, sig_sender, NULL) != 0) return 2;
+    long iters = 0;
+    while (g_sig_nkept < g_sig_target && g_sig_fails == 0) {
+        CUdeviceptr p;
+        MUST(cuMemAlloc_v2(&p, 65536));
+        MUST(cuMemFree_v2(p));
+        iters++;
+    }
+    g_sig_stop = 1;
+    pthread_join(th, NULL);
+    signal(SIGALRM, SIG_IGN);
+    printf("SIGALLOC runs=%d kept=%d fails=%d iters=%ld\n", (int)g_sig_runs,
+           (int)g_sig_nkept, (int)g_sig_fails, iters);
+    for (int i = 0; i < g_sig_nkept; i++) leak_line(g_sig_kept[i], g_sig_kept_bytes[i]);
+    finish();
+    return 0;
+}
+
 static const struct gg_mode g_modes[] = {
     {"link", mode_link},
     {"vmm", mode_vmm},
@@ -767,6 +846,7 @@ static const struct gg_mode g_modes[] = {
     {"storm", mode_storm},
     {"report_request", mode_report_request},
     {"capi", mode_capi},
+    {"sigalloc", mode_sigalloc},
     {"nocuda", mode_nocuda_},
     {NULL, NULL},
 };

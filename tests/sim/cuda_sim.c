@@ -22,6 +22,15 @@
  *                      sleeps this long before it gives the memory back, as a
  *                      slow free in a real driver: the memory is still held
  *                      meanwhile (default 0)
+ *   SIMCUDA_SIGSAFE    1: every section under the sim's global lock runs with all
+ *                      signals blocked, so a signal handler may call the sim (a
+ *                      handler interrupting a thread that holds the lock would
+ *                      otherwise deadlock on it, or on calloc). For tests of
+ *                      allocations made from signal handlers (default 0)
+ *   SIMCUDA_REENTER    1: cuMemAllocManaged allocates by calling the exported
+ *                      cuMemAlloc_v2 (as a driver calling its own export, so an
+ *                      interposer sees a nested call from inside the driver), then
+ *                      marks the memory managed (default 0)
  *   SIMCUDA_FAULTS     fault injection: comma-separated rules NAME=CODE@WHEN, where
  *                      NAME is an export (cuMemAlloc_v2, cuMemFree_v2, cuMemCreate,
  *                      cuMemAllocAsync_ptsz, ...) or * for every call that needs
@@ -65,6 +74,7 @@
 #include <errno.h>
 #include <limits.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -293,8 +303,25 @@ static unsigned long long g_next_vmm_id = 0x5100;
 static __thread CUcontext t_stack[CTX_STACK_MAX];
 static __thread int t_depth;
 
-static void lock(void) { pthread_mutex_lock(&g_lock); }
-static void unlock(void) { pthread_mutex_unlock(&g_lock); }
+static int g_sigsafe;
+static int g_reenter;
+static __thread sigset_t t_saved_mask;
+
+static void lock(void)
+{
+    if (g_sigsafe) {
+        sigset_t all;
+        sigfillset(&all);
+        pthread_sigmask(SIG_BLOCK, &all, &t_saved_mask);
+    }
+    pthread_mutex_lock(&g_lock);
+}
+
+static void unlock(void)
+{
+    pthread_mutex_unlock(&g_lock);
+    if (g_sigsafe) pthread_sigmask(SIG_SETMASK, &t_saved_mask, NULL);
+}
 
 /* A fork while another thread holds the lock must not leave the child's
  * copy locked forever. */
@@ -494,6 +521,8 @@ static void load_config(void)
     g_mem = (size_t)env_ull("SIMCUDA_MEM", (size_t)8 << 30);
     g_fail_next = (int)env_ull("SIMCUDA_FAIL_NEXT", 0);
     g_free_delay_ms = (unsigned)env_ull("SIMCUDA_FREE_DELAY_MS", 0);
+    g_sigsafe = env_ull("SIMCUDA_SIGSAFE", 0) != 0;
+    g_reenter = env_ull("SIMCUDA_REENTER", 0) != 0;
     g_fault_seed = env_ull("SIMCUDA_FAULT_SEED", 1);
     const char *faults = getenv("SIMCUDA_FAULTS");
     if (faults && *faults && faults_parse(faults) != 0) {
@@ -618,13 +647,42 @@ static void book_sub(int dev, size_t bytes)
 }
 
 /* Records a new device allocation backed by a fresh mapping (lock held). */
+/* Records of linear allocations (lock held). With SIMCUDA_SIGSAFE they come from a
+ * fixed store instead of calloc, so a signal handler that interrupted malloc may
+ * still allocate through the sim. */
+#define SIGSAFE_RECS 65536
+static struct rec g_rec_store[SIGSAFE_RECS];
+static int g_rec_store_used;
+static struct rec *g_rec_spare; /* freed store records, chained by next */
+
+static struct rec *rec_new(void)
+{
+    if (!g_sigsafe) return calloc(1, sizeof(struct rec));
+    struct rec *r = g_rec_spare;
+    if (r) g_rec_spare = r->next;
+    else if (g_rec_store_used < SIGSAFE_RECS) r = &g_rec_store[g_rec_store_used++];
+    else return NULL;
+    memset(r, 0, sizeof *r);
+    return r;
+}
+
+static void rec_delete(struct rec *r)
+{
+    if (r >= g_rec_store && r < g_rec_store + SIGSAFE_RECS) {
+        r->next = g_rec_spare;
+        g_rec_spare = r;
+    } else {
+        free(r);
+    }
+}
+
 static CUresult dev_alloc_locked(enum kind kind, int dev, size_t bytes, CUcontext ctx,
                                  unsigned long long *key_out)
 {
     if (!fits(dev, bytes)) return CUDA_ERROR_OUT_OF_MEMORY;
     void *p = map_anon(bytes, kind == K_LEGACY);
     if (!p) return CUDA_ERROR_OUT_OF_MEMORY;
-    struct rec *r = calloc(1, sizeof *r);
+    struct rec *r = rec_new();
     if (!r) { munmap(p, bytes); return CUDA_ERROR_OUT_OF_MEMORY; }
     r->key = (uintptr_t)p;
     r->kind = kind;
@@ -653,7 +711,7 @@ static void rec_destroy_locked(struct rec *r)
         if (r->fd >= 0) close(r->fd);
         book_sub(r->dev, r->bytes);
     }
-    free(r);
+    rec_delete(r);
 }
 
 /* ---- pools (lock held throughout) ---- */
@@ -1304,6 +1362,19 @@ CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flag
     REQUIRE_INIT();
     if (!dptr) return CUDA_ERROR_INVALID_VALUE;
     if (flags != CU_MEM_ATTACH_GLOBAL && flags != CU_MEM_ATTACH_HOST) return CUDA_ERROR_INVALID_VALUE;
+    if (g_reenter) {
+        /* through the exported symbol (the PLT): interposable, as a real driver's */
+        CUresult (*volatile own)(CUdeviceptr *, size_t) = cuMemAlloc_v2;
+        CUdeviceptr d;
+        CUresult rc = own(&d, bytesize);
+        if (rc != CUDA_SUCCESS) return rc;
+        lock();
+        struct rec *r = rec_find(d, KM_DEVPTR);
+        if (r) r->kind = K_MANAGED;
+        unlock();
+        *dptr = d;
+        return CUDA_SUCCESS;
+    }
     unsigned long long p;
     CUresult rc = alloc_linear(K_MANAGED, bytesize, &p);
     if (rc == CUDA_SUCCESS) *dptr = p;

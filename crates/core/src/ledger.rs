@@ -584,6 +584,30 @@ impl Ledger {
         Some(rec)
     }
 
+    /// Like `take`, but only a record made no later than `t_ns`: a free that was
+    /// made earlier and recorded late (from a signal handler, see the shim's stash)
+    /// must not take a newer allocation the driver placed at the same address since.
+    pub fn take_older(&self, key: Key, t_ns: u64) -> Option<Record> {
+        let (_, rec) = self
+            .map(key.space)
+            .remove_if(&key.value, |_, r| r.t_ns <= t_ns)?;
+        self.counters_for(&rec).sub_live(rec.thread, rec.bytes);
+        Some(rec)
+    }
+
+    /// An allocation that was made and freed again before it could be recorded (both
+    /// from a signal handler): counted as an allocation and a free, never live in
+    /// the map.
+    pub fn counted_through(&self, rec: Record) {
+        let c = self.counters_for(&rec);
+        if c.capped() {
+            c.charge.fetch_add(rec.bytes, Relaxed);
+        }
+        c.count_commit(&rec);
+        c.sub_live(rec.thread, rec.bytes);
+        self.confirm_free(&rec);
+    }
+
     /// A free of an address gpuguard never saw, passed to the driver untouched.
     pub fn unknown_free(&self, key: Key, device: i32) {
         self.counters(device, key.space == Space::HostPtr)

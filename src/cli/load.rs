@@ -4,7 +4,9 @@
 use super::Failure;
 use super::text::clean;
 use gpuguard_core::report::{Report, SCHEMA};
-use std::io::Read;
+use gpuguard_core::report_stream::from_reader_keeping;
+use std::fs::File;
+use std::io::{BufReader, Read, Seek, SeekFrom};
 use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
 use std::path::Path;
 
@@ -35,10 +37,10 @@ pub fn shown(path: &Path) -> String {
     clean(&path.display().to_string()).into_owned()
 }
 
-/// The bytes of a report file (or, as `what` says, a trace): refused at once if it
-/// is not a regular file (a FIFO or `/dev/urandom` would never end) or is larger
-/// than [`MAX_REPORT_BYTES`].
-pub fn read_bounded(path: &Path, what: &str) -> Result<Vec<u8>, Failure> {
+/// A report file (or, as `what` says, a trace) opened for reading: refused at once
+/// if it is not a regular file (a FIFO or `/dev/urandom` would never end) or is
+/// larger than [`MAX_REPORT_BYTES`].
+fn open_bounded(path: &Path, what: &str) -> Result<File, Failure> {
     let name = shown(path);
     let fail = |what: String| Failure::Input(format!("{name}: {what}"));
     // Non-blocking, so opening a FIFO with no writer returns at once; the type is
@@ -64,25 +66,69 @@ pub fn read_bounded(path: &Path, what: &str) -> Result<Vec<u8>, Failure> {
             kind_of(meta.file_type())
         )));
     }
-    let too_big = || {
-        fail(format!(
-            "larger than {} MiB, not a gpuguard {what}",
-            MAX_REPORT_BYTES >> 20
-        ))
-    };
     if meta.len() > MAX_REPORT_BYTES {
-        return Err(too_big());
+        return Err(too_big(path, what));
     }
-    let mut bytes = Vec::with_capacity(meta.len() as usize);
+    Ok(file)
+}
+
+/// The message for a file past [`MAX_REPORT_BYTES`].
+fn too_big(path: &Path, what: &str) -> Failure {
+    Failure::Input(format!(
+        "{}: larger than {} MiB, not a gpuguard {what}",
+        shown(path),
+        MAX_REPORT_BYTES >> 20
+    ))
+}
+
+/// The bytes of a report file (or, as `what` says, a trace), checked as
+/// [`open_bounded`] does.
+pub fn read_bounded(path: &Path, what: &str) -> Result<Vec<u8>, Failure> {
+    let file = open_bounded(path, what)?;
+    let len = file.metadata().map_or(0, |m| m.len());
+    let mut bytes = Vec::with_capacity(len as usize);
     // Bounded again while reading: a file may grow after the size was taken.
     file.take(MAX_REPORT_BYTES + 1)
         .read_to_end(&mut bytes)
-        .map_err(|e| fail(format!("cannot read: {e}")))?;
+        .map_err(|e| Failure::Input(format!("{}: cannot read: {e}", shown(path))))?;
     if bytes.len() as u64 > MAX_REPORT_BYTES {
-        return Err(too_big());
+        return Err(too_big(path, what));
     }
     Ok(bytes)
 }
+
+/// A file read at most [`MAX_REPORT_BYTES`] + 1 bytes, counting them: the bound
+/// kept while a report streams in (a file may grow after its size was taken).
+struct Bounded<'a> {
+    file: std::io::Take<&'a File>,
+    read: u64,
+}
+
+impl<'a> Bounded<'a> {
+    /// From the start of `file`.
+    fn new(mut file: &'a File) -> std::io::Result<Self> {
+        file.seek(SeekFrom::Start(0))?;
+        Ok(Bounded {
+            file: file.take(MAX_REPORT_BYTES + 1),
+            read: 0,
+        })
+    }
+
+    fn over(&self) -> bool {
+        self.read > MAX_REPORT_BYTES
+    }
+}
+
+impl Read for Bounded<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.file.read(buf)?;
+        self.read += n as u64;
+        Ok(n)
+    }
+}
+
+/// Buffer of the streaming reads.
+const READ_BUFFER: usize = 256 << 10;
 
 /// Only the schema of a document, to say what is wrong before reading the rest.
 #[derive(serde::Deserialize)]
@@ -90,36 +136,71 @@ struct SchemaProbe {
     schema: Option<serde_json::Value>,
 }
 
-/// Reads and checks one report file.
-pub fn load(path: &Path) -> Result<Report, Failure> {
-    let bytes = read_bounded(path, "report")?;
+/// Reads and checks one report file, keeping only the first `keep` entries of
+/// `live[]` (the largest; the others are counted into `live_omitted`). The file
+/// streams through a small buffer: neither its text nor all its live allocations
+/// are held, whatever its size. The messages are those of reading it whole.
+pub fn load_keeping(path: &Path, keep: usize) -> Result<Report, Failure> {
+    let file = open_bounded(path, "report")?;
     let name = shown(path);
-    let probe: SchemaProbe = serde_json::from_slice(&bytes).map_err(|e| {
-        Failure::Input(if e.is_eof() {
+    let cannot = |e: std::io::Error| Failure::Input(format!("{name}: cannot read: {e}"));
+    let mut bounded = Bounded::new(&file).map_err(cannot)?;
+    let parsed = from_reader_keeping(BufReader::with_capacity(READ_BUFFER, &mut bounded), keep);
+    if bounded.over() {
+        return Err(too_big(path, "report"));
+    }
+    let error = match parsed {
+        Ok(report) => {
+            // A typed `schema` is a string: only its value can be wrong.
+            check_schema(&name, Some(report.schema.as_str()))?;
+            return Ok(report);
+        }
+        Err(e) if e.is_io() => return Err(Failure::Input(format!("{name}: cannot read: {e}"))),
+        Err(e) => e,
+    };
+    // Not a report that parses: say first whether it is JSON at all, then whether
+    // it is a gpuguard report, as reading it whole did; only then that it is
+    // malformed. A second pass, without keeping anything but the schema.
+    let mut bounded = Bounded::new(&file).map_err(cannot)?;
+    let probe: Result<SchemaProbe, _> =
+        serde_json::from_reader(BufReader::with_capacity(READ_BUFFER, &mut bounded));
+    if bounded.over() {
+        return Err(too_big(path, "report"));
+    }
+    let probe = probe.map_err(|e| {
+        Failure::Input(if e.is_io() {
+            format!("{name}: cannot read: {e}")
+        } else if e.is_eof() {
             format!("{name}: not a complete JSON document ({e}); is the file truncated?")
         } else {
             format!("{name}: not a gpuguard report: not JSON ({e})")
         })
     })?;
-    match probe.schema.as_ref().and_then(|s| s.as_str()) {
-        Some(SCHEMA) => {}
-        Some(other) if other.starts_with("gpuguard-report/") => {
-            return Err(Failure::Input(format!(
-                "{name}: schema {} is newer or older than this gpuguard reads ({SCHEMA}); use a matching gpuguard",
-                clean(other)
-            )));
-        }
-        _ => {
-            return Err(Failure::Input(format!(
-                "{name}: not a gpuguard report (no \"schema\": \"{SCHEMA}\")"
-            )));
-        }
-    }
-    serde_json::from_slice(&bytes)
-        .map_err(|e| Failure::Input(format!("{name}: malformed gpuguard report: {e}")))
+    check_schema(&name, probe.schema.as_ref().and_then(|s| s.as_str()))?;
+    Err(Failure::Input(format!(
+        "{name}: malformed gpuguard report: {error}"
+    )))
 }
 
-/// Reads every file, stopping at the first that cannot be read.
-pub fn load_all<P: AsRef<Path>>(paths: &[P]) -> Result<Vec<Report>, Failure> {
-    paths.iter().map(|p| load(p.as_ref())).collect()
+/// Whether a document's `schema` is the one this gpuguard reads.
+fn check_schema(name: &str, schema: Option<&str>) -> Result<(), Failure> {
+    match schema {
+        Some(SCHEMA) => Ok(()),
+        Some(other) if other.starts_with("gpuguard-report/") => Err(Failure::Input(format!(
+            "{name}: schema {} is newer or older than this gpuguard reads ({SCHEMA}); use a matching gpuguard",
+            clean(other)
+        ))),
+        _ => Err(Failure::Input(format!(
+            "{name}: not a gpuguard report (no \"schema\": \"{SCHEMA}\")"
+        ))),
+    }
+}
+
+/// Reads every file, stopping at the first that cannot be read, keeping `keep`
+/// live allocations of each (see [`load_keeping`]).
+pub fn load_all_keeping<P: AsRef<Path>>(paths: &[P], keep: usize) -> Result<Vec<Report>, Failure> {
+    paths
+        .iter()
+        .map(|p| load_keeping(p.as_ref(), keep))
+        .collect()
 }

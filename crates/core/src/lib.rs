@@ -6,7 +6,8 @@
 //! - `ledger` (live allocations and per-device counters), `sites` (interned call
 //!   stacks), `vmm` (mappings of VMM handles);
 //! - `report` (the JSON model the library writes and the command reads), `reporter`
-//!   (ledger -> report -> file), `classify` (frameworks' blocks joined to a report),
+//!   (ledger -> report -> file), `report_stream` (reading a report keeping a few of
+//!   its live allocations), `classify` (frameworks' blocks joined to a report),
 //!   `symbols` (ELF function names);
 //! - `trace` (the memory timeline file, `GPUGUARD_TRACE`), `status` (the per-process
 //!   status files `gpuguard ps` lists).
@@ -18,6 +19,7 @@ pub mod classify;
 pub mod config;
 pub mod ledger;
 pub mod report;
+pub mod report_stream;
 pub mod reporter;
 pub mod sites;
 pub mod status;

@@ -4,7 +4,7 @@
 use super::Failure;
 use super::text::clean;
 use gpuguard_core::report::{Report, SCHEMA};
-use gpuguard_core::report_stream::from_reader_keeping;
+use gpuguard_core::report_stream::{from_reader_keeping, from_slice_keeping};
 use std::fs::File;
 use std::io::{BufReader, Read, Seek, SeekFrom};
 use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
@@ -149,37 +149,42 @@ pub fn load_keeping(path: &Path, keep: usize) -> Result<Report, Failure> {
     if bounded.over() {
         return Err(too_big(path, "report"));
     }
-    let error = match parsed {
+    match parsed {
         Ok(report) => {
             // A typed `schema` is a string: only its value can be wrong.
             check_schema(&name, Some(report.schema.as_str()))?;
-            return Ok(report);
+            Ok(report)
         }
-        Err(e) if e.is_io() => return Err(Failure::Input(format!("{name}: cannot read: {e}"))),
-        Err(e) => e,
-    };
-    // Not a report that parses: say first whether it is JSON at all, then whether
-    // it is a gpuguard report, as reading it whole did; only then that it is
-    // malformed. A second pass, without keeping anything but the schema.
-    let mut bounded = Bounded::new(&file).map_err(cannot)?;
-    let probe: Result<SchemaProbe, _> =
-        serde_json::from_reader(BufReader::with_capacity(READ_BUFFER, &mut bounded));
-    if bounded.over() {
-        return Err(too_big(path, "report"));
+        Err(e) if e.is_io() => Err(Failure::Input(format!("{name}: cannot read: {e}"))),
+        // Not a report that parses (rare): read again, whole, to say what is wrong
+        // in the words and at the position reading it whole always gave.
+        Err(_) => Err(refusal(path, &read_bounded(path, "report")?, keep)),
     }
-    let probe = probe.map_err(|e| {
-        Failure::Input(if e.is_io() {
-            format!("{name}: cannot read: {e}")
-        } else if e.is_eof() {
-            format!("{name}: not a complete JSON document ({e}); is the file truncated?")
-        } else {
-            format!("{name}: not a gpuguard report: not JSON ({e})")
-        })
-    })?;
-    check_schema(&name, probe.schema.as_ref().and_then(|s| s.as_str()))?;
-    Err(Failure::Input(format!(
-        "{name}: malformed gpuguard report: {error}"
-    )))
+}
+
+/// Why a report's bytes are refused: first whether they are JSON at all, then
+/// whether they are a gpuguard report, only then that it is malformed.
+fn refusal(path: &Path, bytes: &[u8], keep: usize) -> Failure {
+    let name = shown(path);
+    let probe: SchemaProbe = match serde_json::from_slice(bytes) {
+        Ok(probe) => probe,
+        Err(e) if e.is_eof() => {
+            return Failure::Input(format!(
+                "{name}: not a complete JSON document ({e}); is the file truncated?"
+            ));
+        }
+        Err(e) => {
+            return Failure::Input(format!("{name}: not a gpuguard report: not JSON ({e})"));
+        }
+    };
+    if let Err(f) = check_schema(&name, probe.schema.as_ref().and_then(|s| s.as_str())) {
+        return f;
+    }
+    match from_slice_keeping(bytes, keep) {
+        Err(e) => Failure::Input(format!("{name}: malformed gpuguard report: {e}")),
+        // Changed between the two reads.
+        Ok(_) => Failure::Input(format!("{name}: changed while it was read")),
+    }
 }
 
 /// Whether a document's `schema` is the one this gpuguard reads.
@@ -203,4 +208,145 @@ pub fn load_all_keeping<P: AsRef<Path>>(paths: &[P], keep: usize) -> Result<Vec<
         .iter()
         .map(|p| load_keeping(p.as_ref(), keep))
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gpuguard_core::report::{Hex, LiveAllocation, Site};
+
+    fn report(live: u64) -> Report {
+        Report {
+            schema: SCHEMA.into(),
+            reason: "exit".into(),
+            live: (0..live)
+                .map(|i| LiveAllocation {
+                    address: Hex(0x7f00_0000_0000 + (i << 12)),
+                    bytes: 1 << 20,
+                    kind: "device".into(),
+                    api: "cuMemAlloc_v2".into(),
+                    site: Some(0),
+                    ..Default::default()
+                })
+                .collect(),
+            live_omitted: 3,
+            sites: vec![Site {
+                id: 0,
+                frames: vec!["main".into()],
+                live_bytes: live << 20,
+                live_count: live,
+            }],
+            ..Default::default()
+        }
+    }
+
+    fn write(name: &str, text: &[u8]) -> std::path::PathBuf {
+        let dir = std::env::temp_dir().join(format!("gg-load-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join(name);
+        std::fs::write(&path, text).unwrap();
+        path
+    }
+
+    fn message(r: Result<Report, Failure>) -> String {
+        match r {
+            Err(Failure::Input(m)) => m,
+            Err(_) => panic!("not an input failure"),
+            Ok(_) => panic!("read"),
+        }
+    }
+
+    /// What reading the file whole said (the code before streaming), for comparison.
+    fn whole(path: &Path) -> Result<Report, String> {
+        let bytes = std::fs::read(path).unwrap();
+        let name = shown(path);
+        let probe: SchemaProbe = serde_json::from_slice(&bytes).map_err(|e| {
+            if e.is_eof() {
+                format!("{name}: not a complete JSON document ({e}); is the file truncated?")
+            } else {
+                format!("{name}: not a gpuguard report: not JSON ({e})")
+            }
+        })?;
+        check_schema(&name, probe.schema.as_ref().and_then(|s| s.as_str())).map_err(
+            |f| match f {
+                Failure::Input(m) => m,
+                _ => unreachable!(),
+            },
+        )?;
+        serde_json::from_slice(&bytes)
+            .map_err(|e| format!("{name}: malformed gpuguard report: {e}"))
+    }
+
+    #[test]
+    fn keeps_the_first_live_allocations_and_counts_all() {
+        let full = report(5000);
+        let path = write("many.json", &serde_json::to_vec(&full).unwrap());
+        for keep in [0, 10, 5000, usize::MAX] {
+            let r = load_keeping(&path, keep).unwrap();
+            assert_eq!(r.live.len(), keep.min(5000));
+            assert_eq!(r.live[..], full.live[..r.live.len()]);
+            assert_eq!(r.live.len() as u64 + r.live_omitted, 5003);
+            let mut rest = r.clone();
+            rest.live = full.live.clone();
+            rest.live_omitted = 3;
+            assert_eq!(rest, full, "all else as read whole");
+        }
+    }
+
+    #[test]
+    fn broken_files_are_refused_with_the_messages_of_reading_them_whole() {
+        let text = serde_json::to_string(&report(300)).unwrap();
+        let mut cases = vec![
+            ("truncated.json", text[..text.len() / 2].to_string()),
+            ("empty.json", String::new()),
+            ("not_json.json", "hello".to_string()),
+            ("trailing.json", format!("{text} x")),
+            ("array.json", "[1,2]".to_string()),
+            (
+                "no_schema.json",
+                text.replace("\"schema\":\"gpuguard-report/1\",", ""),
+            ),
+            (
+                "future.json",
+                text.replace("gpuguard-report/1", "gpuguard-report/9"),
+            ),
+            ("foreign.json", text.replace("gpuguard-report/1", "other")),
+            (
+                "number_schema.json",
+                text.replace("\"gpuguard-report/1\"", "7"),
+            ),
+            // A malformed entry far past those kept.
+            (
+                "bad_entry.json",
+                text.replace("\"0x7f0000100000\"", "\"zz\""),
+            ),
+            ("bad_type.json", text.replace("\"seq\":0", "\"seq\":\"0\"")),
+            // Both a newer schema and a malformed entry: the schema is named.
+            (
+                "future_bad.json",
+                text.replace("gpuguard-report/1", "gpuguard-report/9")
+                    .replace("\"0x7f0000100000\"", "\"zz\""),
+            ),
+            // Malformed and cut short: the cut is named.
+            (
+                "bad_cut.json",
+                text.replace("\"0x7f0000100000\"", "\"zz\"")[..text.len() - 40].to_string(),
+            ),
+        ];
+        cases.push((
+            "missing_live.json",
+            text.replace("\"live\":[", "\"xlive\":["),
+        ));
+        for (name, body) in cases {
+            let path = write(name, body.as_bytes());
+            let expected = whole(&path).expect_err(name);
+            for keep in [0, 3, usize::MAX] {
+                assert_eq!(
+                    message(load_keeping(&path, keep)),
+                    expected,
+                    "{name} keep {keep}"
+                );
+            }
+        }
+    }
 }

@@ -145,11 +145,17 @@ mod tests {
         let plain = serde_json::from_str::<Report>(&text)
             .unwrap_err()
             .to_string();
-        let kept = from_reader_keeping(text.as_bytes(), 3)
+        let kept = from_slice_keeping(text.as_bytes(), 3)
             .unwrap_err()
             .to_string();
         assert_eq!(kept, plain);
         assert!(plain.contains("not a hex address"), "{plain}");
+        // From a reader, the same words (serde_json may place the column one on).
+        let streamed = from_reader_keeping(text.as_bytes(), 3)
+            .unwrap_err()
+            .to_string();
+        let words = |m: &str| m.split(" at line").next().unwrap_or("").to_string();
+        assert_eq!(words(&streamed), words(&plain));
         let text = serde_json::to_string(&full)
             .unwrap()
             .replace("\"live\":[", "\"live\":{\"a\":1,")

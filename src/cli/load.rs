@@ -4,9 +4,9 @@
 use super::Failure;
 use super::text::clean;
 use gpuguard_core::report::{Report, SCHEMA};
-use gpuguard_core::report_stream::{from_reader_keeping, from_slice_keeping};
+use gpuguard_core::report_stream::{Unread, from_reader_spliced, from_slice_keeping};
 use std::fs::File;
-use std::io::{BufReader, Read, Seek, SeekFrom};
+use std::io::{Read, Seek, SeekFrom};
 use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
 use std::path::Path;
 
@@ -127,9 +127,6 @@ impl Read for Bounded<'_> {
     }
 }
 
-/// Buffer of the streaming reads.
-const READ_BUFFER: usize = 256 << 10;
-
 /// Only the schema of a document, to say what is wrong before reading the rest.
 #[derive(serde::Deserialize)]
 struct SchemaProbe {
@@ -145,7 +142,7 @@ pub fn load_keeping(path: &Path, keep: usize) -> Result<Report, Failure> {
     let name = shown(path);
     let cannot = |e: std::io::Error| Failure::Input(format!("{name}: cannot read: {e}"));
     let mut bounded = Bounded::new(&file).map_err(cannot)?;
-    let parsed = from_reader_keeping(BufReader::with_capacity(READ_BUFFER, &mut bounded), keep);
+    let parsed = from_reader_spliced(&mut bounded, keep);
     if bounded.over() {
         return Err(too_big(path, "report"));
     }
@@ -155,36 +152,27 @@ pub fn load_keeping(path: &Path, keep: usize) -> Result<Report, Failure> {
             check_schema(&name, Some(report.schema.as_str()))?;
             Ok(report)
         }
-        Err(e) if e.is_io() => Err(Failure::Input(format!("{name}: cannot read: {e}"))),
-        // Not a report that parses (rare): read again, whole, to say what is wrong
-        // in the words and at the position reading it whole always gave.
-        Err(_) => Err(refusal(path, &read_bounded(path, "report")?, keep)),
+        Err(Unread::Io(e)) => Err(cannot(e)),
+        // Broken, or written unusually (rare): read whole, as always, to say what
+        // is wrong in the words and at the position reading it whole gave.
+        Err(Unread::Whole) => load_whole(path, &read_bounded(path, "report")?, keep),
     }
 }
 
-/// Why a report's bytes are refused: first whether they are JSON at all, then
-/// whether they are a gpuguard report, only then that it is malformed.
-fn refusal(path: &Path, bytes: &[u8], keep: usize) -> Failure {
+/// A report's bytes checked in order: whether they are JSON at all, then whether
+/// they are a gpuguard report, only then whether it is well-formed.
+fn load_whole(path: &Path, bytes: &[u8], keep: usize) -> Result<Report, Failure> {
     let name = shown(path);
-    let probe: SchemaProbe = match serde_json::from_slice(bytes) {
-        Ok(probe) => probe,
-        Err(e) if e.is_eof() => {
-            return Failure::Input(format!(
-                "{name}: not a complete JSON document ({e}); is the file truncated?"
-            ));
-        }
-        Err(e) => {
-            return Failure::Input(format!("{name}: not a gpuguard report: not JSON ({e})"));
-        }
-    };
-    if let Err(f) = check_schema(&name, probe.schema.as_ref().and_then(|s| s.as_str())) {
-        return f;
-    }
-    match from_slice_keeping(bytes, keep) {
-        Err(e) => Failure::Input(format!("{name}: malformed gpuguard report: {e}")),
-        // Changed between the two reads.
-        Ok(_) => Failure::Input(format!("{name}: changed while it was read")),
-    }
+    let probe: SchemaProbe = serde_json::from_slice(bytes).map_err(|e| {
+        Failure::Input(if e.is_eof() {
+            format!("{name}: not a complete JSON document ({e}); is the file truncated?")
+        } else {
+            format!("{name}: not a gpuguard report: not JSON ({e})")
+        })
+    })?;
+    check_schema(&name, probe.schema.as_ref().and_then(|s| s.as_str()))?;
+    from_slice_keeping(bytes, keep)
+        .map_err(|e| Failure::Input(format!("{name}: malformed gpuguard report: {e}")))
 }
 
 /// Whether a document's `schema` is the one this gpuguard reads.

@@ -25,7 +25,12 @@ fn entry(i: u64, grow: u64) -> LiveAllocation {
         address: Hex(0x7f00_0000_0000 + (i << 12)),
         bytes: (LIVE - i) * 64 + grow * (i % SITES),
         device: (i % 2) as i32,
-        kind: if i.is_multiple_of(5) { "pool" } else { "device" }.into(),
+        kind: if i.is_multiple_of(5) {
+            "pool"
+        } else {
+            "device"
+        }
+        .into(),
         api: "cuMemAlloc_v2".into(),
         thread: 7,
         age_s: i as f64 / 1000.0,

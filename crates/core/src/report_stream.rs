@@ -80,9 +80,9 @@ const CHUNK: usize = 256 << 10;
 /// end. Holds the document less its `live[]` entries, a read buffer and the kept
 /// entries (a `live` key written with escapes is not seen: its array is then
 /// parsed with the rest). Anything else not parsed that way, valid or not, is
-/// [`Unread::Whole`]; a document taken is one the whole parse takes, read the same (but for an entry
-/// nested within 3 levels of `serde_json`'s limit of 128, read here from its own
-/// level).
+/// [`Unread::Whole`]. A document taken is one the whole parse takes, read the
+/// same; the one exception, in theory: an entry nested within 2 levels of
+/// `serde_json`'s nesting limit (128), which counts here from the entry.
 pub fn from_reader_spliced<R: Read>(mut reader: R, keep: usize) -> Result<Report, Unread> {
     let mut s = Splicer {
         keep,

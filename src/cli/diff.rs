@@ -2,7 +2,7 @@
 //! call site, growth and shrinkage; `--fail-on-growth SIZE` makes it a CI check.
 
 use super::growth::{SiteTrend, growing_sites, shrinking_sites};
-use super::load::{load, shown};
+use super::load::{load_keeping, shown};
 use super::output::print;
 use super::show::{JsonGrowth, render_trend};
 use super::text::{clean, count};
@@ -206,8 +206,9 @@ fn render_sites(out: &mut String, sites: &[SiteTrend], grew: bool, top: usize) {
 }
 
 pub fn main(args: DiffArgs) -> Outcome {
-    let ra = load(&args.a)?;
-    let rb = load(&args.b)?;
+    // Sites and device totals only: no live allocation is kept.
+    let ra = load_keeping(&args.a, 0)?;
+    let rb = load_keeping(&args.b, 0)?;
     let (fa, fb) = (shown(&args.a), shown(&args.b));
     let grown = growing_sites(&[&ra, &rb]);
     let shrunk = shrinking_sites(&[&ra, &rb]);

@@ -14,7 +14,7 @@
 
 use super::Outcome;
 use super::growth::PYTHON_STACK;
-use super::load::load;
+use super::load::load_keeping;
 use super::plot::{write_output, xml};
 use super::text::readable_frames;
 use gpuguard_core::report::{PY_FRAME, Report, human_bytes};
@@ -38,7 +38,8 @@ pub struct FlamegraphArgs {
 }
 
 pub fn main(args: FlamegraphArgs) -> Outcome {
-    let report = load(&args.report)?;
+    // Drawn from the sites: no live allocation is kept.
+    let report = load_keeping(&args.report, 0)?;
     let out = args
         .output
         .unwrap_or_else(|| args.report.with_extension("html"));

@@ -4,7 +4,7 @@
 
 use super::growth::{live_allocations, native_sites, python_sites};
 use super::lib_path::{LIB_VAR, find};
-use super::load::{load, shown};
+use super::load::{load_keeping, shown};
 use super::output::{print_err, warn};
 use super::show::{holding, pinned_line, rank_words};
 use super::text::{clean, count, frames};
@@ -458,7 +458,7 @@ fn reports_of(
             if unix_ms(modified) < start_ms {
                 return None;
             }
-            let report = load(&e.path()).ok()?;
+            let report = load_keeping(&e.path(), 0).ok()?;
             (report.time_unix_ms >= start_ms && !foreign.contains(&report.pid))
                 .then(|| (e.path(), report))
         })

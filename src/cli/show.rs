@@ -5,7 +5,7 @@ use super::growth::{
     Live, MergedSite, PYTHON_STACK, SiteKey, SiteTrend, live_allocations, native_sites,
     python_sites, unit,
 };
-use super::load::{load_all, shown};
+use super::load::{load_all_keeping, shown};
 use super::output::print;
 use super::text::{clean, count, frames, human_byte_counts, readable_frames};
 use super::{Failure, Outcome};
@@ -35,7 +35,8 @@ pub struct ShowArgs {
 const FRAMES_SHOWN: usize = 8;
 
 pub fn main(args: ShowArgs) -> Outcome {
-    let reports = load_all(&args.files)?;
+    // Only the first `top` live allocations are ever shown: the rest are counted.
+    let reports = load_all_keeping(&args.files, args.top as usize)?;
     let named: Vec<(String, &Report)> = args.files.iter().map(|f| shown(f)).zip(&reports).collect();
     let text = if args.json {
         let summary = json_summary(&named, &args);

@@ -1,7 +1,7 @@
 //! `gpuguard trim PID`: send a process running under gpuguard its trim signal, wait
 //! for its trim report and print what came back.
 
-use super::load::{load, shown};
+use super::load::{load_keeping, shown};
 use super::output::print;
 use super::show::render_trim;
 use super::text::clean;
@@ -151,7 +151,7 @@ pub fn main(args: TrimArgs) -> Outcome {
             .filter(|p| !before.contains(p))
             .collect();
         if let Some(path) = new.last() {
-            let r = load(path)?;
+            let r = load_keeping(path, 0)?;
             let mut out = String::new();
             put!(
                 out,

@@ -6,7 +6,8 @@
 //! - `ledger` (live allocations and per-device counters), `sites` (interned call
 //!   stacks), `vmm` (mappings of VMM handles);
 //! - `report` (the JSON model the library writes and the command reads), `reporter`
-//!   (ledger -> report -> file), `classify` (frameworks' blocks joined to a report),
+//!   (ledger -> report -> file), `report_stream` (reading a report keeping a few of
+//!   its live allocations), `classify` (frameworks' blocks joined to a report),
 //!   `symbols` (ELF function names), `pylines` (Python line tables), `growth`
 //!   (which call sites look like leaks across a series of reports);
 //! - `trace` (the memory timeline file, `GPUGUARD_TRACE`), `status` (the per-process
@@ -21,6 +22,7 @@ pub mod growth;
 pub mod ledger;
 pub mod pylines;
 pub mod report;
+pub mod report_stream;
 pub mod reporter;
 pub mod sites;
 pub mod status;

@@ -36,6 +36,8 @@ pub struct Report {
     pub devices: Vec<DeviceReport>,
     pub host_pinned: HostReport,
     /// Live allocations, largest first. `live_omitted` says how many were left out.
+    /// (A reader may keep only the first few: `report_stream::from_reader_keeping`.)
+    #[serde(deserialize_with = "crate::report_stream::live")]
     pub live: Vec<LiveAllocation>,
     #[serde(default)]
     pub live_omitted: u64,

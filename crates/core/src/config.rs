@@ -151,6 +151,9 @@ pub const KNOWN_VARS: &[&str] = &[
     "GPUGUARD_TRACE",
     "GPUGUARD_LOG_EVERY",
     "GPUGUARD_FINAL_REPORT_SIGNALS",
+    // The command's own (where `gpuguard` finds the library); the library ignores it,
+    // and a shell that exports it for `$(gpuguard lib)` must not get a warning.
+    "GPUGUARD_LIB",
 ];
 
 /// A configuration, and what parsing noticed without refusing it.
@@ -775,6 +778,8 @@ mod tests {
             ("GPUGUARD_CAPP", "2GiB"),
             ("GPUGUARDX", "1"),
             ("CUDA_VISIBLE_DEVICES", "0"),
+            // The command's variable: known, ignored by the library, no warning.
+            ("GPUGUARD_LIB", "/opt/gpuguard/lib/libgpuguard.so"),
         ])
         .unwrap();
         // The known variable still counts; nothing of the unknown one is taken.

@@ -1,6 +1,10 @@
 //! `gpuguard run [OPTIONS] -- CMD...`: run CMD with the library preloaded, then say
 //! in a few lines what the reports CMD's processes wrote during the run show, and
 //! end with CMD's status.
+//!
+//! Why one file of about 770 lines: starting CMD, passing signals on, watching for
+//! its processes' reports and summing them up share the run's state (CMD's pid, its
+//! process tree, the report folder and the start time).
 
 use super::growth::{live_allocations, native_sites, python_sites};
 use super::lib_path::{LIB_VAR, find};

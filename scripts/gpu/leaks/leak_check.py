@@ -62,9 +62,13 @@ import ggv as tl  # noqa: E402  (scripts/gpu/lib/ggv.py)
 
 MiB = tl.MiB
 mib = tl.mib
-SITE_START = re.compile(r"^\s*\+\s*\d")
+# A site starts with its growth: '+<bytes>' (diff) or 'rose in N of M ...: +<bytes>'
+# (the suspected leaks of show).
+SITE_START = re.compile(r"^\s*(?:\+\s*\d|rose in \d+ of \d+)")
 LABEL_LINE = re.compile(r"^\s+(?:[AB]|#\d+)\s")
-PY_HEADER = re.compile(r"^\[(?P<fw>[^\]\s]+) blocks, Python\]$")
+# A Python site's key header (src/cli/show.rs): a framework's blocks, or the
+# allocating thread's Python stack (framework python-stack).
+PY_HEADER = re.compile(r"^\[(?:(?P<fw>[^\]\s]+) blocks, Python|(?P<stack>allocations, Python stack))\]$")
 PY_FRAME = "python: "
 STACK = "python-stack"
 SUSPECTED = "suspected leaks in"
@@ -137,7 +141,7 @@ def growth_blocks(text, after=None):
     for b in blocks:
         m = PY_HEADER.match(b["frames"][0]) if b["frames"] else None
         b["python"] = m is not None
-        b["framework"] = m.group("fw") if m else None
+        b["framework"] = (m.group("fw") or STACK) if m else None
         if m:
             b["frames"] = b["frames"][1:]
     return blocks

@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
 # Issue 12's GPU checks (the CPU parts are tested on the simulator).
 #   scripts/gpu/leaklines/run.sh OUTDIR [WORKLOAD...]
-# WORKLOAD: torch_native torch_expandable torch_async jax cupy cost (default: all).
+# WORKLOAD: torch_native torch_expandable torch_async jax cupy cost cost_jax cost_cupy
+# (default: all).
 # Each leak workload runs 8 s under `gpuguard run` in default mode with snapshots every
 # second, then check.py judges (a) the first allocations carry Python frames, (b) the
 # 64 KiB-a-step line is the first suspect of `gpuguard show`, (c) no "(code no longer
-# alive)" frame; `cost` records (d) the step cost of PyTorch's sampled recorder.
+# alive)" frame; `cost` records (d) the step cost of PyTorch's sampled recorder, and
+# cost_jax / cost_cupy the steps the JAX / CuPy script makes in 8 s bare, under gpuguard,
+# and under gpuguard with a snapshot a second (JAX's device memory profile is read at
+# each report), three rounds in rotating order.
 # Uses target/release/gpuguard (GGV_CLI to override), built elsewhere with cargo.
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
@@ -15,7 +19,7 @@ mkdir -p "$out"
 gg=${GGV_CLI:-$PWD/target/release/gpuguard}
 [ -x "$gg" ] || { echo "no gpuguard at $gg: cargo build --release first" >&2; exit 2; }
 here=scripts/gpu/leaklines
-all=(torch_native torch_expandable torch_async jax cupy cost)
+all=(torch_native torch_expandable torch_async jax cupy cost cost_jax cost_cupy)
 [ $# -gt 0 ] && all=("$@")
 one() { # NAME SCRIPT [ENV...]
     local name=$1 script=$2 d="$out/$1"
@@ -42,6 +46,20 @@ for w in "${all[@]}"; do
             GPUGUARD_DIR="$d" GPUGUARD_SNAPSHOT_EVERY=1s "$gg" run -- python3 $here/step_cost.py >"$d/sampling.json"
             GPUGUARD_DIR="$d" "$gg" run -- python3 $here/step_cost.py >"$d/default.json"
             cat "$d"/*.json ;;
+        cost_jax | cost_cupy)
+            script=$here/leak_small_${w#cost_}.py d="$out/$w"
+            mkdir -p "$d"
+            local_orders=("bare gg gg_snap" "gg gg_snap bare" "gg_snap bare gg")
+            for round in 1 2 3; do
+                for v in ${local_orders[$((round - 1))]}; do
+                    case $v in
+                        bare) python3 "$script" 8 ;;
+                        gg) GPUGUARD_DIR="$d" "$gg" run -- python3 "$script" 8 2>/dev/null ;;
+                        gg_snap) GPUGUARD_DIR="$d" GPUGUARD_SNAPSHOT_EVERY=1s "$gg" run -- python3 "$script" 8 2>/dev/null ;;
+                    esac | awk -v r=$round -v v=$v '/^steps /{print "COST round=" r " variant=" v " steps=" $2}'
+                done
+            done | tee "$d/cost.txt"
+            rm -f "$d"/gpuguard.*.json ;;
         *) echo "unknown workload $w" >&2 ;;
     esac
 done

@@ -321,6 +321,7 @@ fn a_trim_still_held_when_the_wait_runs_out_is_skipped_and_said() {
     p.expect("GOT 12");
     let trims = p.wait_reports("trim", 1);
     let waited = asked.elapsed();
+    let shown = show(&p.dir, "trim");
     p.send("end");
     p.expect("ENDED");
     p.send("quit");
@@ -363,6 +364,39 @@ fn a_trim_still_held_when_the_wait_runs_out_is_skipped_and_said() {
         .find(|l| l.contains("trim (signal)"))
         .unwrap_or_else(|| panic!("no trim line\n{why}"));
     assert!(line.contains("skipped after waiting"), "{line}");
+    // `gpuguard show` says both.
+    assert!(
+        shown.contains("deferred 5.") && shown.contains("by a CUDA graph capture, then skipped"),
+        "{shown}"
+    );
+    assert!(
+        shown.contains(
+            "CUDA graph capture: written while 1 stream of the process was in CUDA graph capture"
+        ),
+        "{shown}"
+    );
+}
+
+/// `gpuguard show` of the report with this reason in `dir`.
+fn show(dir: &Path, reason: &str) -> String {
+    let suffix = format!(".{reason}.json");
+    let file = std::fs::read_dir(dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.to_string_lossy().ends_with(&suffix))
+        .unwrap_or_else(|| panic!("no {reason} report in {}", dir.display()));
+    let out = Command::new(env!("CARGO_BIN_EXE_gpuguard"))
+        .arg("show")
+        .arg(&file)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 /// Python, with the stand-in PyTorch holding 8 MiB cached: its `empty_cache()`

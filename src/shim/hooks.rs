@@ -5,7 +5,7 @@
 //! (`handle!`); the `dlsym` override and the `cuGetProcAddress` answer; the few
 //! custom handlers. Every wrapper is thin: find the real pointer, call the handler.
 //!
-//! Why one file of about 750 lines: the rows' tokens (types, rule helpers such as
+//! Why one file of about 780 lines: the rows' tokens (types, rule helpers such as
 //! `out`, custom handler names) resolve where the list is expanded, which is here,
 //! and the lookup answers read the table this expansion makes. The last 80 lines are
 //! the table's unit tests.

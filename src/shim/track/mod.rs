@@ -2,7 +2,7 @@
 //! the device and context of the call, the stack, and the hand-off to the ledger.
 //! No lock shared by all threads, no I/O, no formatting here.
 //!
-//! Why one file of about 770 lines: the thread state, the stack capture and the hook
+//! Why one file of about 830 lines: the thread state, the stack capture and the hook
 //! bodies all work on the thread state's private fields, looked up once per hook;
 //! what signal handlers do inside a hook (the stash) is the child module `stash`.
 

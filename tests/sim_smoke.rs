@@ -379,3 +379,36 @@ fn inert_modes_and_demo() {
     );
     assert!(r.reports().is_empty());
 }
+
+/// Stream capture as the real driver restricts it: begins through each variant and
+/// lookup path, the legacy stream refused, a second begin refused, stream-ordered
+/// allocation legal inside a capture, an unsafe call (a synchronization) refused and
+/// the global capture it breaks ending with CUDA_ERROR_STREAM_CAPTURE_INVALIDATED,
+/// a relaxed capture left alone.
+#[test]
+fn stream_capture_rules() {
+    let r = run("gg_graph", &["paths"], &[], false);
+    r.assert_ok();
+    let want: &[(&str, i64)] = &[
+        ("begin_symbol_v2", 0),
+        ("begin_dlsym_v1", 0),
+        ("begin_proc_ptsz", 0),
+        ("begin_proc_to_graph", 0),
+        ("begin_legacy", 900),
+        ("begin_again", 401),
+        ("alloc_async_in_capture", 0),
+        ("free_async_in_capture", 0),
+        ("end_dlsym", 0),
+        ("end_symbol_v1_stream", 0),
+        ("end_proc_ptsz", 0),
+        ("end_again", 401),
+        ("begin_s4", 0),
+        ("sync_in_capture", 900),
+        ("end_invalidated", 901),
+        ("end_to_graph", 0),
+    ];
+    let rcs = r.out().rcs();
+    for (label, code) in want {
+        assert_eq!(rcs.get(*label), Some(code), "{label}\n{}", r.describe());
+    }
+}

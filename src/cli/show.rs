@@ -468,6 +468,9 @@ fn render_details(out: &mut String, file: &str, r: &Report, top: usize) {
         );
     }
     render_classes(out, r);
+    if let Some(c) = &r.capture {
+        put!(out, "  CUDA graph capture: {}", clean(&c.detail));
+    }
     if let Some(d) = &r.denial {
         put!(out, "  refused call:");
         for f in frames(&d.frames).iter().take(FRAMES_SHOWN) {
@@ -556,6 +559,15 @@ pub fn render_trim(out: &mut String, t: &report::TrimReport) {
         human_bytes(t.released_bytes),
         clean(&t.python)
     );
+    if let Some(d) = &t.deferred {
+        put!(
+            out,
+            "    deferred {:.1} s by a CUDA graph capture, then {}: {}",
+            d.waited_ms as f64 / 1000.0,
+            clean(&d.outcome),
+            clean(&d.detail)
+        );
+    }
     for d in &t.devices {
         put!(
             out,

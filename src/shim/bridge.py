@@ -3,8 +3,9 @@
 # bytecode boundary, never inside an allocation hook), and then calls its functions
 # the same way. Each call hands its answer back through _gg_submit(tag + "\n" + json).
 # Frameworks are only looked at when the program has imported them: this file never
-# imports torch, cupy, jax or tensorflow itself. _gg_submit, _gg_devices and
-# _gg_pending_pairs are gpuguard's own functions, put in this namespace by the shim.
+# imports torch, cupy, jax or tensorflow itself. _gg_submit, _gg_devices,
+# _gg_pending_pairs and _gg_capturing are gpuguard's own functions, put in this
+# namespace by the shim.
 
 import json
 import sys
@@ -385,12 +386,26 @@ def _gg_setup(args):
 # ---- trim ---------------------------------------------------------------------------
 
 
+def _gg_capture_began(name):
+    """The mechanism entry of a framework trim left out because a stream of the
+    process is in CUDA graph capture (one began while this trim ran: the shim only
+    starts a trim while none is): empty_cache() and free_all_blocks() synchronize,
+    which would break the capture. None when no stream captures."""
+    if int(_gg_capturing()) == 0:
+        return None
+    return {"name": name, "status": "skipped", "released_bytes": 0,
+            "detail": "deferred: a CUDA graph capture began while the trim ran; not called"}
+
+
 def _gg_trim(args):
     _gg_setup(args)
     devices = args.get("devices", [])
     mechs = []
     t = _gg_torch()
-    if t is not None:
+    skip = _gg_capture_began("pytorch") if t is not None else None
+    if skip is not None:
+        mechs.append(skip)
+    elif t is not None:
         m = {"name": "pytorch", "status": "released", "released_bytes": 0}
         try:
             backend = _gg_torch_backend(t)
@@ -408,7 +423,10 @@ def _gg_trim(args):
             m["detail"] = _gg_err(e)
         mechs.append(m)
     cp = _gg_cupy()
-    if cp is not None:
+    skip = _gg_capture_began("cupy") if cp is not None else None
+    if skip is not None:
+        mechs.append(skip)
+    elif cp is not None:
         m = {"name": "cupy", "status": "released", "released_bytes": 0}
         try:
             pool = cp.get_default_memory_pool()

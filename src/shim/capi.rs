@@ -174,7 +174,7 @@ pub unsafe extern "C" fn gpuguard_trim(
     // SAFETY: plain system calls.
     let main = unsafe { libc::getpid() == libc::gettid() };
     if main && python::present() {
-        return match shielded(|| worker::api_trim(true)) {
+        return match shielded(worker::api_trim_here) {
             Some(path) => {
                 // SAFETY: as the caller promised.
                 unsafe { copy_path(&path.unwrap_or_default(), path_out, path_len) };

@@ -5,7 +5,7 @@
 
 use super::books::{Books, Denial, PoolInfo};
 use super::settings::{LogLevel, log, settings};
-use super::wake;
+use super::{capture, wake};
 use gpuguard_core::ledger::Kind;
 use gpuguard_core::report::human_bytes;
 use std::sync::atomic::Ordering::*;
@@ -177,8 +177,14 @@ impl Books {
     }
 
     /// Measures what one pool holds from the driver and moves the device's total by
-    /// the change: one driver call, no walk over every pool.
+    /// the change: one driver call, no walk over every pool. Not while a stream
+    /// captures: the last measurement stands. (A pool attribute query changes
+    /// nothing in the driver, so a plain look at the gauge is enough here; this runs
+    /// in hooks, after every allocation from a pool on a capped device.)
     fn measure_pool(&self, device: i32, pool: u64) {
+        if capture::active() > 0 {
+            return;
+        }
         let Some(held) = super::real::DRIVER.pool_reserved(pool) else {
             return;
         };
@@ -198,16 +204,21 @@ impl Books {
     }
 
     /// Gives back what the device's pools hold unused (`cuMemPoolTrimTo(pool, 0)`)
-    /// and measures them again; returns how many pools. Only at a refusal, a trim
-    /// threshold or a trim request.
-    pub fn trim_pools(&self, device: i32) -> usize {
+    /// and measures them again; returns how many pools were trimmed, and how many
+    /// were left alone because a stream captures (a pool trim would break the
+    /// capture). Only at a refusal, a trim threshold or a trim request.
+    pub fn trim_pools(&self, device: i32) -> (usize, usize) {
         let _ = self.current_pool(device);
-        let pools = self.device_pools(device);
-        for &p in &pools {
-            super::real::DRIVER.pool_trim(p);
-            self.measure_pool(device, p);
+        let (mut trimmed, mut skipped) = (0, 0);
+        for p in self.device_pools(device) {
+            if capture::outside_capture(|| super::real::DRIVER.pool_trim(p)).is_some() {
+                trimmed += 1;
+                self.measure_pool(device, p);
+            } else {
+                skipped += 1;
+            }
         }
-        pools.len()
+        (trimmed, skipped)
     }
 
     /// The program trimmed a pool itself (`torch.cuda.empty_cache()` does): what it
@@ -222,13 +233,15 @@ impl Books {
     }
 
     /// Whether the device is over its cap even after its pools gave back what they
-    /// hold unused.
+    /// hold unused. Never while a stream captures: neither the pool trim nor the
+    /// synchronous free that would undo the allocation may happen then, so a
+    /// stream-ordered allocation the reservation admitted stays.
     pub fn over_cap_after_trim(&self, device: i32) -> bool {
         let c = self.ledger.device(device);
         let Some(cap) = c.cap() else {
             return false;
         };
-        if c.charged() <= cap {
+        if c.charged() <= cap || capture::active() > 0 {
             return false;
         }
         self.trim_pools(device);

@@ -14,8 +14,8 @@ use std::ptr::addr_of;
 
 pub use cudarc::driver::sys::{
     CUDA_ARRAY_DESCRIPTOR, CUDA_ARRAY3D_DESCRIPTOR, CUarray, CUcontext, CUdevice, CUdeviceptr,
-    CUmemAllocationProp, CUmemGenericAllocationHandle, CUmemPool_attribute, CUmemPoolProps,
-    CUmemoryPool, CUmipmappedArray, CUstream, CUuuid,
+    CUgraph, CUgraphNode, CUmemAllocationProp, CUmemGenericAllocationHandle, CUmemPool_attribute,
+    CUmemPoolProps, CUmemoryPool, CUmipmappedArray, CUstream, CUuuid,
 };
 use cudarc::driver::sys::{CUarray_format, CUmemLocation, CUmemLocationType, CUresult};
 use cudarc::runtime::sys::cudaError_t;
@@ -29,6 +29,11 @@ pub use cudarc::runtime::sys::{cudaExtent, cudaPitchedPtr, cudaStream_t};
 pub const SUCCESS: c_int = CUresult::CUDA_SUCCESS as c_int;
 /// `CUDA_ERROR_OUT_OF_MEMORY`: what a cap refusal answers, a code frameworks handle.
 pub const OUT_OF_MEMORY: c_int = CUresult::CUDA_ERROR_OUT_OF_MEMORY as c_int;
+/// `CUDA_ERROR_INVALID_VALUE`.
+pub const INVALID_VALUE: c_int = CUresult::CUDA_ERROR_INVALID_VALUE as c_int;
+/// `CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD`: a capture ended from a thread other than
+/// the one that began it (it goes on).
+pub const CAPTURE_WRONG_THREAD: c_int = CUresult::CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD as c_int;
 /// `CUDA_ERROR_NOT_INITIALIZED`: a driver wrapper whose real function is missing.
 pub const NOT_INITIALIZED: c_int = CUresult::CUDA_ERROR_NOT_INITIALIZED as c_int;
 /// `cudaErrorInitializationError`: the same for a runtime wrapper.

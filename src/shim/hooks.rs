@@ -5,7 +5,7 @@
 //! (`handle!`); the `dlsym` override and the `cuGetProcAddress` answer; the few
 //! custom handlers. Every wrapper is thin: find the real pointer, call the handler.
 //!
-//! Why one file of about 750 lines: the rows' tokens (types, rule helpers such as
+//! Why one file of about 780 lines: the rows' tokens (types, rule helpers such as
 //! `out`, custom handler names) resolve where the list is expanded, which is here,
 //! and the lookup answers read the table this expansion makes. The last 80 lines are
 //! the table's unit tests.
@@ -115,7 +115,7 @@ macro_rules! hooks {
                 };
 
                 /// The row's handler: what its rule says, around the real call.
-                #[allow(unused_variables)]
+                #[allow(unused_variables, clippy::too_many_arguments)]
                 unsafe fn handler(api: u8, real: Real, $($arg: $ty),*) -> c_int {
                     unsafe { handle!(api, real, ($($arg),*), $rule $how) }
                 }
@@ -229,6 +229,12 @@ macro_rules! handle {
     };
     ($api:ident, $real:ident, ($($a:ident),*), rt_free { key: $key:ident, arg: $arg:ident }) => {
         track::runtime_free($api, Key::$key($arg as u64), || $real($($a),*))
+    };
+    ($api:ident, $real:ident, ($($a:ident),*), capture_begin { stream: $s:ident }) => {
+        track::capture_begin($s as u64, || $real($($a),*))
+    };
+    ($api:ident, $real:ident, ($($a:ident),*), capture_end { stream: $s:ident }) => {
+        track::capture_end($s as u64, || $real($($a),*))
     };
     ($api:ident, $real:ident, ($($a:ident),*), observe { note: $note:expr }) => {
         track::observe(|| $real($($a),*), $note)

@@ -13,12 +13,13 @@
 // The layers, lowest first; each module uses only those of the layers below it and,
 // in its own layer, those listed before it (`scripts/check-layers.py` checks it,
 // `docs/architecture.md` draws it; `rust-import-cycles.py` finds no circle):
-// - ffi: `fault`, `sys`, `cuda`, `wake`, `endings`, `real`, `table`: test-only fault
-//   injection (a constant `false` in production builds), the C library, the CUDA/NVML
-//   types and codes (cudarc's), the helper thread's doorbell, the end of a process
-//   (the ending signals' handler; waiting for the helper before the exit report), the
-//   real functions (per lookup path, and gpuguard's own typed driver calls), the list
-//   of hooked functions.
+// - ffi: `fault`, `sys`, `cuda`, `wake`, `endings`, `capture`, `real`, `table`:
+//   test-only fault injection (a constant `false` in production builds), the C
+//   library, the CUDA/NVML types and codes (cudarc's), the helper thread's doorbell,
+//   the end of a process (the ending signals' handler; waiting for the helper before
+//   the exit report), the gauge of streams in CUDA graph capture, the real functions
+//   (per lookup path, and gpuguard's own typed driver calls), the list of hooked
+//   functions.
 // - base: `line`, `events`, `control`, `tags`, `settings`, `unwind`, `python::api`,
 //   `python::frames`: heap-free lines for a threshold crossing, what the timeline
 //   learns from reports and warnings, the C API's requests to the helper, the threads'
@@ -37,6 +38,7 @@ mod bench_switch;
 mod books;
 pub mod capi;
 mod caps;
+mod capture;
 mod control;
 mod cuda;
 mod endings;

@@ -14,7 +14,7 @@
 
 use super::settings::{LogLevel, log, settings};
 use super::state::{active_books, shielded};
-use super::{endings, report};
+use super::{capture, endings, report};
 use std::ffi::{CStr, CString, c_char, c_int, c_void};
 use std::sync::atomic::{AtomicPtr, Ordering::*};
 use std::sync::{Condvar, Mutex};
@@ -48,6 +48,15 @@ static PAIRS_DEF: MethodDef = MethodDef {
     flags: METH_NOARGS,
     doc: std::ptr::null(),
 };
+static CAPTURING_DEF: MethodDef = MethodDef {
+    name: c"_gg_capturing".as_ptr(),
+    meth: capturing as *const c_void,
+    flags: METH_NOARGS,
+    doc: std::ptr::null(),
+};
+
+/// What a request answers when a stream of the process was in CUDA graph capture.
+const CAPTURING: &str = "capturing";
 
 /// What a request to the Python side came to.
 #[derive(Clone, Debug, PartialEq)]
@@ -58,6 +67,9 @@ pub(crate) enum Outcome {
     NotRunning,
     /// The interpreter is shutting down: nothing was run.
     Finalizing,
+    /// A stream of the process was in CUDA graph capture: nothing was run (a
+    /// framework's call could break the capture).
+    Capturing,
     /// Queued; not waited for.
     Queued,
     /// The main thread did not run Python within the time allowed.
@@ -75,6 +87,7 @@ impl Outcome {
             Outcome::Absent => "absent".into(),
             Outcome::NotRunning => "not running".into(),
             Outcome::Finalizing => "finalizing".into(),
+            Outcome::Capturing => "capturing".into(),
             Outcome::Queued => "queued".into(),
             Outcome::Timeout => "timeout".into(),
             Outcome::Failed(e) => format!("error: {e}"),
@@ -87,6 +100,10 @@ impl Outcome {
 struct Exchange {
     /// The call waiting to run; taken by the main thread when it runs it.
     code: Option<CString>,
+    /// It may touch CUDA in a way a capture forbids (a trim): it runs only while no
+    /// stream captures, and a capture that begins meanwhile waits for it
+    /// (`capture::outside_capture`).
+    guarded: bool,
     /// Id of the request in `code` (or running), and of the last one finished.
     queued_id: u64,
     done_id: u64,
@@ -100,6 +117,7 @@ struct Exchange {
 
 static EXCHANGE: Mutex<Exchange> = Mutex::new(Exchange {
     code: None,
+    guarded: false,
     queued_id: 0,
     done_id: 0,
     outstanding: false,
@@ -128,8 +146,21 @@ pub(crate) fn present() -> bool {
 
 /// Runs `call` (Python statements over `bridge.py`'s functions) on the main thread.
 /// With `wait`, blocks for at most that long for the answer. Never call it from a
-/// hook, or from a thread that may hold the GIL.
+/// hook, or from a thread that may hold the GIL. While a stream of the process is in
+/// CUDA graph capture nothing runs (`Outcome::Capturing`): the main thread may be the
+/// one capturing, and the frameworks' own calls may touch CUDA.
 pub(crate) fn run(call: &str, wait: Option<Duration>) -> Outcome {
+    queue(call, wait, false)
+}
+
+/// `run` for a call that makes calls a capture forbids (a trim's `empty_cache()`):
+/// checked again on the main thread right before it runs, and a capture that begins
+/// while it runs waits for it (bounded; see `capture`).
+pub(crate) fn run_guarded(call: &str, wait: Option<Duration>) -> Outcome {
+    queue(call, wait, true)
+}
+
+fn queue(call: &str, wait: Option<Duration>, guarded: bool) -> Outcome {
     if !settings().cfg.python || BROKEN.load(Relaxed) {
         return Outcome::Absent;
     }
@@ -145,6 +176,9 @@ pub(crate) fn run(call: &str, wait: Option<Duration>) -> Outcome {
         if (a.is_initialized)() == 0 {
             return Outcome::NotRunning;
         }
+    }
+    if capture::active() > 0 {
+        return Outcome::Capturing;
     }
     let Ok(code) = CString::new(call) else {
         return Outcome::Failed("NUL in call".into());
@@ -173,6 +207,7 @@ pub(crate) fn run(call: &str, wait: Option<Duration>) -> Outcome {
     ex.queued_id += 1;
     let id = ex.queued_id;
     ex.code = Some(code);
+    ex.guarded = guarded;
     if !ex.outstanding {
         // SAFETY: documented as callable from any thread without the GIL.
         if unsafe { (a.add_pending_call)(pending, std::ptr::null_mut()) } != 0 {
@@ -209,6 +244,7 @@ pub(crate) fn run(call: &str, wait: Option<Duration>) -> Outcome {
     match ex.reply.take() {
         Some(Ok(s)) => Outcome::Answer(s),
         Some(Err(e)) if e == "finalizing" => Outcome::Finalizing,
+        Some(Err(e)) if e == CAPTURING => Outcome::Capturing,
         Some(Err(e)) => Outcome::Failed(e),
         None => Outcome::Failed("no answer".into()),
     }
@@ -285,14 +321,19 @@ pub(super) fn after_fork_in_child() {
 /// The pending call, on the main thread with the GIL held.
 extern "C" fn pending(_arg: *mut c_void) -> c_int {
     shielded(|| {
-        let (code, id) = {
+        let (code, id, guarded) = {
             let mut ex = lock(&EXCHANGE);
             let code = ex.code.take();
             // Given up on by the thread that asked: run nothing.
             let code = code.filter(|_| ex.cancelled != ex.queued_id);
-            (code, ex.queued_id)
+            (code, ex.queued_id, ex.guarded)
         };
+        // A capture may have begun since the request was queued (on this thread,
+        // even): then nothing runs inside it.
         let reply = match (code, api()) {
+            (Some(code), Some(a)) if guarded => capture::outside_capture(|| run_here(a, &code))
+                .unwrap_or_else(|| Err(CAPTURING.into())),
+            (Some(_), Some(_)) if capture::active() > 0 => Err(CAPTURING.into()),
             (Some(code), Some(a)) => run_here(a, &code),
             _ => Err("gpuguard: nothing to run".into()),
         };
@@ -338,7 +379,8 @@ unsafe fn namespace(a: &Api) -> Result<Obj, String> {
         let ok = (a.dict_set_item_string)(ns, c"__builtins__".as_ptr(), (a.get_builtins)()) == 0
             && set_function(a, ns, &SUBMIT_DEF)
             && set_function(a, ns, &DEVICES_DEF)
-            && set_function(a, ns, &PAIRS_DEF);
+            && set_function(a, ns, &PAIRS_DEF)
+            && set_function(a, ns, &CAPTURING_DEF);
         if !ok {
             let e = error_text(a);
             (a.dec_ref)(ns);
@@ -512,6 +554,17 @@ extern "C" fn pending_pairs(_module: Obj, _unused: Obj) -> Obj {
             .unwrap_or_else(|| "[]".into())
     })
     .unwrap_or_else(|| "[]".into());
+    // SAFETY: GIL held; a new str from a valid buffer.
+    unsafe { (a.from_utf8)(text.as_ptr() as *const c_char, text.len() as isize) }
+}
+
+/// `_gg_capturing()`: how many streams of the process are in CUDA graph capture now,
+/// as a decimal string (the bridge checks it before each framework's trim). GIL held.
+extern "C" fn capturing(_module: Obj, _unused: Obj) -> Obj {
+    let Some(a) = api() else {
+        return std::ptr::null_mut();
+    };
+    let text = capture::active().to_string();
     // SAFETY: GIL held; a new str from a valid buffer.
     unsafe { (a.from_utf8)(text.as_ptr() as *const c_char, text.len() as isize) }
 }

@@ -7,7 +7,7 @@ use super::settings::{LogLevel, log, settings};
 use super::state::{active_books, shielded};
 use super::symbolize::{Tables, symbolize};
 use super::sys::{self, write_stderr};
-use super::{endings, events, fault, table};
+use super::{capture, endings, events, fault, table};
 use gpuguard_core::classify::Answer;
 use gpuguard_core::report::{ReportConfig, TrimReport, human_bytes};
 use gpuguard_core::reporter::{self, FrameInfo, ReportInput};
@@ -117,10 +117,13 @@ pub(crate) fn write(
     let program = sys::program_name();
     let now = sys::monotonic_ns();
     let tables: Tables = RefCell::default();
-    // Pools also give memory back at stream synchronization: measure them now.
+    // Pools also give memory back at stream synchronization: measure them now (not
+    // while a stream is in CUDA graph capture: the last figures stand, and the report
+    // says so).
     for d in books.ledger.seen_devices() {
         books.refresh_pools(d);
     }
+    let capturing = capture::active();
     let input = ReportInput {
         reason,
         seq,
@@ -159,6 +162,19 @@ pub(crate) fn write(
     }
     report.trim = extra.trim;
     report.ending = extra.ending;
+    report.capture = (capturing > 0).then(|| gpuguard_core::report::CaptureNote {
+        streams: capturing,
+        detail: format!(
+            "written while {capturing} stream{} of the process {} in CUDA graph capture: no CUDA call was made for it (what pools hold is as last measured{})",
+            if capturing == 1 { "" } else { "s" },
+            if capturing == 1 { "was" } else { "were" },
+            if classes.is_some() {
+                ""
+            } else {
+                "; framework caches were not classified, a framework's calls could break the capture"
+            }
+        ),
+    });
     let recorded = classes.is_some_and(|c| gpuguard_core::classify::apply(&mut report, c));
     for d in &report.devices {
         if let (Some(u), Some(c)) = (d.in_use_bytes, d.cached_bytes) {
@@ -315,10 +331,17 @@ fn announce(t: &TrimReport, report: Option<&std::path::Path>) {
             )
         })
         .collect();
+    let deferred = t.deferred.as_ref().map_or(String::new(), |d| {
+        format!(
+            "; {} after waiting {:.1} s for a CUDA graph capture",
+            d.outcome,
+            d.waited_ms as f64 / 1000.0
+        )
+    });
     log(
         LogLevel::Warn,
         format_args!(
-            "trim ({}): {} released ({}); {}; python {}{}",
+            "trim ({}): {} released ({}); {}; python {}{deferred}{}",
             t.trigger,
             human_bytes(t.released_bytes),
             parts.join(", "),

@@ -20,6 +20,9 @@
 //!   it themselves only when no driver hook saw it).
 //! - `observe { before, note }`: allocates nothing; `note` (a closure over the books)
 //!   runs after a successful call, `before` (optional) before it.
+//! - `capture_begin { stream }`, `capture_end { stream }`: a stream enters or leaves
+//!   CUDA graph capture; the process-wide gauge of capturing streams (`capture`)
+//!   follows it, so the helper thread never makes a call that would break a capture.
 //! - `custom(handler)`: the odd ones, each a function in `hooks`: teardowns, what the
 //!   process is told about memory, NVML, `cuGetProcAddress`, VMM release.
 //!
@@ -144,6 +147,25 @@ macro_rules! hooked_functions {
             => custom(nvml_memory);
         Nvml fn nvmlDeviceGetMemoryInfo_v2(dev: NvmlDevice, mem: *mut NvmlMemoryV2) ["", 0, false]
             => custom(nvml_memory_v2);
+        // Stream capture (CUDA graphs): while a stream captures, a synchronizing call
+        // from any thread breaks the capture, so gpuguard keeps count. Modes travel as
+        // plain integers (a C enum; a value cudarc's enum lacks would be undefined).
+        Driver fn cuStreamBeginCapture(stream: CUstream) ["cuStreamBeginCapture", 10000, false]
+            => capture_begin { stream: stream };
+        Driver fn cuStreamBeginCapture_ptsz(stream: CUstream) ["cuStreamBeginCapture", 10000, true]
+            => capture_begin { stream: stream };
+        Driver fn cuStreamBeginCapture_v2(stream: CUstream, mode: c_uint) ["cuStreamBeginCapture", 10010, false]
+            => capture_begin { stream: stream };
+        Driver fn cuStreamBeginCapture_v2_ptsz(stream: CUstream, mode: c_uint) ["cuStreamBeginCapture", 10010, true]
+            => capture_begin { stream: stream };
+        Driver fn cuStreamBeginCaptureToGraph(stream: CUstream, graph: CUgraph, deps: *const CUgraphNode, edges: *const c_void, n: usize, mode: c_uint) ["cuStreamBeginCaptureToGraph", 12030, false]
+            => capture_begin { stream: stream };
+        Driver fn cuStreamBeginCaptureToGraph_ptsz(stream: CUstream, graph: CUgraph, deps: *const CUgraphNode, edges: *const c_void, n: usize, mode: c_uint) ["cuStreamBeginCaptureToGraph", 12030, true]
+            => capture_begin { stream: stream };
+        Driver fn cuStreamEndCapture(stream: CUstream, graph: *mut CUgraph) ["cuStreamEndCapture", 10000, false]
+            => capture_end { stream: stream };
+        Driver fn cuStreamEndCapture_ptsz(stream: CUstream, graph: *mut CUgraph) ["cuStreamEndCapture", 10000, true]
+            => capture_end { stream: stream };
         // The lookup that hands out every other driver function.
         Driver fn cuGetProcAddress(symbol: *const c_char, pfn: *mut *mut c_void, version: c_int, flags: u64) ["cuGetProcAddress", 11030, false]
             => custom(get_proc_address);

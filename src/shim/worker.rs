@@ -1,7 +1,9 @@
 //! The helper thread and the report and trim signals. The signal handler only counts
 //! the request and wakes the thread through its doorbell (`wake`); the thread (all
 //! signals blocked in it) does the I/O: reports (`report`), trims (`trim`) and the
-//! Python side's setup.
+//! Python side's setup. A trim asked while a stream of the process is in CUDA graph
+//! capture is held (`Trims`) until no stream captures, at most `trim::CAPTURE_WAIT`;
+//! reports are answered meanwhile.
 
 use super::books::Books;
 use super::python::{self, Outcome};
@@ -9,10 +11,11 @@ use super::report::{self, Extra};
 use super::settings::{LogLevel, log, settings};
 use super::state::{active_books, shielded};
 use super::sys::monotonic_ns;
-use super::{control, endings, events, observe, trim, wake};
-use gpuguard_core::report::human_bytes;
+use super::{capture, control, endings, events, observe, trim, wake};
+use gpuguard_core::report::{TrimReport, human_bytes};
 use std::ffi::{c_int, c_void};
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering::*};
+use std::time::Duration;
 
 /// Report signals received; the thread writes one report for any number of them.
 static REPORT_REQUESTS: AtomicU64 = AtomicU64::new(0);
@@ -190,6 +193,7 @@ pub(super) fn after_fork_in_child() {
     }
     REPORT_REQUESTS.store(0, Relaxed);
     TRIM_REQUESTS.store(0, Relaxed);
+    capture::after_fork_in_child();
     report::after_fork_in_child();
     python::after_fork_in_child();
     observe::after_fork_in_child();
@@ -215,8 +219,11 @@ fn install_after_ms(n: usize) -> u64 {
         .unwrap_or_else(|| 64_000 * (n as u64).saturating_sub(8))
 }
 
+/// How often a held trim looks again whether the program's captures ended.
+const HELD_POLL_MS: u64 = 10;
+
 fn run(fd: c_int) {
-    let mut trims_handled = 0;
+    let mut trims = Trims::default();
     let mut last_auto_trim: Option<u64> = None;
     let started = monotonic_ns();
     let mut installs = 0usize;
@@ -247,6 +254,10 @@ fn run(fd: c_int) {
         let install_due = started.saturating_add(install_after_ms(installs) * 1_000_000);
         let left = install_due.saturating_sub(monotonic_ns());
         timeout_ms = timeout_ms.min(left.div_ceil(1_000_000));
+        if trims.held.is_some() {
+            // A trim waits for a CUDA graph capture to end: look again soon.
+            timeout_ms = timeout_ms.min(HELD_POLL_MS);
+        }
         let mut pfd = libc::pollfd {
             fd,
             events: libc::POLLIN,
@@ -264,7 +275,9 @@ fn run(fd: c_int) {
         let ending = endings::pending();
         if asked != settled || ending.is_some() {
             if !report::exit_written() {
-                answer_requests(&mut handled, &mut trims_handled);
+                answer_requests(&mut handled, &mut trims);
+                // A trim still held for a capture is given up now, and said.
+                trims.retry(true);
             }
             if let Some(sig) = ending {
                 report::write_final_report(Some(sig), python::at_exit_answer);
@@ -276,7 +289,8 @@ fn run(fd: c_int) {
             endings::settled(asked);
             continue;
         }
-        answer_requests(&mut handled, &mut trims_handled);
+        answer_requests(&mut handled, &mut trims);
+        trims.retry(false);
         if monotonic_ns() >= install_due {
             installs += 1;
             shielded(install_python);
@@ -316,7 +330,7 @@ fn run(fd: c_int) {
                 let every = settings().cfg.trim_interval_ms.saturating_mul(1_000_000);
                 if last_auto_trim.is_none_or(|l| t.saturating_sub(l) >= every) {
                     last_auto_trim = Some(t);
-                    shielded(|| trim_now(trigger, None));
+                    trims.ask(trigger, false, None);
                 } else {
                     log(
                         LogLevel::Debug,
@@ -331,49 +345,41 @@ fn run(fd: c_int) {
     }
 }
 
-/// A trim asked through the C API (`gpuguard_trim`), on the helper thread, or on the
-/// calling thread when that is a Python process's main thread (`main_waits`): the
-/// trim must not wait for that thread then, so the Python side (framework caches,
-/// the classification) is left out and CUDA pools are trimmed.
-pub(crate) fn api_trim(main_waits: bool) -> Option<std::path::PathBuf> {
+/// A trim asked through the C API (`gpuguard_trim`) on a Python process's main
+/// thread: the trim must not wait for that thread, so the Python side (framework
+/// caches, the classification) is left out and CUDA pools are trimmed, here. While a
+/// stream captures it cannot wait for the capture either (this may be the capturing
+/// thread): the trim is skipped and its report says so.
+pub(crate) fn api_trim_here() -> Option<std::path::PathBuf> {
     let books = active_books()?;
-    if main_waits && python::present() {
-        let t = trim::perform_with(books, "api", false);
-        report::write(
-            books,
-            "trim",
-            Extra {
-                trim: Some(t),
-                ..Extra::default()
-            },
-            None,
-        )
-    } else {
-        let t = trim::perform(books, "api");
-        write_report(
-            "trim",
-            Extra {
-                trim: Some(t),
-                ..Extra::default()
-            },
-        )
-    }
+    let t = match trim::attempt(books, "api", false, None) {
+        trim::Attempt::Done(t) => t,
+        trim::Attempt::Capturing => {
+            trim::skipped(books, "api", Duration::ZERO, trim::GaveUp::MainThread)
+        }
+    };
+    report::write(
+        books,
+        "trim",
+        Extra {
+            trim: Some(t),
+            ..Extra::default()
+        },
+        None,
+    )
 }
 
 /// Answers what was asked of the helper thread: a report signal (one report for any
-/// number of them), trim signals (merged into one trim), a cap refusal's report.
-fn answer_requests(handled: &mut u64, trims_handled: &mut u64) {
+/// number of them), trim signals (merged into one trim), a cap refusal's report, the
+/// C API's trims.
+fn answer_requests(handled: &mut u64, trims: &mut Trims) {
     let now = REPORT_REQUESTS.load(Relaxed);
     if now != *handled {
         *handled = now;
         shielded(|| write_report("signal", Extra::default()));
     }
-    if TRIM_REQUESTS.load(Relaxed) != *trims_handled {
-        let base = *trims_handled;
-        // Signals that come while it runs are answered by it too.
-        *trims_handled = shielded(|| trim_now("signal", Some(base)))
-            .flatten()
-            .unwrap_or_else(|| TRIM_REQUESTS.load(Relaxed));
+    if TRIM_REQUESTS.load(Relaxed) != trims.handled {
+        trims.ask("signal", true, None);
     }
     if let Some(books) = active_books()
         && claim_cap_report(books)
@@ -381,8 +387,118 @@ fn answer_requests(handled: &mut u64, trims_handled: &mut u64) {
         shielded(|| write_report("cap", Extra::default()));
     }
     if let Some(ticket) = control::trim_wanted() {
-        let path = shielded(|| api_trim(false)).flatten();
-        control::trim_done(ticket, path);
+        trims.ask("api", false, Some(ticket));
+    }
+}
+
+/// A trim held while a stream of the process is in CUDA graph capture.
+struct Held {
+    trigger: &'static str,
+    /// When it was first asked for (monotonic ns).
+    since_ns: u64,
+    /// Whether it answers trim signals (all counted up to its end).
+    signals: bool,
+    /// The newest C API ticket it answers.
+    ticket: Option<u64>,
+}
+
+/// The helper thread's trims: one at a time, run at once or held while a stream
+/// captures; requests that come while one is held merge into it.
+#[derive(Default)]
+struct Trims {
+    /// Trim signals answered so far.
+    handled: u64,
+    held: Option<Held>,
+}
+
+impl Trims {
+    /// A trim asked by `trigger` (`signals`: trim signals asked it; `ticket`: the C
+    /// API did): run now, or held while a stream captures.
+    fn ask(&mut self, trigger: &'static str, signals: bool, ticket: Option<u64>) {
+        if let Some(h) = &mut self.held {
+            h.signals |= signals;
+            h.ticket = h.ticket.max(ticket);
+            return;
+        }
+        let h = Held {
+            trigger,
+            since_ns: monotonic_ns(),
+            signals,
+            ticket,
+        };
+        self.attempt(h, None);
+    }
+
+    /// The held trim, if any: run once no stream captures; given up (and said) when a
+    /// capture is still in progress after `trim::CAPTURE_WAIT`, or when `ending`.
+    fn retry(&mut self, ending: bool) {
+        let Some(h) = self.held.take() else {
+            return;
+        };
+        let waited = std::time::Duration::from_nanos(monotonic_ns().saturating_sub(h.since_ns));
+        if capture::active() > 0 && (ending || waited >= trim::CAPTURE_WAIT) {
+            let why = if ending {
+                trim::GaveUp::Ending
+            } else {
+                trim::GaveUp::Waited
+            };
+            let t =
+                active_books().and_then(|b| shielded(|| trim::skipped(b, h.trigger, waited, why)));
+            self.finish(h, t);
+            return;
+        }
+        self.attempt(h, Some(waited));
+    }
+
+    fn attempt(&mut self, h: Held, waited: Option<std::time::Duration>) {
+        let Some(books) = active_books() else {
+            self.finish(h, None);
+            return;
+        };
+        match shielded(|| trim::attempt(books, h.trigger, true, waited)) {
+            Some(trim::Attempt::Capturing) => {
+                if waited.is_none() {
+                    log(
+                        LogLevel::Info,
+                        format_args!(
+                            "{} trim deferred: a CUDA graph capture is in progress (waiting at most {} s for it to end)",
+                            h.trigger,
+                            trim::CAPTURE_WAIT.as_secs()
+                        ),
+                    );
+                }
+                self.held = Some(h);
+            }
+            Some(trim::Attempt::Done(t)) => self.finish(h, Some(t)),
+            None => self.finish(h, None),
+        }
+    }
+
+    /// Writes the trim's report and answers what it was asked by: every trim signal
+    /// counted up to now (merged into it), the C API's tickets.
+    fn finish(&mut self, h: Held, t: Option<TrimReport>) {
+        let answered = h.signals.then(|| TRIM_REQUESTS.load(Relaxed));
+        let path = t.and_then(|mut t| {
+            if let Some(now) = answered {
+                t.merged = now.saturating_sub(self.handled).max(1);
+            }
+            shielded(|| {
+                write_report(
+                    "trim",
+                    Extra {
+                        trim: Some(t),
+                        ..Extra::default()
+                    },
+                )
+            })
+            .flatten()
+        });
+        if let Some(now) = answered {
+            self.handled = now;
+        }
+        if let Some(ticket) = h.ticket {
+            control::trim_done(ticket, path);
+        }
     }
 }
 
@@ -395,27 +511,6 @@ fn install_python() {
         .map(|b| b.ledger.seen_devices())
         .unwrap_or_default();
     let _ = python::run(&python::call("_gg_install", &devices), None);
-}
-
-/// Runs a trim and writes its report. For signals, `base` is the count of trim
-/// signals already answered; every signal up to the end of this trim merges into it,
-/// and the new count is returned.
-fn trim_now(trigger: &str, base: Option<u64>) -> Option<u64> {
-    let books = active_books()?;
-    let mut t = trim::perform(books, trigger);
-    let answered = base.map(|b| {
-        let now = TRIM_REQUESTS.load(Relaxed);
-        t.merged = now.saturating_sub(b).max(1);
-        now
-    });
-    write_report(
-        "trim",
-        Extra {
-            trim: Some(t),
-            ..Extra::default()
-        },
-    );
-    answered
 }
 
 /// Whether a cap report should be written now, claiming it if so: one at the first

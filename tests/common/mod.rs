@@ -36,6 +36,7 @@ pub const PROGRAMS: &[&str] = &[
     "gg_rel",
     "gg_multi",
     "gg_pyembed",
+    "gg_graph",
 ];
 
 pub fn manifest_dir() -> PathBuf {
@@ -304,7 +305,7 @@ fn compile_all(cc: &OsString, out: &Path) {
     a.extend([progs.join("gg_early_lib.c").into(), "-lcuda".into()]);
     cc_run(a);
 
-    let programs: [(&str, &[&str]); 11] = [
+    let programs: [(&str, &[&str]); 12] = [
         ("gg", &["-lcuda", "-lcudart", "-ldl", "-lpthread"]),
         ("gg_dl", &["-ldl", "-lpthread"]),
         ("gg_rt", &["-lcudart", "-ldl", "-lpthread"]),
@@ -322,6 +323,7 @@ fn compile_all(cc: &OsString, out: &Path) {
             "gg_multi",
             &["-lcuda", "-lcudart", "-lnvidia-ml", "-ldl", "-lpthread"],
         ),
+        ("gg_graph", &["-lcuda", "-ldl", "-lpthread"]),
     ];
     for (name, libs) in programs {
         let mut a = link(&[]);

@@ -16,8 +16,15 @@ Actions, run in order:
   burst:SIG:N   send SIG N times at once, then wait for reports to settle
   state         print STATE reserved=<bytes> allocated=<bytes>
   ready:S       print READY, then run Python for S seconds (an outside signal may come)
+  capture       begin a CUDA graph capture (global mode) on a new stream and print
+                CAPTURING; then run Python while reading stdin, one command a line:
+                `end` ends the capture (prints CAPTURE rc=<code>, then ENDED), `quit`
+                leaves the action
   del-trim      at interpreter shutdown, ask for a trim from inside finalization
-Prints REPORT <path> for every report the waits saw, and OK at the end.
+Prints REPORT <path> for every report the waits saw, and OK at the end. With
+TRAINER_ECHO_SIGNALS=1 the program's own handlers print GOT <signum> for SIGUSR1 and
+SIGUSR2 (installed before the first CUDA call, so gpuguard chains to them: the line
+says gpuguard's handler has counted the request).
 
 Waits sleep in short steps, as a training loop's main thread releases the GIL in
 every framework call: gpuguard's Python work runs when the main thread takes the GIL
@@ -32,6 +39,13 @@ import time
 FW = sys.argv[1]
 LEAKS = []
 DIR = os.environ.get("GPUGUARD_DIR", ".")
+
+if os.environ.get("TRAINER_ECHO_SIGNALS") == "1":
+    def _echo(signum, frame):
+        print("GOT", signum, flush=True)
+
+    signal.signal(signal.SIGUSR1, _echo)
+    signal.signal(signal.SIGUSR2, _echo)
 
 if FW.startswith("torch"):
     import torch
@@ -177,6 +191,26 @@ for action in sys.argv[2:]:
         end = time.time() + float(arg)
         while time.time() < end:
             time.sleep(0.002)
+    elif name == "capture":
+        import select
+
+        import simrt
+
+        s = simrt.stream()
+        print("CAPTURE begin=%d" % simrt.begin_capture(s), flush=True)
+        print("CAPTURING", flush=True)
+        capturing = True
+        while True:
+            # Python runs between short waits: a pending call of gpuguard's could run.
+            if not select.select([sys.stdin], [], [], 0.002)[0]:
+                continue
+            cmd = sys.stdin.readline().strip()
+            if cmd == "end" and capturing:
+                print("CAPTURE rc=%d" % simrt.end_capture(s), flush=True)
+                print("ENDED", flush=True)
+                capturing = False
+            elif cmd in ("quit", ""):
+                break
     elif name == "del-trim":
         sys.modules["__main__"].keeper = TrimAtShutdown()
     else:

@@ -26,4 +26,5 @@ $cc $cflags $link -o "$out/hello_gpu" "$progs/hello_gpu.c" -lcudart
 $cc $cflags $link -o "$out/gg_cap" "$progs/gg_cap.c" -lcuda -lcudart -lnvidia-ml -ldl -lpthread
 $cc $cflags $link -o "$out/gg_nvml" "$progs/gg_nvml.c" -lnvidia-ml -ldl
 $cc $cflags $link -o "$out/gg_multi" "$progs/gg_multi.c" -lcuda -lcudart -lnvidia-ml -ldl -lpthread
+$cc $cflags $link -o "$out/gg_graph" "$progs/gg_graph.c" -lcuda -ldl -lpthread
 echo "$out"

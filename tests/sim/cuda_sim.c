@@ -65,6 +65,30 @@
  * cuDevicePrimaryCtxReset_v2) frees everything allocated while it was current
  * and trims that device's pools.
  *
+ * Stream capture (CUDA graphs), as the real driver restricts it:
+ *   cuStreamBeginCapture (CUDA 10.0, global mode), cuStreamBeginCapture_v2 (mode
+ *   argument), cuStreamBeginCaptureToGraph (12.3) and their _ptsz forms put a stream
+ *   into capture; cuStreamEndCapture(_ptsz) ends it and hands out a graph token. The
+ *   legacy stream (NULL outside the _ptsz forms, CU_STREAM_LEGACY) cannot capture
+ *   (CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED); a stream already capturing cannot begin
+ *   again, and one not capturing cannot end (CUDA_ERROR_ILLEGAL_STATE); a global or
+ *   thread-local capture must end on the thread that began it
+ *   (CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD, the capture goes on); a capturing stream
+ *   cannot be destroyed (CUDA_ERROR_ILLEGAL_STATE).
+ *   While a capture is under way, a potentially unsafe call fails with
+ *   CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED and invalidates it, whichever thread makes
+ *   it for a global-mode capture, the capturing thread for a thread-local one, never
+ *   for a relaxed one; cuStreamEndCapture then returns
+ *   CUDA_ERROR_STREAM_CAPTURE_INVALIDATED (no graph). Unsafe here: the
+ *   synchronizations (cuCtxSynchronize, cuStreamSynchronize, cuEventSynchronize), the
+ *   synchronous allocations and frees (cuMemAlloc*, cuMemAllocPitch_v2,
+ *   cuMemAllocManaged, cuMemFree*, cuMemHostAlloc, cuMemAllocHost_v2, cuMemFreeHost),
+ *   the synchronous copies and sets (cuMemcpyHtoD/DtoH/DtoD/Peer, cuMemsetD8_v2) and
+ *   cuMemPoolTrimTo. Stream-ordered calls (cuMemAllocAsync, cuMemFreeAsync, the Async
+ *   copies) and queries (devices, contexts, pool attributes, cuStreamIsCapturing)
+ *   stay legal. A thread's own capture mode (cuThreadExchangeStreamCaptureMode) is
+ *   not modelled: every thread counts as in global mode.
+ *
  * Everything runs synchronously: streams and events are tokens. One global
  * mutex guards all state; that is plenty for a test double.
  */
@@ -123,6 +147,18 @@
     X(cuStreamSynchronize, "cuStreamSynchronize", 2000, 0)                   \
     X(cuStreamQuery, "cuStreamQuery", 2000, 0)                               \
     X(cuStreamWaitEvent, "cuStreamWaitEvent", 3020, 0)                       \
+    X(cuStreamBeginCapture, "cuStreamBeginCapture", 10000, 0)               \
+    X(cuStreamBeginCapture_ptsz, "cuStreamBeginCapture", 10000, 1)          \
+    X(cuStreamBeginCapture_v2, "cuStreamBeginCapture", 10010, 0)            \
+    X(cuStreamBeginCapture_v2_ptsz, "cuStreamBeginCapture", 10010, 1)       \
+    X(cuStreamBeginCaptureToGraph, "cuStreamBeginCaptureToGraph", 12030, 0) \
+    X(cuStreamBeginCaptureToGraph_ptsz, "cuStreamBeginCaptureToGraph", 12030, 1) \
+    X(cuStreamEndCapture, "cuStreamEndCapture", 10000, 0)                   \
+    X(cuStreamEndCapture_ptsz, "cuStreamEndCapture", 10000, 1)              \
+    X(cuStreamIsCapturing, "cuStreamIsCapturing", 10000, 0)                 \
+    X(cuStreamIsCapturing_ptsz, "cuStreamIsCapturing", 10000, 1)            \
+    X(cuGraphCreate, "cuGraphCreate", 10000, 0)                             \
+    X(cuGraphDestroy, "cuGraphDestroy", 10000, 0)                           \
     X(cuEventCreate, "cuEventCreate", 2000, 0)                               \
     X(cuEventRecord, "cuEventRecord", 2000, 0)                               \
     X(cuEventDestroy_v2, "cuEventDestroy", 4000, 0)                          \
@@ -202,6 +238,7 @@ static __thread int t_entered = -1;
 #define STREAM_MAGIC 0x4d525453u
 #define EVENT_MAGIC 0x544e5645u
 #define POOL_MAGIC 0x4c4f4f50u
+#define GRAPH_MAGIC 0x48505247u
 
 struct CUctx_st {
     unsigned magic;
@@ -212,7 +249,16 @@ struct CUctx_st {
     unsigned long long peers; /* devices whose memory this context may access */
 };
 
-struct CUstream_st { unsigned magic; CUcontext ctx; };
+struct CUstream_st {
+    unsigned magic;
+    CUcontext ctx;
+    /* capture (under the lock) */
+    int capturing;
+    int invalid;              /* an unsafe call invalidated it */
+    CUstreamCaptureMode mode;
+    pid_t owner;              /* the thread that began it */
+};
+struct CUgraph_st { unsigned magic; };
 struct CUevent_st { unsigned magic; };
 
 enum kind {
@@ -302,6 +348,16 @@ static unsigned long long g_next_vmm_id = 0x5100;
 /* Per-thread context stack, as in the real driver. */
 static __thread CUcontext t_stack[CTX_STACK_MAX];
 static __thread int t_depth;
+
+/* Streams capturing now (under the lock), how many (read without it first), and
+ * captures invalidated so far. */
+#define MAX_CAPTURES 64
+static CUstream g_captures[MAX_CAPTURES];
+static int g_ncaptures;
+static int g_capturing;
+static unsigned long long g_invalidated;
+/* Each thread's per-thread default stream, as a stream object for capture. */
+static __thread struct CUstream_st t_ptds;
 
 static int g_sigsafe;
 static int g_reenter;
@@ -557,6 +613,34 @@ static CUresult fault_check(int id);
         CUresult fault_ = fault_check(t_entered);        \
         t_entered = -1;                                  \
         if (fault_ != CUDA_SUCCESS) return fault_;       \
+    } while (0)
+
+/* A potentially unsafe call while captures are under way: every capture it conflicts
+ * with (any global-mode one, a thread-local one of this thread) is invalidated, and
+ * the call fails without doing anything. */
+static CUresult capture_conflict(void)
+{
+    if (!__atomic_load_n(&g_capturing, __ATOMIC_ACQUIRE)) return CUDA_SUCCESS;
+    pid_t me = gettid();
+    int hit = 0;
+    lock();
+    for (int i = 0; i < g_ncaptures; i++) {
+        CUstream c = g_captures[i];
+        if (c->mode == CU_STREAM_CAPTURE_MODE_GLOBAL ||
+            (c->mode == CU_STREAM_CAPTURE_MODE_THREAD_LOCAL && c->owner == me)) {
+            if (!c->invalid) g_invalidated++;
+            c->invalid = 1;
+            hit = 1;
+        }
+    }
+    unlock();
+    return hit ? CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED : CUDA_SUCCESS;
+}
+
+#define CAPTURE_UNSAFE()                              \
+    do {                                              \
+        CUresult cap_ = capture_conflict();           \
+        if (cap_ != CUDA_SUCCESS) return cap_;        \
     } while (0)
 
 static int valid_dev(CUdevice d) { return d >= 0 && d < g_ndev; }
@@ -1145,6 +1229,7 @@ CUresult cuCtxSynchronize(void)
 {
     CALLED(cuCtxSynchronize);
     REQUIRE_INIT();
+    CAPTURE_UNSAFE();
     CUcontext c;
     CUresult rc = cur_ctx(&c);
     if (rc != CUDA_SUCCESS) return rc;
@@ -1193,6 +1278,10 @@ CUresult cuStreamDestroy_v2(CUstream hStream)
     if (!hStream || hStream == CU_STREAM_LEGACY || hStream == CU_STREAM_PER_THREAD ||
         hStream->magic != STREAM_MAGIC)
         return CUDA_ERROR_INVALID_HANDLE;
+    lock();
+    int capturing = hStream->capturing;
+    unlock();
+    if (capturing) return CUDA_ERROR_ILLEGAL_STATE;
     hStream->magic = 0;
     free(hStream);
     return CUDA_SUCCESS;
@@ -1202,6 +1291,7 @@ CUresult cuStreamSynchronize(CUstream hStream)
 {
     CALLED(cuStreamSynchronize);
     REQUIRE_INIT();
+    CAPTURE_UNSAFE();
     CUcontext c;
     CUresult rc = stream_ctx(hStream, &c);
     if (rc != CUDA_SUCCESS) return rc;
@@ -1227,6 +1317,208 @@ CUresult cuStreamWaitEvent(CUstream hStream, CUevent hEvent, unsigned int flags)
     if (!hEvent || hEvent->magic != EVENT_MAGIC) return CUDA_ERROR_INVALID_HANDLE;
     CUcontext c;
     return stream_ctx(hStream, &c);
+}
+
+/* ---- capture ---- */
+
+/* The stream object a capture call names: the per-thread stream for
+ * CU_STREAM_PER_THREAD and, in the _ptsz forms, NULL; the legacy stream cannot
+ * capture. */
+static CUresult capture_stream(CUstream s, int ptsz, CUstream *out)
+{
+    if (s == CU_STREAM_PER_THREAD || (s == NULL && ptsz)) {
+        CUcontext c;
+        CUresult rc = cur_ctx(&c);
+        if (rc != CUDA_SUCCESS) return rc;
+        t_ptds.magic = STREAM_MAGIC;
+        t_ptds.ctx = c;
+        *out = &t_ptds;
+        return CUDA_SUCCESS;
+    }
+    if (s == NULL || s == CU_STREAM_LEGACY) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    if (s->magic != STREAM_MAGIC) return CUDA_ERROR_INVALID_HANDLE;
+    if (!s->ctx->alive) return CUDA_ERROR_CONTEXT_IS_DESTROYED;
+    *out = s;
+    return CUDA_SUCCESS;
+}
+
+static CUresult begin_capture(CUstream hStream, int ptsz, CUstreamCaptureMode mode)
+{
+    if (mode != CU_STREAM_CAPTURE_MODE_GLOBAL && mode != CU_STREAM_CAPTURE_MODE_THREAD_LOCAL &&
+        mode != CU_STREAM_CAPTURE_MODE_RELAXED)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUstream s;
+    CUresult rc = capture_stream(hStream, ptsz, &s);
+    if (rc != CUDA_SUCCESS) return rc;
+    lock();
+    if (s->capturing) rc = CUDA_ERROR_ILLEGAL_STATE;
+    else if (g_ncaptures == MAX_CAPTURES) rc = CUDA_ERROR_OUT_OF_MEMORY;
+    else {
+        s->capturing = 1;
+        s->invalid = 0;
+        s->mode = mode;
+        s->owner = gettid();
+        g_captures[g_ncaptures++] = s;
+        __atomic_store_n(&g_capturing, g_ncaptures, __ATOMIC_RELEASE);
+    }
+    unlock();
+    return rc;
+}
+
+static CUresult end_capture(CUstream hStream, int ptsz, CUgraph *phGraph)
+{
+    if (!phGraph) return CUDA_ERROR_INVALID_VALUE;
+    CUstream s;
+    CUresult rc = capture_stream(hStream, ptsz, &s);
+    if (rc != CUDA_SUCCESS) return rc;
+    CUgraph g = calloc(1, sizeof *g);
+    if (!g) return CUDA_ERROR_OUT_OF_MEMORY;
+    g->magic = GRAPH_MAGIC;
+    lock();
+    if (!s->capturing) rc = CUDA_ERROR_ILLEGAL_STATE;
+    else if (s->mode != CU_STREAM_CAPTURE_MODE_RELAXED && s->owner != gettid())
+        rc = CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD;
+    else {
+        for (int i = 0; i < g_ncaptures; i++)
+            if (g_captures[i] == s) { g_captures[i] = g_captures[--g_ncaptures]; break; }
+        __atomic_store_n(&g_capturing, g_ncaptures, __ATOMIC_RELEASE);
+        s->capturing = 0;
+        rc = s->invalid ? CUDA_ERROR_STREAM_CAPTURE_INVALIDATED : CUDA_SUCCESS;
+        s->invalid = 0;
+    }
+    unlock();
+    if (rc == CUDA_SUCCESS) {
+        *phGraph = g;
+    } else {
+        free(g);
+        if (rc == CUDA_ERROR_STREAM_CAPTURE_INVALIDATED) *phGraph = NULL;
+    }
+    return rc;
+}
+
+static CUresult is_capturing(CUstream hStream, int ptsz, CUstreamCaptureStatus *status)
+{
+    if (!status) return CUDA_ERROR_INVALID_VALUE;
+    CUstream s;
+    CUresult rc = capture_stream(hStream, ptsz, &s);
+    if (rc == CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED) {
+        *status = CU_STREAM_CAPTURE_STATUS_NONE; /* the legacy stream never captures */
+        return CUDA_SUCCESS;
+    }
+    if (rc != CUDA_SUCCESS) return rc;
+    lock();
+    *status = !s->capturing ? CU_STREAM_CAPTURE_STATUS_NONE
+              : s->invalid  ? CU_STREAM_CAPTURE_STATUS_INVALIDATED
+                            : CU_STREAM_CAPTURE_STATUS_ACTIVE;
+    unlock();
+    return CUDA_SUCCESS;
+}
+
+CUresult cuStreamBeginCapture(CUstream hStream)
+{
+    CALLED(cuStreamBeginCapture);
+    REQUIRE_INIT();
+    return begin_capture(hStream, 0, CU_STREAM_CAPTURE_MODE_GLOBAL);
+}
+
+CUresult cuStreamBeginCapture_ptsz(CUstream hStream)
+{
+    CALLED(cuStreamBeginCapture_ptsz);
+    REQUIRE_INIT();
+    return begin_capture(hStream, 1, CU_STREAM_CAPTURE_MODE_GLOBAL);
+}
+
+CUresult cuStreamBeginCapture_v2(CUstream hStream, CUstreamCaptureMode mode)
+{
+    CALLED(cuStreamBeginCapture_v2);
+    REQUIRE_INIT();
+    return begin_capture(hStream, 0, mode);
+}
+
+CUresult cuStreamBeginCapture_v2_ptsz(CUstream hStream, CUstreamCaptureMode mode)
+{
+    CALLED(cuStreamBeginCapture_v2_ptsz);
+    REQUIRE_INIT();
+    return begin_capture(hStream, 1, mode);
+}
+
+static CUresult begin_to_graph(CUstream hStream, int ptsz, CUgraph hGraph, size_t n,
+                               const CUgraphNode *deps, CUstreamCaptureMode mode)
+{
+    if (!hGraph || hGraph->magic != GRAPH_MAGIC) return CUDA_ERROR_INVALID_VALUE;
+    if (n && !deps) return CUDA_ERROR_INVALID_VALUE;
+    return begin_capture(hStream, ptsz, mode);
+}
+
+CUresult cuStreamBeginCaptureToGraph(CUstream hStream, CUgraph hGraph,
+                                     const CUgraphNode *dependencies, const void *dependencyData,
+                                     size_t numDependencies, CUstreamCaptureMode mode)
+{
+    CALLED(cuStreamBeginCaptureToGraph);
+    REQUIRE_INIT();
+    (void)dependencyData;
+    return begin_to_graph(hStream, 0, hGraph, numDependencies, dependencies, mode);
+}
+
+CUresult cuStreamBeginCaptureToGraph_ptsz(CUstream hStream, CUgraph hGraph,
+                                          const CUgraphNode *dependencies,
+                                          const void *dependencyData, size_t numDependencies,
+                                          CUstreamCaptureMode mode)
+{
+    CALLED(cuStreamBeginCaptureToGraph_ptsz);
+    REQUIRE_INIT();
+    (void)dependencyData;
+    return begin_to_graph(hStream, 1, hGraph, numDependencies, dependencies, mode);
+}
+
+CUresult cuStreamEndCapture(CUstream hStream, CUgraph *phGraph)
+{
+    CALLED(cuStreamEndCapture);
+    REQUIRE_INIT();
+    return end_capture(hStream, 0, phGraph);
+}
+
+CUresult cuStreamEndCapture_ptsz(CUstream hStream, CUgraph *phGraph)
+{
+    CALLED(cuStreamEndCapture_ptsz);
+    REQUIRE_INIT();
+    return end_capture(hStream, 1, phGraph);
+}
+
+CUresult cuStreamIsCapturing(CUstream hStream, CUstreamCaptureStatus *captureStatus)
+{
+    CALLED(cuStreamIsCapturing);
+    REQUIRE_INIT();
+    return is_capturing(hStream, 0, captureStatus);
+}
+
+CUresult cuStreamIsCapturing_ptsz(CUstream hStream, CUstreamCaptureStatus *captureStatus)
+{
+    CALLED(cuStreamIsCapturing_ptsz);
+    REQUIRE_INIT();
+    return is_capturing(hStream, 1, captureStatus);
+}
+
+CUresult cuGraphCreate(CUgraph *phGraph, unsigned int flags)
+{
+    CALLED(cuGraphCreate);
+    REQUIRE_INIT();
+    if (!phGraph || flags != 0) return CUDA_ERROR_INVALID_VALUE;
+    CUgraph g = calloc(1, sizeof *g);
+    if (!g) return CUDA_ERROR_OUT_OF_MEMORY;
+    g->magic = GRAPH_MAGIC;
+    *phGraph = g;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuGraphDestroy(CUgraph hGraph)
+{
+    CALLED(cuGraphDestroy);
+    REQUIRE_INIT();
+    if (!hGraph || hGraph->magic != GRAPH_MAGIC) return CUDA_ERROR_INVALID_VALUE;
+    hGraph->magic = 0;
+    free(hGraph);
+    return CUDA_SUCCESS;
 }
 
 CUresult cuEventCreate(CUevent *phEvent, unsigned int flags)
@@ -1268,6 +1560,7 @@ CUresult cuEventSynchronize(CUevent hEvent)
 {
     CALLED(cuEventSynchronize);
     REQUIRE_INIT();
+    CAPTURE_UNSAFE();
     if (!hEvent || hEvent->magic != EVENT_MAGIC) return CUDA_ERROR_INVALID_HANDLE;
     lock();
     pools_sync_release();
@@ -1320,6 +1613,7 @@ CUresult cuMemAlloc(CUdeviceptr_v1 *dptr, unsigned int bytesize)
 {
     CALLED(cuMemAlloc);
     REQUIRE_INIT();
+    CAPTURE_UNSAFE();
     if (!dptr) return CUDA_ERROR_INVALID_VALUE;
     unsigned long long p;
     /* The legacy ABI returns a 32-bit device pointer, so this one is placed
@@ -1333,6 +1627,7 @@ CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
 {
     CALLED(cuMemAlloc_v2);
     REQUIRE_INIT();
+    CAPTURE_UNSAFE();
     if (!dptr) return CUDA_ERROR_INVALID_VALUE;
     unsigned long long p;
     CUresult rc = alloc_linear(K_DEVICE, bytesize, &p);
@@ -1345,6 +1640,7 @@ CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t WidthInByt
 {
     CALLED(cuMemAllocPitch_v2);
     REQUIRE_INIT();
+    CAPTURE_UNSAFE();
     if (!dptr || !pPitch || WidthInBytes == 0 || Height == 0) return CUDA_ERROR_INVALID_VALUE;
     if (ElementSizeBytes != 4 && ElementSizeBytes != 8 && ElementSizeBytes != 16)
         return CUDA_ERROR_INVALID_VALUE;
@@ -1360,6 +1656,7 @@ CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flag
 {
     CALLED(cuMemAllocManaged);
     REQUIRE_INIT();
+    CAPTURE_UNSAFE();
     if (!dptr) return CUDA_ERROR_INVALID_VALUE;
     if (flags != CU_MEM_ATTACH_GLOBAL && flags != CU_MEM_ATTACH_HOST) return CUDA_ERROR_INVALID_VALUE;
     if (g_reenter) {
@@ -1401,6 +1698,7 @@ CUresult cuMemFree(CUdeviceptr_v1 dptr)
 {
     CALLED(cuMemFree);
     REQUIRE_INIT();
+    CAPTURE_UNSAFE();
     return free_devptr(dptr);
 }
 
@@ -1408,6 +1706,7 @@ CUresult cuMemFree_v2(CUdeviceptr dptr)
 {
     CALLED(cuMemFree_v2);
     REQUIRE_INIT();
+    CAPTURE_UNSAFE();
     return free_devptr(dptr);
 }
 
@@ -1415,6 +1714,7 @@ CUresult cuMemsetD8_v2(CUdeviceptr dstDevice, unsigned char uc, size_t N)
 {
     CALLED(cuMemsetD8_v2);
     REQUIRE_INIT();
+    CAPTURE_UNSAFE();
     if (!dstDevice) return CUDA_ERROR_INVALID_VALUE;
     memset((void *)(uintptr_t)dstDevice, uc, N);
     return CUDA_SUCCESS;
@@ -1441,6 +1741,7 @@ CUresult cuMemcpyHtoD_v2(CUdeviceptr dstDevice, const void *srcHost, size_t Byte
 {
     CALLED(cuMemcpyHtoD_v2);
     REQUIRE_INIT();
+    CAPTURE_UNSAFE();
     return copy((void *)(uintptr_t)dstDevice, srcHost, ByteCount);
 }
 
@@ -1448,6 +1749,7 @@ CUresult cuMemcpyDtoH_v2(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount)
 {
     CALLED(cuMemcpyDtoH_v2);
     REQUIRE_INIT();
+    CAPTURE_UNSAFE();
     return copy(dstHost, (const void *)(uintptr_t)srcDevice, ByteCount);
 }
 
@@ -1473,6 +1775,7 @@ CUresult cuMemcpyDtoD_v2(CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t By
 {
     CALLED(cuMemcpyDtoD_v2);
     REQUIRE_INIT();
+    CAPTURE_UNSAFE();
     return copy((void *)(uintptr_t)dstDevice, (const void *)(uintptr_t)srcDevice, ByteCount);
 }
 
@@ -1557,6 +1860,7 @@ CUresult cuMemcpyPeer(CUdeviceptr dstDevice, CUcontext dstContext, CUdeviceptr s
 {
     CALLED(cuMemcpyPeer);
     REQUIRE_INIT();
+    CAPTURE_UNSAFE();
     return copy_peer(dstDevice, dstContext, srcDevice, srcContext, ByteCount);
 }
 
@@ -1605,6 +1909,7 @@ CUresult cuMemHostAlloc(void **pp, size_t bytesize, unsigned int Flags)
 {
     CALLED(cuMemHostAlloc);
     REQUIRE_INIT();
+    CAPTURE_UNSAFE();
     if (!pp) return CUDA_ERROR_INVALID_VALUE;
     if (Flags & ~0x7u) return CUDA_ERROR_INVALID_VALUE; /* PORTABLE|DEVICEMAP|WRITECOMBINED */
     return host_alloc(pp, bytesize);
@@ -1614,6 +1919,7 @@ CUresult cuMemAllocHost_v2(void **pp, size_t bytesize)
 {
     CALLED(cuMemAllocHost_v2);
     REQUIRE_INIT();
+    CAPTURE_UNSAFE();
     if (!pp) return CUDA_ERROR_INVALID_VALUE;
     return host_alloc(pp, bytesize);
 }
@@ -1622,6 +1928,7 @@ CUresult cuMemFreeHost(void *p)
 {
     CALLED(cuMemFreeHost);
     REQUIRE_INIT();
+    CAPTURE_UNSAFE();
     lock();
     struct rec *r = p ? rec_find((uintptr_t)p, KM(K_HOST)) : NULL;
     if (r) rec_destroy_locked(r);
@@ -2076,6 +2383,7 @@ CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t minBytesToKeep)
 {
     CALLED(cuMemPoolTrimTo);
     REQUIRE_INIT();
+    CAPTURE_UNSAFE();
     lock();
     struct mempool *p = pool_from_handle(pool);
     if (p) pool_trim(p, minBytesToKeep);
@@ -2147,6 +2455,7 @@ static const struct { CUresult code; const char *name, *text; } g_errors[] = {
     {201, "CUDA_ERROR_INVALID_CONTEXT", "invalid device context"},
     {202, "CUDA_ERROR_CONTEXT_ALREADY_CURRENT", "context already current"},
     {400, "CUDA_ERROR_INVALID_HANDLE", "invalid resource handle"},
+    {401, "CUDA_ERROR_ILLEGAL_STATE", "the operation cannot be performed in the present state"},
     {500, "CUDA_ERROR_NOT_FOUND", "named symbol not found"},
     {600, "CUDA_ERROR_NOT_READY", "device not ready"},
     {700, "CUDA_ERROR_ILLEGAL_ADDRESS", "an illegal memory access was encountered"},
@@ -2155,6 +2464,9 @@ static const struct { CUresult code; const char *name, *text; } g_errors[] = {
     {704, "CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED", "peer access is already enabled"},
     {705, "CUDA_ERROR_PEER_ACCESS_NOT_ENABLED", "peer access has not been enabled"},
     {801, "CUDA_ERROR_NOT_SUPPORTED", "operation not supported"},
+    {900, "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED", "operation not permitted when stream is capturing"},
+    {901, "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED", "operation failed due to a previous error during capture"},
+    {908, "CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD", "attempt to terminate a thread-local capture sequence from another thread"},
     {999, "CUDA_ERROR_UNKNOWN", "unknown error"},
 };
 
@@ -2372,6 +2684,16 @@ int simcuda_set_faults(const char *spec)
 unsigned long long simcuda_faults_injected(void)
 {
     return __atomic_load_n(&g_faults_injected, __ATOMIC_RELAXED);
+}
+
+int simcuda_captures(void) { return __atomic_load_n(&g_capturing, __ATOMIC_ACQUIRE); }
+
+unsigned long long simcuda_captures_invalidated(void)
+{
+    lock();
+    unsigned long long n = g_invalidated;
+    unlock();
+    return n;
 }
 
 unsigned long long simcuda_calls(const char *name)

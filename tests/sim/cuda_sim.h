@@ -32,6 +32,8 @@ typedef struct CUevent_st *CUevent;
 typedef struct CUarray_st *CUarray;
 typedef struct CUmipmappedArray_st *CUmipmappedArray;
 typedef struct CUmemPoolHandle_st *CUmemoryPool;
+typedef struct CUgraph_st *CUgraph;
+typedef struct CUgraphNode_st *CUgraphNode;
 
 typedef struct CUuuid_st { char bytes[16]; } CUuuid;
 
@@ -47,6 +49,7 @@ typedef struct CUuuid_st { char bytes[16]; } CUuuid;
 #define CUDA_ERROR_PEER_ACCESS_UNSUPPORTED 217
 #define CUDA_ERROR_CONTEXT_ALREADY_CURRENT 202
 #define CUDA_ERROR_INVALID_HANDLE        400
+#define CUDA_ERROR_ILLEGAL_STATE         401
 #define CUDA_ERROR_NOT_FOUND             500
 #define CUDA_ERROR_NOT_READY             600
 #define CUDA_ERROR_ILLEGAL_ADDRESS       700
@@ -54,6 +57,9 @@ typedef struct CUuuid_st { char bytes[16]; } CUuuid;
 #define CUDA_ERROR_PEER_ACCESS_NOT_ENABLED 705
 #define CUDA_ERROR_CONTEXT_IS_DESTROYED  709
 #define CUDA_ERROR_NOT_SUPPORTED         801
+#define CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED  900
+#define CUDA_ERROR_STREAM_CAPTURE_INVALIDATED  901
+#define CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD 908
 #define CUDA_ERROR_UNKNOWN               999
 
 /* ---- misc constants ---- */
@@ -61,6 +67,16 @@ typedef struct CUuuid_st { char bytes[16]; } CUuuid;
 #define CU_MEM_ATTACH_HOST   0x2
 #define CU_STREAM_LEGACY     ((CUstream)0x1)
 #define CU_STREAM_PER_THREAD ((CUstream)0x2)
+
+/* ---- stream capture ---- */
+typedef int CUstreamCaptureMode;
+#define CU_STREAM_CAPTURE_MODE_GLOBAL       0
+#define CU_STREAM_CAPTURE_MODE_THREAD_LOCAL 1
+#define CU_STREAM_CAPTURE_MODE_RELAXED      2
+typedef int CUstreamCaptureStatus;
+#define CU_STREAM_CAPTURE_STATUS_NONE        0
+#define CU_STREAM_CAPTURE_STATUS_ACTIVE      1
+#define CU_STREAM_CAPTURE_STATUS_INVALIDATED 2
 
 /* cuGetProcAddress flags and query results */
 #define CU_GET_PROC_ADDRESS_DEFAULT                    0
@@ -201,6 +217,26 @@ CUresult cuStreamDestroy_v2(CUstream hStream);
 CUresult cuStreamSynchronize(CUstream hStream);
 CUresult cuStreamQuery(CUstream hStream);
 CUresult cuStreamWaitEvent(CUstream hStream, CUevent hEvent, unsigned int flags);
+/* Stream capture (see the capture rules at the top of cuda_sim.c). The CUDA 10.0
+ * form without a mode captures in global mode; NULL is the legacy stream, which
+ * cannot capture, except in the _ptsz forms, where it is the per-thread stream. */
+CUresult cuStreamBeginCapture(CUstream hStream);
+CUresult cuStreamBeginCapture_ptsz(CUstream hStream);
+CUresult cuStreamBeginCapture_v2(CUstream hStream, CUstreamCaptureMode mode);
+CUresult cuStreamBeginCapture_v2_ptsz(CUstream hStream, CUstreamCaptureMode mode);
+CUresult cuStreamBeginCaptureToGraph(CUstream hStream, CUgraph hGraph,
+                                     const CUgraphNode *dependencies, const void *dependencyData,
+                                     size_t numDependencies, CUstreamCaptureMode mode);
+CUresult cuStreamBeginCaptureToGraph_ptsz(CUstream hStream, CUgraph hGraph,
+                                          const CUgraphNode *dependencies,
+                                          const void *dependencyData, size_t numDependencies,
+                                          CUstreamCaptureMode mode);
+CUresult cuStreamEndCapture(CUstream hStream, CUgraph *phGraph);
+CUresult cuStreamEndCapture_ptsz(CUstream hStream, CUgraph *phGraph);
+CUresult cuStreamIsCapturing(CUstream hStream, CUstreamCaptureStatus *captureStatus);
+CUresult cuStreamIsCapturing_ptsz(CUstream hStream, CUstreamCaptureStatus *captureStatus);
+CUresult cuGraphCreate(CUgraph *phGraph, unsigned int flags);
+CUresult cuGraphDestroy(CUgraph hGraph);
 CUresult cuEventCreate(CUevent *phEvent, unsigned int flags);
 CUresult cuEventRecord(CUevent hEvent, CUstream hStream);
 CUresult cuEventDestroy_v2(CUevent hEvent);
@@ -305,6 +341,9 @@ int simcuda_untracked_alloc(int dev, size_t bytes, CUdeviceptr *dptr);
 int simcuda_set_faults(const char *spec);
 /* Calls failed by injected faults so far. */
 unsigned long long simcuda_faults_injected(void);
+/* Captures under way now, and captures invalidated by an unsafe call so far. */
+int simcuda_captures(void);
+unsigned long long simcuda_captures_invalidated(void);
 
 #ifdef __cplusplus
 }

@@ -40,6 +40,10 @@
     X(cuCtxSynchronize, "cuCtxSynchronize", 2000)                  \
     X(cuStreamCreate, "cuStreamCreate", 2000)                      \
     X(cuStreamSynchronize, "cuStreamSynchronize", 2000)            \
+    X(cuStreamBeginCapture_v2, "cuStreamBeginCapture", 10010)     \
+    X(cuStreamEndCapture, "cuStreamEndCapture", 10000)             \
+    X(cuStreamIsCapturing, "cuStreamIsCapturing", 10000)           \
+    X(cuGraphDestroy, "cuGraphDestroy", 10000)                     \
     X(cuMemGetInfo_v2, "cuMemGetInfo", 3020)                       \
     X(cuMemAlloc_v2, "cuMemAlloc", 3020)                           \
     X(cuMemFree_v2, "cuMemFree", 3020)                             \
@@ -97,6 +101,10 @@ static cudaError_t map_err(CUresult rc)
     case CUDA_ERROR_NOT_SUPPORTED: return cudaErrorNotSupported;
     case CUDA_ERROR_PEER_ACCESS_UNSUPPORTED: return cudaErrorPeerAccessUnsupported;
     case CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED: return cudaErrorPeerAccessAlreadyEnabled;
+    case CUDA_ERROR_ILLEGAL_STATE: return cudaErrorIllegalState;
+    case CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED: return cudaErrorStreamCaptureUnsupported;
+    case CUDA_ERROR_STREAM_CAPTURE_INVALIDATED: return cudaErrorStreamCaptureInvalidated;
+    case CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD: return cudaErrorStreamCaptureWrongThread;
     default: return cudaErrorUnknown;
     }
 }
@@ -323,6 +331,24 @@ cudaError_t cudaStreamCreate(cudaStream_t *pStream) { WITH_CTX(drv.cuStreamCreat
 
 cudaError_t cudaStreamSynchronize(cudaStream_t stream) { WITH_CTX(drv.cuStreamSynchronize(stream)); }
 
+/* ---- stream capture (the driver's rules; see cuda_sim.c) ---- */
+cudaError_t cudaStreamBeginCapture(cudaStream_t stream, enum cudaStreamCaptureMode mode)
+{
+    WITH_CTX(drv.cuStreamBeginCapture_v2(stream, (CUstreamCaptureMode)mode));
+}
+
+cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t *pGraph)
+{
+    WITH_CTX(drv.cuStreamEndCapture(stream, pGraph));
+}
+
+cudaError_t cudaStreamIsCapturing(cudaStream_t stream, enum cudaStreamCaptureStatus *pStatus)
+{
+    WITH_CTX(drv.cuStreamIsCapturing(stream, (CUstreamCaptureStatus *)pStatus));
+}
+
+cudaError_t cudaGraphDestroy(cudaGraph_t graph) { WITH_CTX(drv.cuGraphDestroy(graph)); }
+
 /* ---- pinned host memory ---- */
 cudaError_t cudaMallocHost(void **ptr, size_t size) { WITH_CTX(drv.cuMemAllocHost_v2(ptr, size)); }
 
@@ -432,6 +458,14 @@ static const struct { cudaError_t code; const char *name, *text; } g_errors[] = 
     {cudaErrorPeerAccessAlreadyEnabled, "cudaErrorPeerAccessAlreadyEnabled",
      "peer access is already enabled"},
     {cudaErrorNotSupported, "cudaErrorNotSupported", "operation not supported"},
+    {cudaErrorIllegalState, "cudaErrorIllegalState",
+     "the operation cannot be performed in the present state"},
+    {cudaErrorStreamCaptureUnsupported, "cudaErrorStreamCaptureUnsupported",
+     "operation not permitted when stream is capturing"},
+    {cudaErrorStreamCaptureInvalidated, "cudaErrorStreamCaptureInvalidated",
+     "operation failed due to a previous error during capture"},
+    {cudaErrorStreamCaptureWrongThread, "cudaErrorStreamCaptureWrongThread",
+     "attempt to terminate a thread-local capture sequence from another thread"},
     {cudaErrorUnknown, "cudaErrorUnknown", "unknown error"},
 };
 

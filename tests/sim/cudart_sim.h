@@ -25,11 +25,15 @@ typedef int cudaError_t;
 #define cudaErrorPeerAccessAlreadyEnabled 704
 #define cudaErrorDeviceUninitialized   201
 #define cudaErrorInvalidResourceHandle 400
+#define cudaErrorIllegalState          401
 #define cudaErrorSymbolNotFound        500
 #define cudaErrorNotReady              600
 #define cudaErrorIllegalAddress        700
 #define cudaErrorContextIsDestroyed    709
 #define cudaErrorNotSupported          801
+#define cudaErrorStreamCaptureUnsupported 900
+#define cudaErrorStreamCaptureInvalidated 901
+#define cudaErrorStreamCaptureWrongThread 908
 #define cudaErrorUnknown               999
 
 enum cudaMemcpyKind {
@@ -46,6 +50,18 @@ enum cudaMemcpyKind {
 
 typedef struct CUstream_st *cudaStream_t;        /* same objects as the driver's */
 typedef struct CUmemPoolHandle_st *cudaMemPool_t;
+typedef struct CUgraph_st *cudaGraph_t;
+
+enum cudaStreamCaptureMode {
+    cudaStreamCaptureModeGlobal = 0,
+    cudaStreamCaptureModeThreadLocal = 1,
+    cudaStreamCaptureModeRelaxed = 2
+};
+enum cudaStreamCaptureStatus {
+    cudaStreamCaptureStatusNone = 0,
+    cudaStreamCaptureStatusActive = 1,
+    cudaStreamCaptureStatusInvalidated = 2
+};
 
 struct cudaExtent { size_t width, height, depth; };
 struct cudaPitchedPtr { void *ptr; size_t pitch; size_t xsize; size_t ysize; };
@@ -71,6 +87,10 @@ cudaError_t cudaMemPoolTrimTo(cudaMemPool_t memPool, size_t minBytesToKeep);
 cudaError_t cudaDeviceSynchronize(void);
 cudaError_t cudaStreamCreate(cudaStream_t *pStream);
 cudaError_t cudaStreamSynchronize(cudaStream_t stream);
+cudaError_t cudaStreamBeginCapture(cudaStream_t stream, enum cudaStreamCaptureMode mode);
+cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t *pGraph);
+cudaError_t cudaStreamIsCapturing(cudaStream_t stream, enum cudaStreamCaptureStatus *pStatus);
+cudaError_t cudaGraphDestroy(cudaGraph_t graph);
 cudaError_t cudaDeviceReset(void);
 cudaError_t cudaMemcpy(void *dst, const void *src, size_t count, enum cudaMemcpyKind kind);
 cudaError_t cudaDeviceCanAccessPeer(int *canAccessPeer, int device, int peerDevice);

@@ -62,6 +62,21 @@ pub struct Report {
     /// Python call sites of the framework blocks in use, most bytes first.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub python_sites: Vec<PythonSite>,
+    /// Present when a stream of the process was in CUDA graph capture as the report
+    /// was written: gpuguard then makes no CUDA call a capture forbids, so some
+    /// figures are older (see `CaptureNote`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capture: Option<CaptureNote>,
+}
+
+/// A report written while the program was capturing a CUDA graph (`Report::capture`).
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct CaptureNote {
+    /// Streams of the process in capture when the report was written.
+    pub streams: u64,
+    /// What the report did without: pools not measured (their figures are the last
+    /// measured), frameworks not asked.
+    pub detail: String,
 }
 
 /// The signal that ended the process (see `Report::ending`).
@@ -84,6 +99,23 @@ pub struct TrimReport {
     /// What the process holds from the driver, before minus after, all devices.
     pub released_bytes: u64,
     pub mechanisms: Vec<TrimMechanism>,
+    /// Present when the trim was asked while a stream of the process was in CUDA
+    /// graph capture: it waited for the capture to end (a trim's calls would break
+    /// it), and then ran or was skipped.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deferred: Option<TrimDeferral>,
+}
+
+/// A trim held back by a CUDA graph capture (`TrimReport::deferred`).
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct TrimDeferral {
+    /// How long it waited for the program's captures to end.
+    pub waited_ms: u64,
+    /// `ran` (the captures ended and the trim ran) or `skipped` (a capture was still
+    /// in progress at the end of the wait, or when the process ended: nothing was
+    /// trimmed).
+    pub outcome: String,
+    pub detail: String,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]

@@ -324,6 +324,7 @@ pub fn build_parts(input: &ReportInput<'_>) -> (Report, LiveList) {
         ending: None,
         classification: Vec::new(),
         python_sites: Vec::new(),
+        capture: None,
     };
     (report, LiveList { entries })
 }

@@ -7,8 +7,11 @@ With GGV_SEND_SIGNALS=1 (the run under gpuguard) a thread started right after
 capture_begin() sends this process SIGUSR1 (report) and then SIGUSR2 (trim); the main
 thread waits until both are sent, notes that its stream is still capturing, and stays
 in the capture for 1.5 s running Python (so a pending Python call of gpuguard's could
-run now) before it records the step and ends the capture. After the replays it waits
-(20 s at most) for this process's signal and trim reports. The run without gpuguard
+run now) before it records the step and ends the capture. gpuguard writes the signal
+report during the capture without any CUDA call a capture forbids (the report's
+`capture` says so) and holds the trim until the capture ended (`trim.deferred`,
+outcome `ran`). After the replays it waits (20 s at most) for this process's signal
+and trim reports. The run without gpuguard
 sends nothing. Fixed seeds, deterministic algorithms: the replay losses and the final
 parameters must be bit-identical in both runs.
 
@@ -139,7 +142,9 @@ def main():
         for reason in ("signal", "trim"):
             e, rep, waited = ggv.wait_report(RDIR, pid, reason, timeout_s=20.0)
             found[reason] = {"name": e["name"] if e else None, "waited_s": round(waited, 2),
-                             "trim": ggv.mech_text(rep) if reason == "trim" and rep else None}
+                             "trim": ggv.mech_text(rep) if reason == "trim" and rep else None,
+                             "deferred": (ggv.trim_obj(rep) or {}).get("deferred") if rep else None,
+                             "capture": rep.get("capture") if rep else None}
     ggv.emit("reports", found=found, all=[e["name"] for e in ggv.list_reports(RDIR, pid)])
     return 0 if err is None else 1
 

@@ -10,7 +10,9 @@ appends one row per check to --summary (scripts/gpu/lib/ggv.py Rows, group "rel"
       itself SIGUSR1 and SIGUSR2 right after capture_begin) and without. Pass: both
       exit 0; capture and replays succeed; the signals were sent while the stream was
       capturing; replay losses and final parameters bit-identical; a signal and a trim
-      report of the guarded pid; every report valid JSON.
+      report of the guarded pid; the signal report, written during the capture, says
+      so (capture.streams >= 1) and the trim waited for the capture to end, then ran
+      (trim.deferred.outcome "ran"); every report valid JSON.
   rel_check.py endings --dir D --lib LIB [--summary F]
       rel_train.py ending under gpuguard, three runs: SIGTERM from outside (default
       action: exit status -15, i.e. 143 from a shell, and a final report naming the
@@ -184,6 +186,12 @@ def cmd_graph(a):
     R.check("signal_and_trim_reports", "signal" in reasons and "trim" in reasons,
             "reasons by seq: %s; trim: %s" % (" ".join(reasons), ((rep.get("found") or {}).get("trim") or {})
                                               .get("trim")))
+    found = rep.get("found") or {}
+    dfr = (found.get("trim") or {}).get("deferred") or {}
+    capn = (found.get("signal") or {}).get("capture") or {}
+    R.check("trim_after_capture", dfr.get("outcome") == "ran" and (capn.get("streams") or 0) >= 1,
+            "trim deferred by the capture: %s after %s ms; signal report written during the capture: "
+            "%s stream(s) capturing" % (dfr.get("outcome"), dfr.get("waited_ms"), capn.get("streams")))
     probs = stderr_problems(dg)
     R.check("stderr_clean", not probs, "%d alarming stderr line(s)%s" % (len(probs), (": " + probs[0][:200])
                                                                         if probs else ""))

@@ -2,7 +2,7 @@
 //! the device and context of the call, the stack, and the hand-off to the ledger.
 //! No lock shared by all threads, no I/O, no formatting here.
 //!
-//! Why one file of about 770 lines: the thread state, the stack capture and the hook
+//! Why one file of about 830 lines: the thread state, the stack capture and the hook
 //! bodies all work on the thread state's private fields, looked up once per hook;
 //! what signal handlers do inside a hook (the stash) is the child module `stash`.
 
@@ -13,7 +13,7 @@ use super::real::{DRIVER, is_driver_code, is_own_code};
 use super::settings::config;
 use super::state::{active_books, books, shielded};
 use super::sys::monotonic_ns;
-use super::{fault, tags, unwind};
+use super::{capture, fault, tags, unwind};
 use gpuguard_core::ledger::{Key, Kind, NO_SITE, Record};
 use std::cell::{Cell, UnsafeCell};
 use std::ffi::{c_int, c_void};
@@ -348,7 +348,7 @@ fn capture_site_in(books: &Books, t: &ThreadState) -> u32 {
 
 // ---- the hook bodies ---------------------------------------------------------------
 
-pub(crate) use super::cuda::{OUT_OF_MEMORY, SUCCESS};
+pub(crate) use super::cuda::{CAPTURE_WRONG_THREAD, INVALID_VALUE, OUT_OF_MEMORY, SUCCESS};
 
 /// What an allocation will take, known before the real call: the bytes (an upper
 /// estimate where the driver rounds, as for pitched memory) and the device when the
@@ -572,11 +572,19 @@ pub(crate) fn driver_alloc(
             books.after_alloc(dev, kind, plan.pool);
             if kind == Kind::Pool && books.over_cap_after_trim(dev) {
                 // The pool grew by more than a chunk and took the device past its
-                // cap: give the block back and refuse.
-                if let Some(rec) = books.ledger.take(key) {
+                // cap: give the block back and refuse. The record leaves first (the
+                // address may go to another thread at once), and comes back if a
+                // capture began meanwhile: a synchronous free would break it.
+                let taken = books.ledger.take(key);
+                if capture::outside_capture(|| DRIVER.free(key.value)).is_none() {
+                    if let Some(rec) = taken {
+                        books.ledger.restore(key, rec);
+                    }
+                    return rc;
+                }
+                if let Some(rec) = taken {
                     books.ledger.confirm_free(&rec);
                 }
-                DRIVER.free(key.value);
                 books.trim_pools(dev);
                 books.refused(
                     dev,
@@ -662,6 +670,48 @@ pub(crate) fn observe(
     let rc = scope.real(call);
     if rc == SUCCESS {
         shielded(|| books().and_then(note));
+    }
+    rc
+}
+
+// ---- stream capture -------------------------------------------------------------
+
+/// A begin-capture call. The stream counts as capturing from just before the real
+/// call (the helper thread never takes a capture under way for none; a begin waits
+/// for gpuguard's own unsafe call in progress, see `capture`) and no longer if the
+/// call failed. Counted also while gpuguard is paused or off: the gauge protects the
+/// program's captures, not gpuguard's books. The driver calling its own export (or a
+/// signal handler inside a hook) passes straight through, so a capture counts once.
+/// Atomics only.
+pub(crate) fn capture_begin(stream: u64, call: impl FnOnce() -> c_int) -> c_int {
+    let t = thread();
+    let Some(scope) = hold(t) else {
+        return call();
+    };
+    let key = capture::key(stream, thread_id(t));
+    capture::beginning(key);
+    let rc = scope.real(call);
+    if rc != SUCCESS {
+        capture::ended(key);
+    }
+    rc
+}
+
+/// An end-capture call: once it returned, the stream no longer counts as capturing,
+/// whatever it returned (a capture an unsafe call invalidated ends with
+/// `CUDA_ERROR_STREAM_CAPTURE_INVALIDATED`), except for the two refusals that leave
+/// the capture running (`CUDA_ERROR_INVALID_VALUE`: no place for the graph;
+/// `CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD`: another thread must end it). A stream
+/// gpuguard never saw begin changes nothing.
+pub(crate) fn capture_end(stream: u64, call: impl FnOnce() -> c_int) -> c_int {
+    let t = thread();
+    let Some(scope) = hold(t) else {
+        return call();
+    };
+    let key = capture::key(stream, thread_id(t));
+    let rc = scope.real(call);
+    if rc != INVALID_VALUE && rc != CAPTURE_WRONG_THREAD {
+        capture::ended(key);
     }
     rc
 }

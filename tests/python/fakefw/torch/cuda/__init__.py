@@ -118,6 +118,10 @@ def _free(ptr):
 
 def empty_cache():
     global _reserved
+    # As PyTorch's: the device is synchronized before cached blocks are freed (a
+    # synchronizing call, which a CUDA graph capture in progress forbids).
+    if _initialized:
+        simrt.synchronize()
     for size, ptrs in _cache.items():
         for p in ptrs:
             simrt.free(p)

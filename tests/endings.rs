@@ -250,3 +250,21 @@ fn final_report_signals_none_leaves_the_default_action_alone() {
     assert_eq!(r.signal(), Some(libc::SIGHUP), "{}", r.describe());
     assert_eq!(exit_reports(&r).len(), 1, "{}", r.describe());
 }
+
+/// A program that exits right after its first CUDA calls, before the helper thread
+/// has settled in: the exit's request is answered, not waited out (it used to wait
+/// the whole 5 s bound in about half of such runs, and said nothing).
+#[test]
+fn an_exit_right_after_activation_is_answered_not_waited_out() {
+    for _ in 0..12 {
+        let r = gg_run("gg", &["link"], &[]);
+        assert!(r.status.success(), "{}", r.describe());
+        assert!(
+            !r.stderr
+                .contains("did not finish the reports asked before exit"),
+            "{}",
+            r.describe()
+        );
+        assert_eq!(exit_reports(&r).len(), 1, "{}", r.describe());
+    }
+}

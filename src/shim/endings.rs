@@ -130,24 +130,34 @@ pub(crate) fn exiting() -> bool {
 /// At exit, before the exit report: asks the helper thread to finish what it was
 /// asked for and waits for it, at most `wait`. Returns at once on the helper
 /// thread itself, or when there is none.
-pub(crate) fn settle(wait: Duration) {
+/// Returns false when the helper thread did not answer within `wait`.
+pub(crate) fn settle(wait: Duration) -> bool {
     EXITING.store(true, Release);
     // SAFETY: gettid has no preconditions.
     if !wake::running() || HELPER_TID.load(Acquire) == unsafe { libc::gettid() } {
-        return;
+        return true;
     }
     let ticket = SETTLE_ASKED.fetch_add(1, AcqRel) + 1;
     wake::ring();
     // Polled, not a condition variable: no lock a fork could leave held.
     let deadline = Instant::now() + wait;
-    while SETTLE_DONE.load(Acquire) < ticket && Instant::now() < deadline {
+    while SETTLE_DONE.load(Acquire) < ticket {
+        if Instant::now() >= deadline {
+            return false;
+        }
         std::thread::sleep(Duration::from_millis(1));
     }
+    true
 }
 
 /// The last settle request (the helper compares it with what it finished).
 pub(crate) fn settle_asked() -> u64 {
     SETTLE_ASKED.load(Acquire)
+}
+
+/// The last settle request the helper thread finished.
+pub(crate) fn settle_done() -> u64 {
+    SETTLE_DONE.load(Acquire)
 }
 
 /// The helper thread finished everything asked up to `ticket`.

@@ -54,7 +54,15 @@ pub(crate) fn write_final_report(
     if active_books().is_none() || EXIT_WRITTEN.load(Acquire) {
         return;
     }
-    endings::settle(SETTLE_WAIT);
+    if !endings::settle(SETTLE_WAIT) {
+        log(
+            LogLevel::Warn,
+            format_args!(
+                "the helper thread did not finish the reports asked before exit within {} s; writing the exit report now",
+                SETTLE_WAIT.as_secs()
+            ),
+        );
+    }
     if let Some(books) = active_books()
         && !EXIT_WRITTEN.swap(true, AcqRel)
     {

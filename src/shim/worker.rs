@@ -238,7 +238,9 @@ fn run(fd: c_int) {
     // The thread starts at activation: the first snapshot is one interval after it.
     let mut next_snapshot = every_ns.map(|e| monotonic_ns().saturating_add(e));
     endings::helper_started();
-    let mut settled = endings::settle_asked();
+    // From what was finished, not what was asked: an exit that asked before this
+    // thread got here is answered too (else it waits out its whole bound).
+    let mut settled = endings::settle_done();
     loop {
         let cap_waiting = active_books().is_some_and(|b| b.cap_pending.load(Acquire));
         let mut timeout_ms: u64 = if cap_waiting { 100 } else { 1000 };

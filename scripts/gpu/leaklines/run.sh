@@ -9,7 +9,7 @@
 # alive)" frame; `cost` records (d) the step cost of PyTorch's sampled recorder, and
 # cost_jax / cost_cupy the steps the JAX / CuPy script makes in 8 s bare, under gpuguard,
 # and under gpuguard with a snapshot a second (JAX's device memory profile is read at
-# each report), three rounds in rotating order.
+# each report), COST_ROUNDS (3, at most 3) rounds of COST_SECONDS (8) in rotating order.
 # Uses target/release/gpuguard (GGV_CLI to override), built elsewhere with cargo.
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
@@ -47,15 +47,15 @@ for w in "${all[@]}"; do
             GPUGUARD_DIR="$d" "$gg" run -- python3 $here/step_cost.py >"$d/default.json"
             cat "$d"/*.json ;;
         cost_jax | cost_cupy)
-            script=$here/leak_small_${w#cost_}.py d="$out/$w"
+            script=$here/leak_small_${w#cost_}.py d="$out/$w" secs=${COST_SECONDS:-8}
             mkdir -p "$d"
             local_orders=("bare gg gg_snap" "gg gg_snap bare" "gg_snap bare gg")
-            for round in 1 2 3; do
+            for round in $(seq "${COST_ROUNDS:-3}"); do
                 for v in ${local_orders[$((round - 1))]}; do
                     case $v in
-                        bare) python3 "$script" 8 ;;
-                        gg) GPUGUARD_DIR="$d" "$gg" run -- python3 "$script" 8 2>/dev/null ;;
-                        gg_snap) GPUGUARD_DIR="$d" GPUGUARD_SNAPSHOT_EVERY=1s "$gg" run -- python3 "$script" 8 2>/dev/null ;;
+                        bare) python3 "$script" "$secs" ;;
+                        gg) GPUGUARD_DIR="$d" "$gg" run -- python3 "$script" "$secs" 2>/dev/null ;;
+                        gg_snap) GPUGUARD_DIR="$d" GPUGUARD_SNAPSHOT_EVERY=1s "$gg" run -- python3 "$script" "$secs" 2>/dev/null ;;
                     esac | awk -v r=$round -v v=$v '/^steps /{print "COST round=" r " variant=" v " steps=" $2}'
                 done
             done | tee "$d/cost.txt"

@@ -4,8 +4,8 @@
 # the same way. Each call hands its answer back through _gg_submit(tag + "\n" + json).
 # Frameworks are only looked at when the program has imported them: this file never
 # imports torch, cupy, jax or tensorflow itself. _gg_submit, _gg_devices,
-# _gg_pending_pairs and _gg_capturing are gpuguard's own functions, put in this
-# namespace by the shim.
+# _gg_pending_pairs, _gg_capturing and _gg_keeping_status are gpuguard's own
+# functions, put in this namespace by the shim.
 
 import json
 import sys
@@ -343,7 +343,9 @@ def _gg_setup(args):
     if not st["atexit"]:
         import atexit
 
-        atexit.register(_gg_at_exit)
+        # Through gpuguard's C function, which keeps the program's exit status (an
+        # unhandled KeyboardInterrupt's SIGINT) whatever this hook imports.
+        atexit.register(_gg_keeping_status, _gg_at_exit)
         st["atexit"] = True
     # The frameworks' own recorders cost them time on every allocation: only when
     # asked for (GPUGUARD_PYTHON=lines), with stacks on.

@@ -15,6 +15,12 @@ fn on_activation() {
     worker::signals_on_activation();
     endings::install(&ending_signals());
     worker::start();
+    // The Python side's setup registers Python's `atexit` (the exit report with the
+    // frameworks' account). Queued here, before this CUDA call returns to Python, it
+    // runs even if the program ends at once: a KeyboardInterrupt raised at this very
+    // call still finalizes the interpreter, which runs the calls queued before its
+    // `atexit` handlers. (The helper thread queues it too, and again later.)
+    worker::install_python();
     if let Some(b) = active_books() {
         b.check_cap_devices();
     }

@@ -21,10 +21,12 @@ use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 mod api;
+mod exit_status;
 pub(crate) mod frames;
 mod layout;
 
 use api::{Api, MethodDef, Obj, api, lock};
+use exit_status::ExitStatusKept;
 
 const METH_NOARGS: c_int = 0x0004;
 const METH_O: c_int = 0x0008;
@@ -40,6 +42,12 @@ static DEVICES_DEF: MethodDef = MethodDef {
     name: c"_gg_devices".as_ptr(),
     meth: devices as *const c_void,
     flags: METH_NOARGS,
+    doc: std::ptr::null(),
+};
+static KEEPING_DEF: MethodDef = MethodDef {
+    name: c"_gg_keeping_status".as_ptr(),
+    meth: keeping_status as *const c_void,
+    flags: METH_O,
     doc: std::ptr::null(),
 };
 static PAIRS_DEF: MethodDef = MethodDef {
@@ -318,9 +326,27 @@ pub(super) fn after_fork_in_child() {
     BROKEN.store(!ok, Relaxed);
 }
 
-/// The pending call, on the main thread with the GIL held.
+/// Why gpuguard's Python code stopped.
+enum Stop {
+    /// It raised; the exception is cleared: its text.
+    Error(String),
+    /// A KeyboardInterrupt or SystemExit came while it ran (a signal handler of the
+    /// program raised it: Ctrl-C): left set, for the program to get.
+    Interrupt,
+}
+
+impl From<String> for Stop {
+    fn from(e: String) -> Stop {
+        Stop::Error(e)
+    }
+}
+
+/// The pending call, on the main thread with the GIL held. Returns -1, with the
+/// exception set, when the program's KeyboardInterrupt or SystemExit came while it
+/// ran: CPython then raises it in the program's code where the call ran, as it
+/// would have without gpuguard.
 extern "C" fn pending(_arg: *mut c_void) -> c_int {
-    shielded(|| {
+    let interrupted = shielded(|| {
         let (code, id, guarded) = {
             let mut ex = lock(&EXCHANGE);
             let code = ex.code.take();
@@ -330,42 +356,64 @@ extern "C" fn pending(_arg: *mut c_void) -> c_int {
         };
         // A capture may have begun since the request was queued (on this thread,
         // even): then nothing runs inside it.
+        let run = |a: &Api, code: &CStr| ExitStatusKept::new(a).run(|| run_here(a, code));
         let reply = match (code, api()) {
-            (Some(code), Some(a)) if guarded => capture::outside_capture(|| run_here(a, &code))
-                .unwrap_or_else(|| Err(CAPTURING.into())),
-            (Some(_), Some(_)) if capture::active() > 0 => Err(CAPTURING.into()),
-            (Some(code), Some(a)) => run_here(a, &code),
-            _ => Err("gpuguard: nothing to run".into()),
+            (Some(code), Some(a)) if guarded => capture::outside_capture(|| run(a, &code))
+                .unwrap_or_else(|| Err(Stop::Error(CAPTURING.into()))),
+            (Some(_), Some(_)) if capture::active() > 0 => Err(Stop::Error(CAPTURING.into())),
+            (Some(code), Some(a)) => run(a, &code),
+            _ => Err(Stop::Error("gpuguard: nothing to run".into())),
+        };
+        let (reply, interrupted) = match reply {
+            Ok(s) => (Ok(s), false),
+            Err(Stop::Error(e)) => (Err(e), false),
+            Err(Stop::Interrupt) => (Err(INTERRUPTED.into()), true),
         };
         let mut ex = lock(&EXCHANGE);
         ex.outstanding = false;
         ex.done_id = id;
         ex.reply = Some(reply);
         DONE.notify_all();
+        interrupted
     });
-    // Never leave an exception set: 0 tells the interpreter all went well.
-    0
+    // Otherwise never leave an exception set: 0 tells the interpreter all went well.
+    if interrupted == Some(true) { -1 } else { 0 }
 }
 
+/// The answer of a request whose Python code the program's interrupt stopped.
+const INTERRUPTED: &str = "interrupted by the program's KeyboardInterrupt or SystemExit";
+
 /// Runs `code` in the bridge's namespace. GIL held.
-fn run_here(a: &Api, code: &CStr) -> Result<String, String> {
+fn run_here(a: &Api, code: &CStr) -> Result<String, Stop> {
     // SAFETY: the GIL is held (pending calls run with it); objects are reference
     // counted by the rules of the C API, every new reference released.
     unsafe {
         if a.is_finalizing.is_some_and(|f| f() != 0) {
-            return Err("finalizing".into());
+            return Err(Stop::Error("finalizing".into()));
         }
         let ns = namespace(a)?;
         *lock(&ANSWER) = None;
         exec(a, code, c"<gpuguard>", ns)?;
         lock(&ANSWER)
             .take()
-            .ok_or_else(|| "the Python side gave no answer".into())
+            .ok_or_else(|| Stop::Error("the Python side gave no answer".into()))
     }
 }
 
+/// `_gg_keeping_status(f)`: calls `f()` keeping the program's exit status (see
+/// `ExitStatusKept`); Python's `atexit` calls gpuguard's exit hook through it. GIL
+/// held.
+extern "C" fn keeping_status(_module: Obj, f: Obj) -> Obj {
+    let Some(a) = api() else {
+        return std::ptr::null_mut();
+    };
+    // SAFETY: GIL held; `f` is a borrowed reference; the call's result (a new
+    // reference or NULL with the exception set) is handed to the caller.
+    ExitStatusKept::new(a).run(|| unsafe { (a.call_object)(f, std::ptr::null_mut()) })
+}
+
 /// The namespace with `bridge.py` run in it, made on first use.
-unsafe fn namespace(a: &Api) -> Result<Obj, String> {
+unsafe fn namespace(a: &Api) -> Result<Obj, Stop> {
     let ns = NAMESPACE.load(Acquire);
     if !ns.is_null() {
         return Ok(ns);
@@ -374,21 +422,31 @@ unsafe fn namespace(a: &Api) -> Result<Obj, String> {
     unsafe {
         let ns = (a.dict_new)();
         if ns.is_null() {
-            return Err(error_text(a));
+            return Err(error_text(a).into());
         }
         let ok = (a.dict_set_item_string)(ns, c"__builtins__".as_ptr(), (a.get_builtins)()) == 0
             && set_function(a, ns, &SUBMIT_DEF)
             && set_function(a, ns, &DEVICES_DEF)
             && set_function(a, ns, &PAIRS_DEF)
-            && set_function(a, ns, &CAPTURING_DEF);
+            && set_function(a, ns, &CAPTURING_DEF)
+            && set_function(a, ns, &KEEPING_DEF);
         if !ok {
             let e = error_text(a);
             (a.dec_ref)(ns);
-            return Err(e);
+            return Err(e.into());
         }
-        let src = CStr::from_bytes_with_nul(BRIDGE_SOURCE.as_bytes()).map_err(|e| e.to_string())?;
+        let src = CStr::from_bytes_with_nul(BRIDGE_SOURCE.as_bytes())
+            .map_err(|e| Stop::Error(e.to_string()))?;
         if let Err(e) = exec(a, src, c"<gpuguard bridge>", ns) {
+            // The program's interrupt stays set across the namespace's release.
+            let (mut t, mut v, mut tb) = (
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+            );
+            (a.err_fetch)(&mut t, &mut v, &mut tb);
             (a.dec_ref)(ns);
+            (a.err_restore)(t, v, tb);
             return Err(e);
         }
         NAMESPACE.store(ns, Release);
@@ -409,17 +467,22 @@ unsafe fn set_function(a: &Api, ns: Obj, def: &'static MethodDef) -> bool {
     }
 }
 
-unsafe fn exec(a: &Api, src: &CStr, file: &CStr, ns: Obj) -> Result<(), String> {
+unsafe fn exec(a: &Api, src: &CStr, file: &CStr, ns: Obj) -> Result<(), Stop> {
     // SAFETY: GIL held; new references released.
     unsafe {
         let code = (a.compile_string)(src.as_ptr(), file.as_ptr(), PY_FILE_INPUT);
         if code.is_null() {
-            return Err(error_text(a));
+            return Err(error_text(a).into());
         }
         let r = (a.eval_code)(code, ns, ns);
         (a.dec_ref)(code);
         if r.is_null() {
-            return Err(error_text(a));
+            // gpuguard's code raises only Exceptions (and catches its own): anything
+            // else came from the program's signal handler while it ran.
+            if !(a.err_occurred)().is_null() && (a.err_matches)(a.exception) == 0 {
+                return Err(Stop::Interrupt);
+            }
+            return Err(error_text(a).into());
         }
         (a.dec_ref)(r);
         Ok(())

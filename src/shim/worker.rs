@@ -505,7 +505,7 @@ impl Trims {
 }
 
 /// Turns the Python side on (recorders, the exit hook) without waiting for it.
-fn install_python() {
+pub(super) fn install_python() {
     if !python::present() {
         return;
     }

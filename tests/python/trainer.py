@@ -20,6 +20,10 @@ Actions, run in order:
                 CAPTURING; then run Python while reading stdin, one command a line:
                 `end` ends the capture (prints CAPTURE rc=<code>, then ENDED), `quit`
                 leaves the action
+  sig-in-gpuguard:SIG  have SIG sent while gpuguard's Python side runs (the stand-in
+                torch sends it when gpuguard asks it a question), ask for a report so
+                that it runs, then run Python until the signal's effect (at most 20 s);
+                prints NOT INTERRUPTED if nothing came
   del-trim      at interpreter shutdown, ask for a trim from inside finalization
 Prints REPORT <path> for every report the waits saw, and OK at the end. With
 TRAINER_ECHO_SIGNALS=1 the program's own handlers print GOT <signum> for SIGUSR1 and
@@ -211,6 +215,16 @@ for action in sys.argv[2:]:
                 capturing = False
             elif cmd in ("quit", ""):
                 break
+    elif name == "sig-in-gpuguard":
+        torch.cuda.signal_in_query = getattr(signal, "SIG" + arg)
+        os.kill(os.getpid(), signal.SIGUSR1)
+        end = time.time() + 20
+        while time.time() < end and torch.cuda.signal_in_query is not None:
+            time.sleep(0.002)
+        # The signal was sent inside gpuguard's call: its effect comes now, if at all.
+        for _ in range(100):
+            time.sleep(0.002)
+        print("NOT INTERRUPTED", flush=True)
     elif name == "del-trim":
         sys.modules["__main__"].keeper = TrimAtShutdown()
     else:

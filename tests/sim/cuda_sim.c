@@ -42,6 +42,9 @@
  *                        %P    each call fails with probability P percent, drawn from
  *                              SIMCUDA_FAULT_SEED (default 1) and the call's number,
  *                              so a run is reproducible whatever the thread timing
+ *                      CODE may also be sigN: the call sends signal N to this
+ *                      process (kill(2), as Ctrl-C would arrive while the program is
+ *                      inside CUDA) and then goes on as usual.
  *                      A failing call changes nothing: no memory is taken or given
  *                      back. Calls are counted after the cuInit check, before the
  *                      arguments are checked. simcuda_set_faults() replaces the rules
@@ -400,7 +403,8 @@ static unsigned long long env_ull(const char *name, unsigned long long dflt)
 enum fault_when { F_AT, F_FROM, F_RANGE, F_PERCENT };
 struct fault_rule {
     int id;                 /* export id, or FAULT_ANY */
-    CUresult code;
+    CUresult code;          /* 0 with sig: the call goes on */
+    int sig;                /* the signal the call sends this process first, or 0 */
     enum fault_when when;
     unsigned long long n, k; /* F_AT/F_FROM/F_RANGE: N (and K); F_PERCENT: P */
     unsigned long long base; /* calls of the target counted before the rule was set */
@@ -438,9 +442,15 @@ static int faults_parse(const char *spec)
         if (eq - p == 1 && *p == '*') r.id = FAULT_ANY;
         else if ((r.id = export_id(p, (size_t)(eq - p))) < 0) return -1;
         char *q;
-        long code = strtol(eq + 1, &q, 10);
-        if (q == eq + 1 || code <= 0) return -1;
-        r.code = (CUresult)code;
+        if (strncmp(eq + 1, "sig", 3) == 0) {
+            long sig = strtol(eq + 4, &q, 10);
+            if (q == eq + 4 || sig <= 0 || sig >= 65) return -1;
+            r.sig = (int)sig;
+        } else {
+            long code = strtol(eq + 1, &q, 10);
+            if (q == eq + 1 || code <= 0) return -1;
+            r.code = (CUresult)code;
+        }
         if (*q == '%') {
             r.when = F_PERCENT;
             r.n = strtoull(q + 1, &q, 10);
@@ -490,13 +500,17 @@ static CUresult fault_check(int id)
     unsigned long long any = __atomic_add_fetch(&g_fault_seen_any, 1, __ATOMIC_RELAXED);
     if (__atomic_load_n(&g_nfault_rules, __ATOMIC_ACQUIRE) == 0) return CUDA_SUCCESS;
     CUresult rc = CUDA_SUCCESS;
+    int sig = 0;
     pthread_mutex_lock(&g_fault_lock);
     for (int i = 0; i < g_nfault_rules && rc == CUDA_SUCCESS; i++) {
         const struct fault_rule *r = &g_fault_rules[i];
-        if (r->id == id && rule_strikes(r, mine)) rc = r->code;
-        else if (r->id == FAULT_ANY && rule_strikes(r, any)) rc = r->code;
+        int strikes = (r->id == id && rule_strikes(r, mine)) ||
+                      (r->id == FAULT_ANY && rule_strikes(r, any));
+        if (strikes && r->sig) sig = r->sig;
+        else if (strikes) rc = r->code;
     }
     pthread_mutex_unlock(&g_fault_lock);
+    if (sig) kill(getpid(), sig);
     if (rc != CUDA_SUCCESS) __atomic_fetch_add(&g_faults_injected, 1, __ATOMIC_RELAXED);
     return rc;
 }

@@ -25,13 +25,25 @@ pub(super) struct Api {
     pub(super) inc_ref: unsafe extern "C" fn(Obj),
     pub(super) dec_ref: unsafe extern "C" fn(Obj),
     pub(super) err_fetch: unsafe extern "C" fn(*mut Obj, *mut Obj, *mut Obj),
+    pub(super) err_restore: unsafe extern "C" fn(Obj, Obj, Obj),
+    pub(super) err_occurred: unsafe extern "C" fn() -> Obj,
+    pub(super) err_matches: unsafe extern "C" fn(Obj) -> c_int,
+    /// `PyExc_Exception`: what gpuguard's own Python code may raise (and is cleared);
+    /// anything else (KeyboardInterrupt, SystemExit) is the program's.
+    pub(super) exception: Obj,
+    /// `PyExc_KeyboardInterrupt`.
+    pub(super) keyboard_interrupt: Obj,
+    /// `PySys_GetObject` (a borrowed reference, or NULL).
+    pub(super) sys_get: unsafe extern "C" fn(*const c_char) -> Obj,
+    pub(super) call_object: unsafe extern "C" fn(Obj, Obj) -> Obj,
     pub(super) object_str: unsafe extern "C" fn(Obj) -> Obj,
     /// `PyGILState_GetThisThreadState`: this thread's state, without the GIL.
     pub(super) this_thread_state: unsafe extern "C" fn() -> *const c_void,
     pub(super) none: Obj,
 }
 
-// SAFETY: plain function pointers and the address of the immortal `None`.
+// SAFETY: plain function pointers and the addresses of the immortal `None` and
+// exception classes.
 unsafe impl Send for Api {}
 unsafe impl Sync for Api {}
 
@@ -85,7 +97,19 @@ fn resolve() -> Option<Api> {
     };
     // SAFETY: as above; `_Py_NoneStruct` is the `None` object itself.
     let none = unsafe { lookup(libc::RTLD_DEFAULT, c"_Py_NoneStruct") };
-    if none.is_null() {
+    // SAFETY: as above; `PyExc_*` are variables holding the classes, set before the
+    // interpreter runs.
+    let class = |name: &std::ffi::CStr| unsafe {
+        let p = lookup(libc::RTLD_DEFAULT, name) as *const Obj;
+        if p.is_null() {
+            std::ptr::null_mut()
+        } else {
+            *p
+        }
+    };
+    let (exception, keyboard_interrupt) =
+        (class(c"PyExc_Exception"), class(c"PyExc_KeyboardInterrupt"));
+    if none.is_null() || exception.is_null() || keyboard_interrupt.is_null() {
         return None;
     }
     Some(Api {
@@ -104,6 +128,13 @@ fn resolve() -> Option<Api> {
         inc_ref: sym!(c"Py_IncRef"),
         dec_ref: sym!(c"Py_DecRef"),
         err_fetch: sym!(c"PyErr_Fetch"),
+        err_restore: sym!(c"PyErr_Restore"),
+        err_occurred: sym!(c"PyErr_Occurred"),
+        err_matches: sym!(c"PyErr_ExceptionMatches"),
+        exception,
+        keyboard_interrupt,
+        sys_get: sym!(c"PySys_GetObject"),
+        call_object: sym!(c"PyObject_CallObject"),
         object_str: sym!(c"PyObject_Str"),
         this_thread_state: sym!(c"PyGILState_GetThisThreadState"),
         none,

@@ -280,6 +280,52 @@ pub(crate) unsafe fn builtin() -> Result<Layout, &'static str> {
     }
 }
 
+/// Where the interpreter notes that the program ended by an unhandled
+/// KeyboardInterrupt (CPython then ends the process by SIGINT after finalizing, as
+/// Ctrl-C would have), if known for this interpreter: the exported
+/// `_Py_UnhandledKeyboardInterrupt` (3.10, 3.11), or
+/// `_PyRuntime.signals.unhandled_keyboard_interrupt` (3.12, 3.13, release builds
+/// with the GIL; offsets from CPython's headers, 3.13's checked against the size of
+/// `_PyRuntime` the interpreter publishes).
+///
+/// CPython clears the mark whenever code runs from a string (`PyRun_*`, so `exec`
+/// and `eval` of a string: `collections.namedtuple` does, at a module's first
+/// import), so Python code run after the program's end must leave it as it found it.
+///
+/// # Safety
+/// Python is initialized.
+pub(crate) unsafe fn interrupt_flag() -> Option<*mut std::ffi::c_int> {
+    // SAFETY: lookups through glibc, then reads of `_PyRuntime`'s published header.
+    unsafe {
+        let v = version()?;
+        if v >> 24 != 3 || !lookup(libc::RTLD_DEFAULT, c"_Py_NegativeRefcount").is_null() {
+            return None;
+        }
+        let at = |name: &CStr, off: usize| {
+            let p = lookup(libc::RTLD_DEFAULT, name) as *mut u8;
+            (!p.is_null()).then(|| p.add(off) as *mut std::ffi::c_int)
+        };
+        match (v >> 16) & 0xff {
+            10 | 11 => at(c"_Py_UnhandledKeyboardInterrupt", 0),
+            12 => at(c"_PyRuntime", 1536),
+            13 => {
+                let rt = lookup(libc::RTLD_DEFAULT, c"_PyRuntime") as *const u64;
+                // `_Py_DebugOffsets`: cookie, version, free-threaded, then the size of
+                // `_PyRuntimeState` (283,320 bytes in 3.13's release builds).
+                if rt.is_null()
+                    || std::slice::from_raw_parts(rt as *const u8, 8) != b"xdebugpy"
+                    || std::ptr::read_volatile(rt.add(2)) != 0
+                    || std::ptr::read_volatile(rt.add(3)) != 283_320
+                {
+                    return None;
+                }
+                at(c"_PyRuntime", 2152)
+            }
+            _ => None,
+        }
+    }
+}
+
 // ---- reads of live objects' immutable fields ------------------------------------------
 
 /// The word at `base + off`; 0 if `base` is null or misaligned.

@@ -24,6 +24,9 @@ _bump = None  # the segment new small blocks are carved from
 _reserved = 0
 _allocated = 0
 _nallocs = 0  # tensor allocations so far (memory_stats' allocation.all.allocated)
+# A signal to send this process at the next is_initialized() (only gpuguard's Python
+# side asks it): a Ctrl-C landing while gpuguard's code runs. Set by the test program.
+signal_in_query = None
 
 
 def _lazy_init():
@@ -34,6 +37,12 @@ def _lazy_init():
 
 
 def is_initialized():
+    global signal_in_query
+    if signal_in_query is not None:
+        import os
+
+        sig, signal_in_query = signal_in_query, None
+        os.kill(os.getpid(), sig)
     return _initialized
 
 

@@ -96,17 +96,77 @@ fn a_python_program_under_sigterm_leaves_its_report() {
     assert!(live >= 3 * MIB, "{:#}", exits[0]);
 }
 
-#[test]
-fn a_python_keyboard_interrupt_ends_normally_with_the_exit_report() {
-    let r = run_trainer(&["torch", "leak:2", "raise:INT", "ready:5"], &[], true);
-    let bare = run_trainer(&["torch", "leak:2", "raise:INT", "ready:5"], &[], false);
+/// A Python program ended by an unhandled KeyboardInterrupt: Python finalizes, then
+/// kills itself with SIGINT (so its parent sees what Ctrl-C did), and no exit
+/// handler of the C library runs on that way out. Under gpuguard it leaves exactly
+/// one exit report and ends exactly as it does without gpuguard.
+fn keyboard_interrupt_ending(args: &[&str], env: &[(&str, &str)]) -> (Run, Value) {
+    let r = run_trainer(args, env, true);
+    let bare = run_trainer(args, env, false);
+    assert!(
+        bare.stderr.contains("KeyboardInterrupt"),
+        "{}",
+        bare.describe()
+    );
+    assert_eq!(bare.signal(), Some(libc::SIGINT), "{}", bare.describe());
     // Python's own handler ran: KeyboardInterrupt, then Python's exit.
     assert!(r.stderr.contains("KeyboardInterrupt"), "{}", r.describe());
     assert_eq!(r.status.code(), bare.status.code(), "{}", r.describe());
     assert_eq!(r.signal(), bare.signal(), "{}", r.describe());
-    let exits = exit_reports(&r);
-    assert_eq!(exits.len(), 1, "{}", r.describe());
-    assert!(exits[0].get("ending").is_none(), "{:#}", exits[0]);
+    let mut exits = exit_reports(&r);
+    assert_eq!(exits.len(), 1, "one exit report\n{}", r.describe());
+    (r, exits.remove(0))
+}
+
+#[test]
+fn a_python_keyboard_interrupt_ends_normally_with_the_exit_report() {
+    let (_, rep) = keyboard_interrupt_ending(&["torch", "leak:2", "raise:INT", "ready:5"], &[]);
+    // Python's `atexit` wrote it (the Python side is set up at the first CUDA call):
+    // the frameworks' account is in it, and no signal is named.
+    assert!(rep.get("ending").is_none(), "{rep:#}");
+    assert_eq!(rep["classification"][0]["framework"], "pytorch", "{rep:#}");
+    let live: u64 = live(&rep).iter().map(|e| u(&e["bytes"])).sum();
+    assert_eq!(live, 2 * MIB, "{rep:#}");
+}
+
+/// The KeyboardInterrupt comes at the program's very first CUDA call (the sim sends
+/// SIGINT from inside it), before the interpreter could run anything gpuguard asked
+/// for: its Python side is set up only as the interpreter finalizes, and what it
+/// imports then must not change how the process ends.
+#[test]
+fn a_keyboard_interrupt_at_the_first_cuda_call_still_leaves_the_exit_report() {
+    let (_, rep) = keyboard_interrupt_ending(
+        &["torch", "leak:2"],
+        &[("SIMCUDA_FAULTS", "cuMemAlloc_v2=sig2@1")],
+    );
+    // The first allocation (4 KiB, outside any framework) was made and never freed.
+    let live: Vec<u64> = live(&rep).iter().map(|e| u(&e["bytes"])).collect();
+    assert_eq!(live, [4096], "{rep:#}");
+}
+
+/// Without gpuguard's Python side nothing registers Python's `atexit`: the exit
+/// report is written when Python kills itself with SIGINT, and says so.
+#[test]
+fn a_keyboard_interrupt_with_the_python_side_off_still_leaves_the_exit_report() {
+    let (_, rep) = keyboard_interrupt_ending(
+        &["torch", "leak:2", "raise:INT", "ready:5"],
+        &[("GPUGUARD_PYTHON", "off")],
+    );
+    assert_eq!(rep["ending"]["name"], "SIGINT", "{rep:#}");
+    let live: u64 = live(&rep).iter().map(|e| u(&e["bytes"])).sum();
+    assert_eq!(live, 2 * MIB, "{rep:#}");
+}
+
+/// Ctrl-C landing while gpuguard's Python side runs on the main thread (here while
+/// it asks the stand-in torch a question for a report) is the program's: the
+/// KeyboardInterrupt reaches the program, which ends by it, with its exit report.
+#[test]
+fn a_keyboard_interrupt_during_gpuguards_python_code_reaches_the_program() {
+    let r = run_trainer(&["torch", "leak:2", "sig-in-gpuguard:INT"], &[], true);
+    assert!(!r.out().has_line("NOT INTERRUPTED"), "{}", r.describe());
+    assert!(r.stderr.contains("KeyboardInterrupt"), "{}", r.describe());
+    assert_eq!(r.signal(), Some(libc::SIGINT), "{}", r.describe());
+    assert_eq!(exit_reports(&r).len(), 1, "{}", r.describe());
 }
 
 /// Reports by `seq`; the exit report must be the last and have the highest.

@@ -31,6 +31,8 @@ static ENDING: AtomicI32 = AtomicI32::new(0);
 static DONE: AtomicBool = AtomicBool::new(false);
 /// Written by the helper thread when it is done; the handler polls it.
 static DONE_FD: AtomicI32 = AtomicI32::new(-1);
+/// The signals gpuguard was asked to watch (bit n: signal n), for `kill`.
+static WATCHED: AtomicU64 = AtomicU64::new(0);
 
 /// The name of an ending signal.
 pub(crate) fn name(sig: c_int) -> &'static str {
@@ -57,6 +59,9 @@ pub(crate) fn install(signals: &[c_int]) {
         }
     }
     for &sig in signals {
+        if (1..64).contains(&sig) {
+            WATCHED.fetch_or(1 << sig, AcqRel);
+        }
         // SAFETY: sigaction with zeroed, then filled structures.
         unsafe {
             let mut old: libc::sigaction = std::mem::zeroed();
@@ -184,31 +189,39 @@ fn now_ms() -> i64 {
     ts.tv_sec * 1000 + ts.tv_nsec / 1_000_000
 }
 
+/// Asks the helper thread for the final report of `sig` and waits for it, at most
+/// `WAIT_MS`. Async-signal-safe. Without a helper thread (not started, or it could
+/// not be) nothing is written.
+fn final_report(sig: c_int) {
+    let first = ENDING.compare_exchange(0, sig, AcqRel, Acquire).is_ok();
+    let fd = DONE_FD.load(Acquire);
+    if !wake::running() || fd < 0 {
+        return;
+    }
+    if first {
+        wake::ring();
+    }
+    let deadline = now_ms() + WAIT_MS;
+    while !DONE.load(Acquire) {
+        let left = deadline - now_ms();
+        if left <= 0 {
+            break;
+        }
+        let mut pfd = libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: polling our own eventfd.
+        unsafe { libc::poll(&mut pfd, 1, left.min(100) as c_int) };
+    }
+}
+
 extern "C" fn on_ending(sig: c_int, _info: *mut libc::siginfo_t, _uctx: *mut c_void) {
     // SAFETY: async-signal-safe calls only (see the module comment).
     unsafe {
         let errno = *libc::__errno_location();
-        let first = ENDING.compare_exchange(0, sig, AcqRel, Acquire).is_ok();
-        let fd = DONE_FD.load(Acquire);
-        // No helper thread (not started, or it could not be): nothing is written.
-        if wake::running() && fd >= 0 {
-            if first {
-                wake::ring();
-            }
-            let deadline = now_ms() + WAIT_MS;
-            while !DONE.load(Acquire) {
-                let left = deadline - now_ms();
-                if left <= 0 {
-                    break;
-                }
-                let mut pfd = libc::pollfd {
-                    fd,
-                    events: libc::POLLIN,
-                    revents: 0,
-                };
-                libc::poll(&mut pfd, 1, left.min(100) as c_int);
-            }
-        }
+        final_report(sig);
         // The default action, as if gpuguard had never been there.
         let mut act: libc::sigaction = std::mem::zeroed();
         act.sa_sigaction = libc::SIG_DFL;
@@ -221,5 +234,44 @@ extern "C" fn on_ending(sig: c_int, _info: *mut libc::siginfo_t, _uctx: *mut c_v
         libc::pthread_sigmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut());
         // Not reached for a signal whose default ends the process.
         *libc::__errno_location() = errno;
+    }
+}
+
+/// Whether `kill(pid, sig)` is this process ending itself by a watched signal's
+/// default action (Python's exit after an unhandled KeyboardInterrupt): gpuguard's
+/// handler is not there to write the final report then. Async-signal-safe.
+fn ends_this_process(pid: libc::pid_t, sig: c_int) -> bool {
+    if !(1..64).contains(&sig) || WATCHED.load(Acquire) & (1 << sig) == 0 {
+        return false;
+    }
+    // SAFETY: getpid, gettid and a sigaction query have no preconditions.
+    unsafe {
+        if pid != libc::getpid() || HELPER_TID.load(Acquire) == libc::gettid() {
+            return false;
+        }
+        let mut old: libc::sigaction = std::mem::zeroed();
+        // Our handler writes the report when the signal comes; a program's own
+        // handler, or SIG_IGN, does not end the process.
+        libc::sigaction(sig, std::ptr::null(), &mut old) == 0 && old.sa_sigaction == libc::SIG_DFL
+    }
+}
+
+/// The C library's `kill`, interposed: a process sending itself a watched signal
+/// whose disposition is the default gets its final report first (bounded, as the
+/// handler's), then the signal, sent as the C library would send it.
+///
+/// # Safety
+/// As `kill(2)`: any arguments; async-signal-safe.
+#[cfg_attr(not(test), unsafe(no_mangle))]
+pub unsafe extern "C" fn kill(pid: libc::pid_t, sig: c_int) -> c_int {
+    // SAFETY: errno of this thread, saved around the wait.
+    unsafe {
+        if ends_this_process(pid, sig) {
+            let errno = *libc::__errno_location();
+            final_report(sig);
+            *libc::__errno_location() = errno;
+        }
+        // The system call itself, as glibc's `kill` makes it (sets errno on failure).
+        libc::syscall(libc::SYS_kill, pid as libc::c_long, sig as libc::c_long) as c_int
     }
 }

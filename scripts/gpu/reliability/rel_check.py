@@ -18,8 +18,11 @@ appends one row per check to --summary (scripts/gpu/lib/ggv.py Rows, group "rel"
       action: exit status -15, i.e. 143 from a shell, and a final report naming the
       signal: reason containing "term" or "signal", or a field signal/ending = 15 or
       SIGTERM), SIGTERM to a job with its own handler (handler runs, exit 0, an exit
-      report last), SIGINT (Python's KeyboardInterrupt: exit status -2 or 130, an exit
-      report, or one naming the signal, last).
+      report last), SIGINT (Python's KeyboardInterrupt: exactly one exit report, the
+      last, and the exit status of a bare twin: the same script without gpuguard,
+      started at the same time and sent SIGINT 1 s after its own GGV_READY; Python's
+      SIGINT ending is -2, but an atexit hook that runs code from a string, such as
+      torch._dynamo's importing tabulate's namedtuples, makes it exit status 1).
   rel_check.py soak --dir D --lib LIB --deadline EPOCH [--summary F]
       rel_train.py soak, guarded and bare at the same time on the same GPU; SIGUSR1 and
       SIGUSR2 alternately every 2-3 s to the guarded run from its GGV_SOAK_READY to its
@@ -225,6 +228,21 @@ def ending_fields(rep):
     return {k: rep.get(k) for k in ("reason", "signal", "ending", "seq") if k in rep}
 
 
+def signalled_run(cmd, run_dir, lib, sig, out):
+    """Starts cmd (under gpuguard when lib is given), sends sig 1.0 s after its
+    GGV_READY line, waits for the end. Fills out: pid, ready, rc, timed_out, t_sig."""
+    p = start(cmd, run_dir, lib)
+    out.update(pid=p.pid, ready=wait_word(run_dir, "GGV_READY", p, 90), t_sig=None)
+    if out["ready"]:
+        time.sleep(1.0)
+        try:
+            os.kill(p.pid, sig)
+            out["t_sig"] = time.time()
+        except OSError:
+            pass
+    out["rc"], out["timed_out"] = finish(p, 40 if out["ready"] else 5, run_dir)
+
+
 def cmd_endings(a):
     cases = [("sigterm", signal.SIGTERM, False), ("sigterm_handled", signal.SIGTERM, True),
              ("sigint", signal.SIGINT, False)]
@@ -235,23 +253,28 @@ def cmd_endings(a):
         d = os.path.join(a.dir, name)
         os.makedirs(d, exist_ok=True)
         cmd = [PY, TRAIN, "ending", "--max-s", "90"] + (["--handle-term"] if handled else [])
-        p = start(cmd, d, a.lib)
-        ready = wait_word(d, "GGV_READY", p, 90)
-        t_sig = None
-        if ready:
-            time.sleep(1.0)
-            try:
-                os.kill(p.pid, sig)
-                t_sig = time.time()
-            except OSError:
-                pass
-        rc, to = finish(p, 40 if ready else 5, d)
-        recs = ggv.read_records(os.path.join(d, "stdout.log"))
-        if not ready:
+        run, twin = {}, {}
+        threads = [threading.Thread(target=signalled_run, args=(cmd, d, a.lib, sig, run))]
+        if sig == signal.SIGINT:
+            # How Python ends after an unhandled KeyboardInterrupt depends on the
+            # program (an atexit hook that runs code from a string, as importing a
+            # module that defines a namedtuple does, turns the SIGINT ending into
+            # exit status 1: torch._dynamo's does), so the reference is the same
+            # script without gpuguard, signalled the same way, at the same time.
+            db = os.path.join(d, "bare")
+            os.makedirs(db, exist_ok=True)
+            threads.append(threading.Thread(target=signalled_run, args=(cmd, db, None, sig, twin)))
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        rc, to = run["rc"], run["timed_out"]
+        if not run["ready"]:
             R.check("ready", False, "no GGV_READY line (rc %d): %s" % (rc, (stderr_problems(d) or ["-"])[-1][:200]))
             continue
         R.info("signal_sent", "%s sent %.1f s after GGV_READY; process ended %s" % (
             signal.Signals(sig).name, 1.0, "after SIGKILL (hung)" if to else "by itself"))
+        recs = ggv.read_records(os.path.join(d, "stdout.log"))
         if handled:
             R.check("exit_status", rc == 0 and not to, "rc %d (want 0: the job's own SIGTERM handler ends it)" % rc)
             R.check("handler_ran", "GGV_TERM_HANDLER ran" in ggv.read_text(os.path.join(d, "stdout.log")),
@@ -262,11 +285,16 @@ def cmd_endings(a):
                     "returncode %d (want -15 from Popen, 143 from a shell: the default action of SIGTERM)" % rc)
         else:
             kb = "KeyboardInterrupt" in ggv.read_text(os.path.join(d, "stderr.log"))
-            R.check("exit_status", rc in (-signal.SIGINT, 130) and not to and kb,
-                    "returncode %d (want -2 or 130), KeyboardInterrupt raised: %s" % (rc, kb))
-        mine = check_reports(R, d, p.pid)
+            kb_bare = "KeyboardInterrupt" in ggv.read_text(os.path.join(db, "stderr.log"))
+            ok_twin = twin["ready"] and not twin["timed_out"] and kb_bare
+            R.check("exit_status", ok_twin and rc == twin["rc"] and not to and kb,
+                    "returncode %d, bare twin %s (want the same: -2 is Python's SIGINT ending, 1 where an atexit "
+                    "hook of the program ran code from a string); KeyboardInterrupt raised: %s, in the twin: %s" % (
+                        rc, twin["rc"] if twin["ready"] else "not ready", kb, kb_bare),
+                    rc=rc, bare_rc=twin["rc"])
+        mine = check_reports(R, d, run["pid"])
         if not mine:
-            R.check("final_report", False, "no report of pid %d at all" % p.pid)
+            R.check("final_report", False, "no report of pid %d at all" % run["pid"])
             continue
         last_e, last = mine[-1]
         seqs = [e["seq"] for e, _ in mine]
@@ -276,12 +304,13 @@ def cmd_endings(a):
                 last_e["name"], last_e["seq"], seqs, what or "names no signal", json.dumps(ending_fields(last))))
         else:
             named, what = signal_named(last, sig)
-            ok = last_e["reason"] == "exit" or named
-            R.check("final_report", ok, "last report %s (seq %d of %s) reason %s%s; fields %s" % (
-                last_e["name"], last_e["seq"], seqs, last_e["reason"], (", " + what) if what else "",
+            exits = sum(1 for e, _ in mine if e["reason"] == "exit")
+            ok = last_e["reason"] == "exit" and exits == 1
+            R.check("final_report", ok, "last report %s (seq %d of %s) reason %s%s, %d exit report(s); fields %s" % (
+                last_e["name"], last_e["seq"], seqs, last_e["reason"], (", " + what) if what else "", exits,
                 json.dumps(ending_fields(last))))
         rec_t = last.get("time_unix_ms") or last.get("time")
-        R.info("report_time", "last report time_unix_ms %s, signal sent at %.3f s (unix)" % (rec_t, t_sig or 0))
+        R.info("report_time", "last report time_unix_ms %s, signal sent at %.3f s (unix)" % (rec_t, run["t_sig"] or 0))
     return 0
 
 

@@ -7,7 +7,8 @@
 #              SIGUSR2 arriving during the capture, replays equal to a run without
 #              gpuguard                                                      (~30 s)
 #   endings    SIGTERM from outside (exit status and a final report), SIGTERM to a job
-#              with its own handler, SIGINT (KeyboardInterrupt)              (~40 s)
+#              with its own handler, SIGINT (KeyboardInterrupt; the exit status is that
+#              of a bare twin run beside it, signalled the same way)        (~40 s)
 #   soak       a training soak under gpuguard with SIGUSR1/SIGUSR2 every 2-3 s next to
 #              the same loop without gpuguard: bit-identical losses, books equal to
 #              memory_reserved() at the end, valid reports              (GGV_SOAK_S)

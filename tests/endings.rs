@@ -144,6 +144,26 @@ fn a_keyboard_interrupt_at_the_first_cuda_call_still_leaves_the_exit_report() {
     assert_eq!(live, [4096], "{rep:#}");
 }
 
+/// gpuguard's exit hook asks the framework for its account after the program's end;
+/// the stand-in torch then runs code from a string (as a module imported for the
+/// first time does when it defines a namedtuple), which makes CPython forget the
+/// unhandled KeyboardInterrupt: gpuguard keeps it, and the process still ends by
+/// SIGINT.
+#[test]
+fn code_gpuguards_exit_hook_runs_leaves_the_keyboard_interrupt_ending_alone() {
+    let (_, rep) = keyboard_interrupt_ending(
+        &[
+            "torch",
+            "leak:2",
+            "exec-in-gpuguard",
+            "raise:INT",
+            "ready:5",
+        ],
+        &[],
+    );
+    assert_eq!(rep["classification"][0]["framework"], "pytorch", "{rep:#}");
+}
+
 /// Without gpuguard's Python side nothing registers Python's `atexit`: the exit
 /// report is written when Python kills itself with SIGINT, and says so.
 #[test]

@@ -391,6 +391,18 @@ pub fn run_timeout(
     for (k, v) in env {
         cmd.env(k, v);
     }
+    // The program starts with the dispositions a job gets from a terminal, whatever
+    // this test process inherited: a background job of a non-interactive shell
+    // ignores SIGINT, and a Python started so never raises KeyboardInterrupt.
+    // SAFETY: between fork and exec only `signal`, which is async-signal-safe.
+    unsafe {
+        std::os::unix::process::CommandExt::pre_exec(&mut cmd, || {
+            for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGQUIT] {
+                libc::signal(sig, libc::SIG_DFL);
+            }
+            Ok(())
+        });
+    }
 
     let mut child = cmd
         .spawn()

@@ -24,6 +24,8 @@ Actions, run in order:
                 torch sends it when gpuguard asks it a question), ask for a report so
                 that it runs, then run Python until the signal's effect (at most 20 s);
                 prints NOT INTERRUPTED if nothing came
+  exec-in-gpuguard  from now on the stand-in torch runs code from a string whenever
+                gpuguard's Python side asks it a question (at exit too)
   del-trim      at interpreter shutdown, ask for a trim from inside finalization
 Prints REPORT <path> for every report the waits saw, and OK at the end. With
 TRAINER_ECHO_SIGNALS=1 the program's own handlers print GOT <signum> for SIGUSR1 and
@@ -225,6 +227,8 @@ for action in sys.argv[2:]:
         for _ in range(100):
             time.sleep(0.002)
         print("NOT INTERRUPTED", flush=True)
+    elif name == "exec-in-gpuguard":
+        torch.cuda.exec_in_query = True
     elif name == "del-trim":
         sys.modules["__main__"].keeper = TrimAtShutdown()
     else:

@@ -27,6 +27,9 @@ _nallocs = 0  # tensor allocations so far (memory_stats' allocation.all.allocate
 # A signal to send this process at the next is_initialized() (only gpuguard's Python
 # side asks it): a Ctrl-C landing while gpuguard's code runs. Set by the test program.
 signal_in_query = None
+# Whether is_initialized() runs code from a string, as the first import of a module
+# that defines a namedtuple does (CPython then forgets an unhandled KeyboardInterrupt).
+exec_in_query = False
 
 
 def _lazy_init():
@@ -43,6 +46,8 @@ def is_initialized():
 
         sig, signal_in_query = signal_in_query, None
         os.kill(os.getpid(), sig)
+    if exec_in_query:
+        exec("pass")
     return _initialized
 
 

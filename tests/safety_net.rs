@@ -139,6 +139,29 @@ fn a_helper_thread_that_could_not_start_is_started_again() {
     );
 }
 
+/// A Python program ended by a KeyboardInterrupt at its first CUDA call (the sim
+/// sends SIGINT from inside it), while the helper thread could not start: nothing
+/// but that call itself could have set up gpuguard's Python side, and the exit
+/// report (Python's `atexit`) must not depend on a thread's timing.
+#[test]
+fn a_keyboard_interrupt_before_any_helper_thread_still_leaves_the_exit_report() {
+    let lib = fault_shim().display().to_string();
+    let env = [
+        ("LD_PRELOAD", lib.as_str()),
+        ("GGTEST_FAULT", "spawn"),
+        ("SIMCUDA_FAULTS", "cuMemAlloc_v2=sig2@1"),
+    ];
+    let r = run_python(&python(), "trainer.py", &["torch", "leak:2"], &env, false);
+    assert!(r.stderr.contains("KeyboardInterrupt"), "{}", r.describe());
+    assert_eq!(r.signal(), Some(libc::SIGINT), "{}", r.describe());
+    let exits = reports_with_reason(&r, "exit");
+    assert_eq!(exits.len(), 1, "{}", r.describe());
+    let rep = &exits[0].1;
+    assert_eq!(rep["classification"][0]["framework"], "pytorch", "{rep:#}");
+    let live: Vec<u64> = live(rep).iter().map(|e| u(&e["bytes"])).collect();
+    assert_eq!(live, [4096], "{rep:#}");
+}
+
 /// Two different real pointers for one function through one lookup path (here
 /// `dlsym` on the driver and on a second copy of it): each gets a wrapper, so both
 /// allocations are in the books and under the cap.

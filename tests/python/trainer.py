@@ -22,8 +22,8 @@ Actions, run in order:
                 leaves the action
   sig-in-gpuguard:SIG  have SIG sent while gpuguard's Python side runs (the stand-in
                 torch sends it when gpuguard asks it a question), ask for a report so
-                that it runs, then run Python until the signal's effect (at most 20 s);
-                prints NOT INTERRUPTED if nothing came
+                that it runs, and run Python until it was sent (at most 20 s); prints
+                NOT INTERRUPTED if the program goes on after it
   exec-in-gpuguard  from now on the stand-in torch runs code from a string whenever
                 gpuguard's Python side asks it a question (at exit too)
   del-trim      at interpreter shutdown, ask for a trim from inside finalization
@@ -223,9 +223,8 @@ for action in sys.argv[2:]:
         end = time.time() + 20
         while time.time() < end and torch.cuda.signal_in_query is not None:
             time.sleep(0.002)
-        # The signal was sent inside gpuguard's call: its effect comes now, if at all.
-        for _ in range(100):
-            time.sleep(0.002)
+        # Sent (or never) from inside gpuguard's call: a KeyboardInterrupt it raised
+        # has reached this frame by now.
         print("NOT INTERRUPTED", flush=True)
     elif name == "exec-in-gpuguard":
         torch.cuda.exec_in_query = True

@@ -11,6 +11,11 @@
 //!
 //! The CPython functions it calls are found at run time (`api`); the Python frames
 //! hooks read are in `frames`.
+//!
+//! Why one file of about 630 lines: the request exchange, the pending call that serves
+//! it on the main thread, and the exit-time handover share one protocol (who waits, who
+//! cancels, what the interpreter's state allows); apart, each half would have to
+//! restate it.
 
 use super::settings::{LogLevel, log, settings};
 use super::state::{active_books, shielded};

@@ -1,5 +1,9 @@
 //! Turns the ledger into a `Report` and writes it atomically. Safe Rust: everything the
 //! process must be asked (symbol names, device sizes) comes in as closures.
+//!
+//! Why one file of about 710 lines before its tests: building the report, streaming
+//! `live[]` and the atomic write share the entry type and its order; the write is the
+//! build's last step.
 
 use crate::ledger::{Key, Kind, Ledger, MAX_DEVICES, NO_SITE, Record};
 use crate::report::{DeviceReport, HostReport, LiveAllocation, Report, ReportConfig, SCHEMA, Site};

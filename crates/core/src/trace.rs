@@ -25,6 +25,9 @@
 //! byte budget the interval doubles (recorded as a `trace thinned` event), so each
 //! sixteenth covers twice the time of the one before: a 64 MiB budget lasts for weeks
 //! of a busy process. At the budget only the closing event is written.
+//!
+//! Why one file of about 660 lines before its tests: the writer and the reader of one
+//! file format stay together, so a change to the format changes both at once.
 
 use serde::Deserialize;
 use serde_json::{Value, json};

@@ -27,6 +27,18 @@ static ACTION_RAN: AtomicBool = AtomicBool::new(false);
 /// disabled.
 #[inline]
 pub(crate) fn books() -> Option<&'static Books> {
+    if STATE.load(Acquire) == ACTIVE && !super::wake::helper_missing() {
+        // SAFETY: BOOKS is set before STATE becomes ACTIVE and is never freed.
+        return unsafe { BOOKS.load(Acquire).as_ref() };
+    }
+    books_slow()
+}
+
+/// `books` when gpuguard is not active yet, or its helper thread is missing: out of
+/// line, so the hot path inlines only the two loads above.
+#[cold]
+#[inline(never)]
+fn books_slow() -> Option<&'static Books> {
     if STATE.load(Acquire) == ACTIVE {
         if super::wake::helper_missing() {
             shielded(super::wake::retry);

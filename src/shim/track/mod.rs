@@ -289,11 +289,19 @@ fn stack_bounds(t: &ThreadState) -> (usize, usize) {
 }
 
 /// The caller's stack as an interned site id; gpuguard's own frames are skipped.
+/// With stacks off (`GPUGUARD_STACK_DEPTH=0`) the hook does only this one test.
+#[inline]
 fn capture_site_in(books: &Books, t: &ThreadState) -> u32 {
     let depth = config().stack_depth;
     if depth == 0 {
         return NO_SITE;
     }
+    capture_site_at(books, t, depth)
+}
+
+/// `capture_site_in` with stacks on, out of line (it saves many registers).
+#[inline(never)]
+fn capture_site_at(books: &Books, t: &ThreadState, depth: usize) -> u32 {
     // SAFETY: this thread's own buffers; a hook never runs inside another on the
     // same thread (the driver guard), so nothing else holds them now.
     let (pcs, last) = unsafe { (&mut *t.scratch.get(), &mut *t.last.get()) };
@@ -440,20 +448,47 @@ enum Admission {
         dev: i32,
         reserved: u64,
     },
+    /// Host memory, or a device without a cap (as read once, here): nothing is
+    /// reserved, nothing to give back or check against a cap after the call.
+    Uncapped {
+        books: &'static Books,
+        ctx: u64,
+        dev: i32,
+    },
     /// Refused by the cap: the call is not made.
     Refused,
 }
 
 /// Before the real call: the device, and a reservation of the planned bytes against
 /// its cap. At the cap, what pools hold unused is given back and the reservation
-/// tried once more before refusing.
+/// tried once more before refusing. Host memory and uncapped devices reserve nothing
+/// (the ledger's reservation is a no-op for them): `Uncapped`, decided by one read of
+/// the cap.
+#[inline]
 fn admit(t: &ThreadState, api: u8, kind: Kind, plan: &Plan) -> Option<Admission> {
     let books = books()?;
     let (ctx, dev) = call_device(t, books, plan.device);
     books.note_device(dev);
     let host = kind.is_host();
     let capped = !host && books.ledger.device(dev).cap().is_some();
-    let reserved = if capped && kind == Kind::Pool {
+    if !capped {
+        return Some(Admission::Uncapped { books, ctx, dev });
+    }
+    admit_capped(t, api, kind, plan, books, ctx, dev)
+}
+
+/// `admit` on a capped device (never host memory).
+#[allow(clippy::too_many_arguments)]
+fn admit_capped(
+    t: &ThreadState,
+    api: u8,
+    kind: Kind,
+    plan: &Plan,
+    books: &'static Books,
+    ctx: u64,
+    dev: i32,
+) -> Option<Admission> {
+    let reserved = if kind == Kind::Pool {
         plan.bytes.div_ceil(POOL_CHUNK).max(1) * POOL_CHUNK
     } else {
         plan.bytes
@@ -464,11 +499,11 @@ fn admit(t: &ThreadState, api: u8, kind: Kind, plan: &Plan) -> Option<Admission>
         dev,
         reserved,
     };
-    if books.ledger.reserve(dev, host, reserved) {
+    if books.ledger.reserve(dev, false, reserved) {
         return Some(admitted());
     }
     books.trim_pools(dev);
-    if books.ledger.reserve(dev, host, reserved) {
+    if books.ledger.reserve(dev, false, reserved) {
         return Some(admitted());
     }
     books.refused(
@@ -539,6 +574,17 @@ pub(crate) fn driver_alloc(
                 dev,
                 reserved,
             }) => (books, ctx, dev, reserved),
+            Some(Admission::Uncapped { books, ctx, dev }) => {
+                // Nothing reserved: no reservation to adjust or give back, and no cap
+                // to check after the call (`after_alloc` would return at once).
+                let rc = real();
+                match if rc == SUCCESS { made() } else { None } {
+                    Some(m) => record(t, books, api, kind, m, ctx, dev, true),
+                    None if rc != SUCCESS => books.ledger.failed(dev, kind.is_host()),
+                    None => {}
+                }
+                return rc;
+            }
             Some(Admission::Refused) => return OUT_OF_MEMORY,
             None => return real(), // gpuguard is off: the call goes through untouched
         };
@@ -718,6 +764,7 @@ pub(crate) fn capture_end(stream: u64, call: impl FnOnce() -> c_int) -> c_int {
 
 /// The device of a memory pool gpuguard saw created or handed out (with one device
 /// visible, that one, without a lookup).
+#[inline]
 pub(crate) fn pool_device(pool: *mut c_void) -> Option<i32> {
     let books = active_books()?;
     if books.single_device() {

@@ -176,8 +176,11 @@ fn a_burst_of_signals_merges_into_few_trims() {
     let r = run_trainer(&["torch", "cache:16", "burst:USR2:20", "state"], &[], true);
     r.assert_ok();
     let trims = reports_with(&r, "trim");
+    // The burst is sent from the main thread, which also runs each trim's Python part
+    // between two of its kill() calls: how the 20 split depends on scheduling (1-3
+    // trims when idle, 4 seen under CI load), never one trim each.
     assert!(
-        !trims.is_empty() && trims.len() <= 3,
+        !trims.is_empty() && trims.len() <= 6,
         "{} trims",
         trims.len()
     );

@@ -9,8 +9,6 @@
 #include <pthread.h>
 #include <sys/wait.h>
 
-#define MiB (1ULL << 20)
-
 static int ndev(void)
 {
     int n = 0;
@@ -19,15 +17,6 @@ static int ndev(void)
 }
 
 /* cuInit plus the device's primary context made current on this thread. */
-static CUcontext setup(int dev)
-{
-    CUcontext c;
-    MUST(cuInit(0));
-    MUST(cuDevicePrimaryCtxRetain(&c, dev));
-    MUST(cuCtxSetCurrent(c));
-    return c;
-}
-
 static CUdeviceptr dev_alloc(size_t bytes, int dev)
 {
     CUdeviceptr p;
@@ -53,7 +42,7 @@ static void finish(void)
 static int mode_link(int argc, char **argv)
 {
     (void)argc; (void)argv;
-    setup(0);
+    gg_setup(0);
     CUdeviceptr a = dev_alloc(1 * MiB, 0);
     CUdeviceptr b = dev_alloc(3 * MiB + 5, 0);
     CUdeviceptr c = dev_alloc(65536, 0);
@@ -98,7 +87,7 @@ static int mode_link(int argc, char **argv)
 static int mode_vmm(int argc, char **argv)
 {
     (void)argc; (void)argv;
-    setup(0);
+    gg_setup(0);
     CUmemAllocationProp prop;
     memset(&prop, 0, sizeof prop);
     prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
@@ -158,7 +147,7 @@ static void pool_line(const char *name, CUmemoryPool p)
 static int mode_pool(int argc, char **argv)
 {
     (void)argc; (void)argv;
-    setup(0);
+    gg_setup(0);
     CUmemoryPool dp;
     MUST(cuDeviceGetDefaultMemPool(&dp, 0));
     /* keep freed blocks reserved across synchronisations */
@@ -216,7 +205,7 @@ static int mode_pool(int argc, char **argv)
 static int mode_host(int argc, char **argv)
 {
     (void)argc; (void)argv;
-    setup(0);
+    gg_setup(0);
     void *h1, *h2, *h3;
     MUST(cuMemHostAlloc(&h1, 1 * MiB, 0));
     alloc_line((uintptr_t)h1, 1 * MiB, -1, "host");
@@ -237,7 +226,7 @@ static int mode_host(int argc, char **argv)
 static int mode_array(int argc, char **argv)
 {
     (void)argc; (void)argv;
-    setup(0);
+    gg_setup(0);
     CUarray a2, a1, a3;
     CUDA_ARRAY_DESCRIPTOR d2 = {256, 256, CU_AD_FORMAT_FLOAT, 4};
     MUST(cuArrayCreate_v2(&a2, &d2));
@@ -332,7 +321,7 @@ static int mode_teardown(int argc, char **argv)
 static int mode_unknown_free(int argc, char **argv)
 {
     (void)argc; (void)argv;
-    setup(0);
+    gg_setup(0);
     CUdeviceptr a;
     MUST(cuMemAlloc_v2(&a, 1 * MiB));
     rc_line("cuMemFree_v2", cuMemFree_v2(a));
@@ -357,7 +346,7 @@ static int mode_unknown_free(int argc, char **argv)
 static int mode_nullout(int argc, char **argv)
 {
     (void)argc; (void)argv;
-    setup(0);
+    gg_setup(0);
     CUmemAllocationProp prop;
     memset(&prop, 0, sizeof prop);
     prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
@@ -382,7 +371,7 @@ static int mode_nullout(int argc, char **argv)
 static int mode_fail(int argc, char **argv)
 {
     (void)argc; (void)argv;
-    setup(0);
+    gg_setup(0);
     /* SIMCUDA_FAIL_NEXT in the environment does the same at init */
     if (!getenv("SIMCUDA_FAIL_NEXT")) simcuda_fail_next(4);
     CUmemAllocationProp prop;
@@ -407,7 +396,7 @@ static int mode_fail(int argc, char **argv)
 static int mode_oom(int argc, char **argv)
 {
     size_t chunk = argc > 1 ? strtoull(argv[1], NULL, 0) : 64 * MiB;
-    setup(0);
+    gg_setup(0);
     size_t cap = 4096, n = 0;
     CUdeviceptr *ps = malloc(cap * sizeof *ps);
     int rc;
@@ -445,7 +434,7 @@ __attribute__((noinline, noclone)) void leaky_function(int k)
 static int mode_leak(int argc, char **argv)
 {
     int k = argc > 1 ? atoi(argv[1]) : 3;
-    setup(0);
+    gg_setup(0);
     leaky_function(k);
     finish();
     return 0;
@@ -509,7 +498,7 @@ static int mode_threads(int argc, char **argv)
 {
     int n = argc > 1 ? atoi(argv[1]) : 8;
     g_iters = argc > 2 ? atoi(argv[2]) : 1000;
-    setup(0);
+    gg_setup(0);
     void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
     g_dl_alloc = (alloc_fn)dlsym(h, "cuMemAlloc_v2");
     g_dl_free = (free_fn)dlsym(h, "cuMemFree_v2");
@@ -536,7 +525,7 @@ static int mode_threads(int argc, char **argv)
 static int mode_fork(int argc, char **argv)
 {
     int leak = argc > 1 && strcmp(argv[1], "leak") == 0;
-    setup(0);
+    gg_setup(0);
     CUdeviceptr a = dev_alloc(2 * MiB, 0);
     CUdeviceptr before = leak ? dev_alloc(3 * MiB, 0) : 0;
     fflush(stdout); /* nothing buffered may be written twice */
@@ -569,7 +558,7 @@ static int mode_fork(int argc, char **argv)
 static int mode_pool_trim(int argc, char **argv)
 {
     int sig = argc > 1 ? atoi(argv[1]) : SIGUSR2;
-    setup(0);
+    gg_setup(0);
     CUmemoryPool dp;
     MUST(cuDeviceGetDefaultMemPool(&dp, 0));
     cuuint64_t keep = ~0ULL;
@@ -598,7 +587,7 @@ static int mode_pool_trim(int argc, char **argv)
 static int mode_signal_after(int argc, char **argv)
 {
     int sig = argc > 1 ? atoi(argv[1]) : SIGUSR1;
-    setup(0);
+    gg_setup(0);
     CUdeviceptr a = dev_alloc(1 * MiB, 0);
     leak_line(a, 1 * MiB);
     raise(sig);
@@ -634,7 +623,7 @@ static int mode_own_handler(int argc, char **argv)
     (void)argc; (void)argv;
     install_own_handler();
     raise(SIGUSR1);
-    setup(0);
+    gg_setup(0);
     CUdeviceptr a = dev_alloc(1 * MiB, 0);
     raise(SIGUSR1);
     sleep_ms(300); /* as in signal_after: time for a report the signal asked for */
@@ -647,7 +636,7 @@ static int mode_own_handler(int argc, char **argv)
 static int mode_own_handler_after(int argc, char **argv)
 {
     (void)argc; (void)argv;
-    setup(0);
+    gg_setup(0);
     CUdeviceptr a = dev_alloc(1 * MiB, 0);
     install_own_handler();
     raise(SIGUSR1);
@@ -678,7 +667,7 @@ static void *storm_worker(void *arg)
 static int mode_storm(int argc, char **argv)
 {
     (void)argc; (void)argv;
-    CUcontext c = setup(0);
+    CUcontext c = gg_setup(0);
     pthread_t th;
     MUST(pthread_create(&th, NULL, storm_worker, c));
     for (int i = 0; i < 2000; i++) kill(getpid(), SIGUSR1);
@@ -694,7 +683,7 @@ static int mode_storm(int argc, char **argv)
 static int mode_report_request(int argc, char **argv)
 {
     (void)argc; (void)argv;
-    setup(0);
+    gg_setup(0);
     CUdeviceptr a = dev_alloc(1 * MiB, 0);
     leak_line(a, 1 * MiB);
     gg_report_fn wr = (gg_report_fn)dlsym(RTLD_DEFAULT, "gpuguard_write_report");
@@ -734,7 +723,7 @@ static int mode_capi(int argc, char **argv)
         return 0;
     }
     capi_lines("before", counters);
-    setup(0);
+    gg_setup(0);
     CUdeviceptr a = dev_alloc(1 * MiB, 0);
     capi_lines("after", counters);
     dev_free(a);
@@ -797,7 +786,7 @@ static int mode_sigalloc(int argc, char **argv)
 {
     g_sig_target = argc > 1 ? atoi(argv[1]) : 200;
     if (g_sig_target < 1 || g_sig_target > SIG_KEEP_MAX) g_sig_target = 200;
-    setup(0);
+    gg_setup(0);
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = sig_alloc_handler;

@@ -27,18 +27,8 @@
 
 #include <pthread.h>
 
-#define MiB (1ULL << 20)
 #define SENTINEL 0x5e5e5e5e5e5e5e5eULL
 #define SENTINEL32 0x5e5e5e5eu
-
-static CUcontext setup(int dev)
-{
-    CUcontext c;
-    MUST(cuInit(0));
-    MUST(cuDevicePrimaryCtxRetain(&c, dev));
-    MUST(cuCtxSetCurrent(c));
-    return c;
-}
 
 static int ndev(void)
 {
@@ -392,7 +382,7 @@ static void check_host(const char *api, int which, size_t bytes)
 static int mode_paths(int argc, char **argv)
 {
     size_t cap = (size_t)(argc > 1 ? atoi(argv[1]) : 32) * MiB;
-    setup(0);
+    gg_setup(0);
     MUST(cuStreamCreate(&g_stream, 0));
     CUmemPoolProps props;
     memset(&props, 0, sizeof props);
@@ -514,7 +504,7 @@ static int mode_race(int argc, char **argv)
 {
     g_threads = argc > 1 ? atoi(argv[1]) : 16;
     g_iters = argc > 2 ? atoi(argv[2]) : 300;
-    g_ctx0 = setup(0);
+    g_ctx0 = gg_setup(0);
     size_t largest = 2 * MiB; /* the VMM threads' size */
     for (int t = 0; t < g_threads; t++)
         if (race_size(t) > largest) largest = race_size(t);
@@ -553,7 +543,7 @@ static void *slow_free_thread(void *arg)
 static int mode_free_race(int argc, char **argv)
 {
     int wait = argc > 1 ? atoi(argv[1]) : 50;
-    g_ctx0 = setup(0);
+    g_ctx0 = gg_setup(0);
     g_slow = dev_alloc(8 * MiB, 0);
     pthread_t th;
     MUST(pthread_create(&th, NULL, slow_free_thread, NULL));
@@ -576,7 +566,7 @@ static int mode_pool_fill(int argc, char **argv)
     size_t bytes = argc > 1 ? strtoull(argv[1], NULL, 0) : MiB;
     int max = argc > 2 ? atoi(argv[2]) : 64;
     if (max > 256) max = 256;
-    setup(0);
+    gg_setup(0);
     CUstream s;
     MUST(cuStreamCreate(&s, 0));
     CUdeviceptr ps[256];
@@ -613,7 +603,7 @@ static int mode_pool_fill(int argc, char **argv)
 static int mode_pool_trim(int argc, char **argv)
 {
     (void)argc; (void)argv;
-    setup(0);
+    gg_setup(0);
     CUstream s;
     MUST(cuStreamCreate(&s, 0));
     CUmemoryPool dp;
@@ -667,7 +657,7 @@ static void meminfo(const char *tag, int dev)
 static int mode_meminfo(int argc, char **argv)
 {
     (void)argc; (void)argv;
-    setup(0);
+    gg_setup(0);
     step("fresh");
     meminfo("MEMINFO", 0);
     print_gg();
@@ -785,7 +775,7 @@ static void nvml_both_paths(void)
 static int mode_nvml(int argc, char **argv)
 {
     (void)argc; (void)argv;
-    setup(0);
+    gg_setup(0);
     CUdeviceptr a = dev_alloc(10 * MiB, 0);
     int other = ndev() > 1 ? 1 : 0;
     CUcontext c1;
@@ -840,7 +830,7 @@ static int mode_deny_loop(int argc, char **argv)
     int n = argc > 1 ? atoi(argv[1]) : 1000;
     int pause = argc > 2 ? atoi(argv[2]) : 0;
     int rt = argc > 3 && strcmp(argv[3], "rt") == 0;
-    setup(0);
+    gg_setup(0);
     CUdeviceptr a = dev_alloc(10 * MiB, 0);
     int other = ndev() > 1 ? 1 : 0;
     CUcontext c1;
@@ -873,7 +863,7 @@ static int mode_deny_loop(int argc, char **argv)
 static int mode_warn(int argc, char **argv)
 {
     int pause = argc > 1 ? atoi(argv[1]) : 200;
-    setup(0);
+    gg_setup(0);
     CUdeviceptr a = dev_alloc(20 * MiB, 0);
     sleep_ms(pause);
     step("below1");
@@ -911,7 +901,7 @@ static int mode_warn(int argc, char **argv)
 static int mode_trim_at(int argc, char **argv)
 {
     int pause = argc > 1 ? atoi(argv[1]) : 300;
-    setup(0);
+    gg_setup(0);
     CUstream s;
     MUST(cuStreamCreate(&s, 0));
     CUmemoryPool dp;

@@ -60,6 +60,18 @@ typedef int (*gg_report_fn)(const char *, char *, size_t);
         }                                                                            \
     } while (0)
 
+#define MiB (1ULL << 20)
+
+/* Makes device `dev`'s primary context current (initializing the driver first). */
+static inline CUcontext gg_setup(int dev)
+{
+    CUcontext c;
+    MUST(cuInit(0));
+    MUST(cuDevicePrimaryCtxRetain(&c, dev));
+    MUST(cuCtxSetCurrent(c));
+    return c;
+}
+
 static inline void rc_line(const char *label, int rc) { printf("RC %s %d\n", label, rc); }
 
 static inline void alloc_line(unsigned long long addr, unsigned long long bytes, int dev,

@@ -5,8 +5,6 @@
  */
 #include "gg_common.h"
 
-#define MiB (1ULL << 20)
-
 static void *g_lib;
 
 /* dlsym on the private handle; a missing entry point ends the program. */

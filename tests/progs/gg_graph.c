@@ -14,17 +14,6 @@
 
 #include <pthread.h>
 
-#define MiB (1ULL << 20)
-
-static CUcontext setup(int dev)
-{
-    CUcontext c;
-    MUST(cuInit(0));
-    MUST(cuDevicePrimaryCtxRetain(&c, dev));
-    MUST(cuCtxSetCurrent(c));
-    return c;
-}
-
 static void got_signal(int sig)
 {
     char msg[16] = "GOT ";
@@ -97,7 +86,7 @@ static int mode_hold(int argc, char **argv)
 {
     (void)argc; (void)argv;
     install_echo();
-    setup(0);
+    gg_setup(0);
     CUmemoryPool dp;
     MUST(cuDeviceGetDefaultMemPool(&dp, 0));
     cuuint64_t keep = ~0ULL;
@@ -177,7 +166,7 @@ static CUresult end_with(end_fn f, CUstream s)
 static int mode_paths(int argc, char **argv)
 {
     (void)argc; (void)argv;
-    setup(0);
+    gg_setup(0);
     CUstream s1, s2, s3, s4;
     MUST(cuStreamCreate(&s1, 0));
     MUST(cuStreamCreate(&s2, 0));

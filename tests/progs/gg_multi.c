@@ -19,8 +19,6 @@
 #include "cudart_sim.h"
 #include "nvml_sim.h"
 
-#define MiB (1ULL << 20)
-
 static CUcontext g_ctx[64];
 
 static int ndev(void)

@@ -12,8 +12,6 @@
 #include <pthread.h>
 #include <sys/wait.h>
 
-#define MiB (1ULL << 20)
-
 typedef int (*gg_trim_fn)(uint32_t, char *, size_t);
 typedef int (*gg_set_cap_fn)(int, uint64_t);
 

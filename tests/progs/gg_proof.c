@@ -15,7 +15,6 @@
 #include <pthread.h>
 #include <sys/wait.h>
 
-#define MiB (1ULL << 20)
 #define MAX_DEV 2
 
 typedef CUresult (*alloc_fn)(CUdeviceptr *, size_t);
@@ -35,15 +34,6 @@ static release_fn gpa_release;
 
 static int (*set_faults)(const char *);
 static unsigned long long (*faults_injected)(void);
-
-static CUcontext setup(int dev)
-{
-    CUcontext c;
-    MUST(cuInit(0));
-    MUST(cuDevicePrimaryCtxRetain(&c, dev));
-    MUST(cuCtxSetCurrent(c));
-    return c;
-}
 
 /* The dlsym and cuGetProcAddress answers, as a program that loads the driver
  * itself (or a framework) would get them. */
@@ -147,7 +137,7 @@ static void want(const char *label, int code, int got)
 static int mode_faults(int argc, char **argv)
 {
     (void)argc; (void)argv;
-    setup(0);
+    gg_setup(0);
     MUST(cudaSetDevice(0));
     lookups();
     static const int codes[] = {CUDA_ERROR_OUT_OF_MEMORY, CUDA_ERROR_INVALID_VALUE,
@@ -392,7 +382,7 @@ static int mode_stress(int argc, char **argv)
     g_forks_wanted = argc > 4 ? atoi(argv[4]) : 2;
     int with_storm = argc > 5 ? atoi(argv[5]) : 1;
     if (n < 1 || n > 64) n = 6;
-    setup(0);
+    gg_setup(0);
     lookups();
     int nd = sim_devices() < MAX_DEV ? sim_devices() : MAX_DEV;
     struct worker *w = calloc((size_t)n, sizeof *w);
@@ -478,7 +468,7 @@ static int mode_helgrind(int argc, char **argv)
     (void)argc; (void)argv;
     const char *plant = getenv("GG_PROOF_RACE");
     g_plant_race = plant && strcmp(plant, "1") == 0;
-    setup(0);
+    gg_setup(0);
     lookups();
     MUST(cudaSetDevice(0)); /* the runtime initialised before any thread exists */
     CUdeviceptr keep; /* the first tracked call: gpuguard is active from here on */

@@ -10,17 +10,6 @@
 #include <pthread.h>
 #include <sys/wait.h>
 
-#define MiB (1ULL << 20)
-
-static CUcontext setup(int dev)
-{
-    CUcontext c;
-    MUST(cuInit(0));
-    MUST(cuDevicePrimaryCtxRetain(&c, dev));
-    MUST(cuCtxSetCurrent(c));
-    return c;
-}
-
 static CUdeviceptr leak(size_t bytes)
 {
     CUdeviceptr p;
@@ -66,7 +55,7 @@ static int wait_report(const char *reason)
 static int mode_ending(int argc, char **argv)
 {
     int sig = argc > 1 ? atoi(argv[1]) : SIGTERM;
-    setup(0);
+    gg_setup(0);
     leak(1 * MiB);
     fflush(stdout);
     raise(sig);
@@ -78,7 +67,7 @@ static int mode_ending(int argc, char **argv)
 static int mode_wait(int argc, char **argv)
 {
     (void)argc; (void)argv;
-    setup(0);
+    gg_setup(0);
     leak(1 * MiB);
     puts("READY");
     fflush(stdout);
@@ -108,7 +97,7 @@ static int mode_own_term(int argc, char **argv)
 {
     int before = argc > 1 && strcmp(argv[1], "before") == 0;
     if (before) own_term_handler();
-    setup(0);
+    gg_setup(0);
     leak(1 * MiB);
     if (!before) own_term_handler();
     raise(SIGTERM);
@@ -123,7 +112,7 @@ static int mode_own_term(int argc, char **argv)
 static int mode_ask_then_exit(int argc, char **argv)
 {
     int sig = argc > 1 ? atoi(argv[1]) : SIGUSR2;
-    setup(0);
+    gg_setup(0);
     CUdeviceptr a;
     MUST(cuMemAllocAsync(&a, 8 * MiB, NULL));
     MUST(cuMemFreeAsync(a, NULL));
@@ -138,7 +127,7 @@ static int mode_ask_then_exit(int argc, char **argv)
 static int mode_cap_then_exit(int argc, char **argv)
 {
     (void)argc; (void)argv;
-    setup(0);
+    gg_setup(0);
     leak(1 * MiB);
     CUdeviceptr p;
     rc_line("big", cuMemAlloc_v2(&p, 64 * MiB));
@@ -150,7 +139,7 @@ static int mode_cap_then_exit(int argc, char **argv)
 static int mode_snapshots_then_exit(int argc, char **argv)
 {
     int ms = argc > 1 ? atoi(argv[1]) : 50;
-    setup(0);
+    gg_setup(0);
     leak(1 * MiB);
     wait_report("snapshot");
     struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
@@ -165,7 +154,7 @@ static int mode_snapshots_then_exit(int argc, char **argv)
 static int mode_pool_trim_unasked(int argc, char **argv)
 {
     (void)argc; (void)argv;
-    setup(0);
+    gg_setup(0);
     CUdeviceptr a;
     MUST(cuMemAllocAsync(&a, 16 * MiB, NULL));
     MUST(cuMemFreeAsync(a, NULL));
@@ -182,7 +171,7 @@ static int mode_pool_trim_unasked(int argc, char **argv)
 static int mode_allocs(int argc, char **argv)
 {
     int n = argc > 1 ? atoi(argv[1]) : 4;
-    setup(0);
+    gg_setup(0);
     CUdeviceptr *ps = calloc((size_t)n, sizeof *ps);
     for (int i = 0; i < n; i++) {
         int rc = cuMemAlloc_v2(&ps[i], 1 * MiB);
@@ -218,7 +207,7 @@ static int mode_dlsym_probe(int argc, char **argv)
 static int mode_retry_helper(int argc, char **argv)
 {
     (void)argc; (void)argv;
-    setup(0);
+    gg_setup(0);
     leak(1 * MiB);
     raise(SIGUSR1);
     int got = 0;
@@ -244,7 +233,7 @@ typedef CUresult (*free_fn)(CUdeviceptr);
 static int mode_second_driver(int argc, char **argv)
 {
     if (argc < 2) return 2;
-    setup(0);
+    gg_setup(0);
     void *h1 = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
     void *h2 = dlopen(argv[1], RTLD_NOW | RTLD_LOCAL);
     if (!h1 || !h2) {

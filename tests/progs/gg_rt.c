@@ -6,8 +6,6 @@
 #include "gg_common.h"
 #include "cudart_sim.h"
 
-#define MiB (1ULL << 20)
-
 #define RT(call) MUST(call)
 
 static void rt_alloc_line(void *p, unsigned long long bytes, int dev, const char *kind)

@@ -34,6 +34,9 @@ In-process A/B mode (docs/performance.md, "Training overhead to ±0.5%: method")
       after one AB {"record": "ab_meta", ...} line; ab_analyze.py reads them. Without
       gpuguard (or without the switch) both halves are identical: an A/A control.
       K defaults to whole passes of the shape sequence lasting >= --block-ms.
+      --ab-gc 1 (default): Python's cyclic collector runs before each block, outside
+      the timed interval, and is off inside it (its pauses otherwise land in random
+      blocks); --ab-gc 0 leaves it on.
 
 Diagnostics, printed after RESULT (so a failure in them never loses the result):
   FW workload=W before=S after=S [wait_s=X extra_steps=N]
@@ -50,6 +53,7 @@ Diagnostics, printed after RESULT (so a failure in them never loses the result):
 """
 import argparse
 import ctypes
+import gc
 import json
 import os
 import random
@@ -143,6 +147,7 @@ def run_ab(args, name, step, sched, sync, toggle=None):
     meta = {"record": "ab_meta", "workload": name, "gpuguard": guard.present,
             "switch": switch is not None, "toggle": toggle is not None, "block_steps": k,
             "max_blocks": args.ab_blocks, "max_seconds": args.ab_seconds,
+            "gc": "collected before each block, off inside it" if getattr(args, "ab_gc", 1) else "on",
             "env": {v: os.environ.get(v) for v in ("GPUGUARD_PYTHON", "GPUGUARD_STACK_DEPTH",
                                                    "PYTORCH_CUDA_ALLOC_CONF", "XLA_PYTHON_CLIENT_ALLOCATOR")
                     if os.environ.get(v) is not None}}
@@ -154,12 +159,20 @@ def run_ab(args, name, step, sched, sync, toggle=None):
         for m in (("on", "off") if p % 2 == 0 else ("off", "on")):
             mode(m == "on")
             sync()
+            # Python's cyclic collector, left on, lands its pauses (milliseconds with
+            # PyTorch's object graph) in random blocks: collected here, outside the
+            # timed interval, and held off inside it (both halves of a pair alike).
+            if getattr(args, "ab_gc", 1):
+                gc.collect()
+                gc.disable()
             c0 = counters()
             w0, p0, h0 = time.perf_counter(), time.process_time(), time.thread_time()
             for i in range(k):
                 last = step(sched[i % len(sched)])
             sync()
             w1, p1, h1 = time.perf_counter(), time.process_time(), time.thread_time()
+            if getattr(args, "ab_gc", 1):
+                gc.enable()
             c1 = counters()
             rec = {"record": "ab_block", "workload": name, "pair": p, "mode": m, "steps": k,
                    "wall_s": round(w1 - w0, 7), "cpu_s": round(p1 - p0, 7), "thread_cpu_s": round(h1 - h0, 7)}
@@ -455,6 +468,8 @@ def main():
     ap.add_argument("--block-steps", type=int, default=0, help="steps per block (0: by --block-ms)")
     ap.add_argument("--block-ms", type=float, default=150.0, help="least block length when K is automatic")
     ap.add_argument("--ab-seconds", type=float, default=0.0, help="stop the A/B blocks after this long")
+    ap.add_argument("--ab-gc", type=int, default=1,
+                    help="1: gc.collect() before each A/B block and the collector off inside it")
     args = ap.parse_args()
     if args.steps is None:
         args.steps = 100 if args.workload == "torch" else 300

@@ -7,6 +7,7 @@ the right call count per step. Prints `AB_BLOCKS OK`; a mismatch raises (exit 1)
 import argparse
 import contextlib
 import ctypes
+import gc
 import io
 import json
 import os
@@ -23,8 +24,12 @@ cu = ctypes.CDLL("libcuda.so.1", mode=ctypes.RTLD_GLOBAL)
 G.cuMemFree_v2.argtypes = [ctypes.c_uint64]
 
 
+GC_SEEN = []
+
+
 def step(n):
     """n driver alloc+free pairs of 1 MiB."""
+    GC_SEEN.append(gc.isenabled())
     for _ in range(n):
         p = ctypes.c_uint64(0)
         assert G.cuMemAlloc_v2(ctypes.byref(p), ctypes.c_size_t(1 << 20)) == 0
@@ -39,10 +44,14 @@ def main():
     assert cu.cuCtxSetCurrent(ctx) == 0
     step(1)  # activates gpuguard
     sched = [3, 5, 2]
-    args = argparse.Namespace(ab_blocks=12, block_steps=0, block_ms=2.0, ab_seconds=0.0)
+    args = argparse.Namespace(ab_blocks=12, block_steps=0, block_ms=2.0, ab_seconds=0.0, ab_gc=1)
     buf = io.StringIO()
     with contextlib.redirect_stdout(buf):
         train_bench.run_ab(args, "sim", step, sched, lambda: None)
+    # The collector is off inside every timed block (the pass that sizes the blocks
+    # runs with it on) and on again afterwards.
+    timed = GC_SEEN[-12 * len(sched):]
+    assert not any(timed) and gc.isenabled(), GC_SEEN
     text = buf.getvalue()
     recs = [json.loads(ln[3:]) for ln in text.splitlines() if ln.startswith("AB ")]
     meta, blocks = recs[0], recs[1:]

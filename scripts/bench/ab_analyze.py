@@ -15,6 +15,9 @@ overhead to ±0.5%: method". Standard library only.
             calls_step=C bound=+x.xx% passthrough<=+y.yy% precision=met|missed(need N')
       wall/cpu: mean over pairs of log(t_on / t_off) (as a percentage, exp-1), 95%
       interval from a circular block bootstrap over the pair sequence (fixed seed);
+      cycles/instr (where the blocks carry them): the same for user-space CPU cycles
+      and instructions of all threads (hardware counters; immune to steal and to the
+      host's load, so their interval is much narrower on a shared machine).
       ratio: the throughput ratio (books on / paused) = 1/exp(mean), its interval.
       calls_step: hooked calls per step seen in the on-blocks (allocs, frees, unknown
       frees, failures from the C API's counters); bound: calls_step x pair-ns/2 over
@@ -166,6 +169,18 @@ def analyze(w, name, a):
     if cpu:
         cm, (clo, chi), _, _ = cpu
         res.update({"cpu_overhead": math.exp(cm) - 1, "cpu_ci": [math.exp(clo) - 1, math.exp(chi) - 1]})
+    # The hardware counters (user-space cycles and instructions of all threads), where
+    # the blocks carry them: the same estimate; cycles do not count time the machine
+    # gave to others, so their interval is what noise on a shared host leaves.
+    for key, seed in (("cycles", 2), ("instructions", 3)):
+        est = estimate(pairs_of(blocks, key), a.boot, a.seed + seed)
+        if est:
+            km, (klo, khi), ks, _ = est
+            res.update({
+                key + "_overhead": math.exp(km) - 1, key + "_ci": [math.exp(klo) - 1, math.exp(khi) - 1],
+                key + "_ratio": math.exp(-km), key + "_ratio_ci": [math.exp(-khi), math.exp(-klo)],
+                key + "_half_width": (khi - klo) / 2.0,
+            })
     return res
 
 
@@ -179,6 +194,10 @@ def line(r):
     if "cpu_overhead" in r:
         s += "cpu=%s [%s,%s] " % (pct(math.log1p(r["cpu_overhead"])), pct(math.log1p(r["cpu_ci"][0])),
                                   pct(math.log1p(r["cpu_ci"][1])))
+    for key, tag in (("cycles", "cycles"), ("instructions", "instr")):
+        if key + "_overhead" in r:
+            s += "%s=%s [%s,%s] " % (tag, pct(math.log1p(r[key + "_overhead"])),
+                                     pct(math.log1p(r[key + "_ci"][0])), pct(math.log1p(r[key + "_ci"][1])))
     s += ("ratio=%.4f [%.4f,%.4f] floor=%.4f calls_step=%.1f bound=%+.3f%% passthrough<=%+.3f%% precision=%s"
           % (r["ratio"], r["ratio_ci"][0], r["ratio_ci"][1], r["ratio_floor"], r["calls_per_step"],
              100 * r["bound"], 100 * r["passthrough_bound"],
@@ -266,6 +285,18 @@ def self_test():
     r = analyze(synth(0.0, 20, 3, calls_step=1280, cv_step=0.0, drift=0.0, spikes=0.0), "synth", a)
     check(abs(r["bound"] - 1280 * 200e-9 / 0.021) < 1e-6, "bound %.3f%% = 1280 x 200 ns / 21 ms" % (100 * r["bound"]))
     check(abs(r["passthrough_bound"] - 1280 * 30e-9 / 0.021) < 1e-6, "passthrough bound arithmetic")
+
+    # Hardware counters: blocks that carry cycles get their own estimate; a +1.0% in
+    # cycles with no noise is read exactly, whatever the wall times do.
+    w = synth(0.0, 20, 5)
+    for b in w["blocks"]:
+        b["cycles"] = int(1e9 * (1.010 if b["mode"] == "on" else 1.0))
+        b["instructions"] = int(2e9 * (1.004 if b["mode"] == "on" else 1.0))
+    r = analyze(w, "synth", a)
+    check(abs(r["cycles_overhead"] - 0.010) < 1e-6 and abs(r["cycles_ratio"] - 1 / 1.010) < 1e-6
+          and r["cycles_half_width"] < 1e-6, "cycles: +1.0% read exactly")
+    check(abs(r["instructions_overhead"] - 0.004) < 1e-6 and " instr=+0.40% " in line(r), "instructions: +0.4%")
+    check("cycles_overhead" not in analyze(synth(0.0, 20, 5), "synth", a), "no cycles without counts")
 
     if fails:
         print("SELF-TEST FAILED: %d check(s)" % len(fails))

@@ -30,6 +30,8 @@ In-process A/B mode (docs/performance.md, "Training overhead to ±0.5%: method")
       Every block is CUDA-synchronized at both ends and written as one line
         AB {"record": "ab_block", "workload", "pair", "mode": "on"|"off", "steps",
             "wall_s", "cpu_s" (process CPU time), "thread_cpu_s" (this thread's),
+            "cycles", "instructions" (user space, all threads: CpuCounters; absent
+            where perf_event_open is refused),
             "allocs", "frees", "unknown_frees", "failed" (gpuguard's counter deltas)}
       after one AB {"record": "ab_meta", ...} line; ab_analyze.py reads them. Without
       gpuguard (or without the switch) both halves are identical: an A/A control.
@@ -116,12 +118,75 @@ def bench_switch():
 AB_COUNTERS = ("allocs", "frees", "unknown_frees", "failed")
 
 
+class CpuCounters:
+    """User-space CPU cycles and instructions of every thread of this process, from the
+    kernel's hardware counters (perf_event_open; exclude_kernel, exclude_hv). Unlike
+    wall and CPU time they do not count time the machine gives to others (a virtual
+    CPU's steal) and cycles are independent of who else loads the host, so a block's
+    count is its own work: the A/B difference of a CPU-bound step at a fraction of the
+    noise of wall time (docs/performance.md). `available` is False, with `why`, where
+    the kernel or the container refuses them; blocks then carry no counts."""
+
+    TYPE, CYCLES, INSTRUCTIONS = 0, 0, 1  # PERF_TYPE_HARDWARE and its configs
+
+    def __init__(self):
+        self.fds = {}  # tid -> (cycles fd, instructions fd)
+        self.available, self.why = False, ""
+        try:
+            self.libc = ctypes.CDLL(None, use_errno=True)
+            self.libc.syscall.restype = ctypes.c_long
+            self.scan()
+            self.available = bool(self.fds)
+            if not self.available and not self.why:
+                self.why = "no thread could be counted"
+        except Exception as e:  # a benchmark aid: never fatal
+            self.why = "%s: %s" % (type(e).__name__, e)
+
+    def _open(self, tid, config):
+        attr = ctypes.create_string_buffer(128)
+        ctypes.c_uint32.from_buffer(attr, 0).value = self.TYPE
+        ctypes.c_uint32.from_buffer(attr, 4).value = 128  # size
+        ctypes.c_uint64.from_buffer(attr, 8).value = config
+        ctypes.c_uint64.from_buffer(attr, 40).value = (1 << 5) | (1 << 6)  # exclude_kernel, exclude_hv
+        fd = self.libc.syscall(298, attr, tid, -1, -1, 0)  # perf_event_open, x86-64
+        if fd < 0:
+            err = ctypes.get_errno()
+            raise OSError(err, os.strerror(err))
+        return fd
+
+    def scan(self):
+        """Counters for threads started since the last scan (between blocks only)."""
+        for t in os.listdir("/proc/self/task"):
+            tid = int(t)
+            if tid in self.fds:
+                continue
+            try:
+                fds = (self._open(tid, self.CYCLES), self._open(tid, self.INSTRUCTIONS))
+            except OSError as e:
+                if not self.fds:
+                    self.why = "perf_event_open: %s" % e.strerror
+                    return
+                continue  # the thread ended meanwhile
+            self.fds[tid] = fds
+
+    def read(self):
+        """(cycles, instructions) summed over the counted threads, or None."""
+        if not self.available:
+            return None
+        c = i = 0
+        for fc, fi in self.fds.values():
+            c += int.from_bytes(os.read(fc, 8), "little")
+            i += int.from_bytes(os.read(fi, 8), "little")
+        return c, i
+
+
 def run_ab(args, name, step, sched, sync, toggle=None):
     """Blocks of the same steps, books on and paused in ABBA order (see the header).
     step(x) runs one step on schedule entry x; sync() waits for the device; toggle(on)
     switches whatever else belongs to the measured configuration (a recorder)."""
     switch = bench_switch()
     guard = ggv.Guard()
+    hw = CpuCounters()
 
     def counters():
         c = guard.counters(0) if guard.present else None
@@ -148,6 +213,7 @@ def run_ab(args, name, step, sched, sync, toggle=None):
             "switch": switch is not None, "toggle": toggle is not None, "block_steps": k,
             "max_blocks": args.ab_blocks, "max_seconds": args.ab_seconds,
             "gc": "collected before each block, off inside it" if getattr(args, "ab_gc", 1) else "on",
+            "cpu_counters": "user-space cycles and instructions, all threads" if hw.available else "unavailable: " + hw.why,
             "env": {v: os.environ.get(v) for v in ("GPUGUARD_PYTHON", "GPUGUARD_STACK_DEPTH",
                                                    "PYTORCH_CUDA_ALLOC_CONF", "XLA_PYTHON_CLIENT_ALLOCATOR")
                     if os.environ.get(v) is not None}}
@@ -166,11 +232,15 @@ def run_ab(args, name, step, sched, sync, toggle=None):
                 gc.collect()
                 gc.disable()
             c0 = counters()
+            if hw.available:
+                hw.scan()
+            k0 = hw.read()
             w0, p0, h0 = time.perf_counter(), time.process_time(), time.thread_time()
             for i in range(k):
                 last = step(sched[i % len(sched)])
             sync()
             w1, p1, h1 = time.perf_counter(), time.process_time(), time.thread_time()
+            k1 = hw.read()
             if getattr(args, "ab_gc", 1):
                 gc.enable()
             c1 = counters()
@@ -178,6 +248,8 @@ def run_ab(args, name, step, sched, sync, toggle=None):
                    "wall_s": round(w1 - w0, 7), "cpu_s": round(p1 - p0, 7), "thread_cpu_s": round(h1 - h0, 7)}
             if c0 and c1:
                 rec.update({c: c1[c] - c0[c] for c in AB_COUNTERS})
+            if k0 and k1:
+                rec.update({"cycles": k1[0] - k0[0], "instructions": k1[1] - k0[1]})
             print("AB " + json.dumps(rec), flush=True)
             blocks += 1
         if args.ab_seconds and time.perf_counter() - t_start >= args.ab_seconds:

@@ -20,7 +20,9 @@
 # Each block also carries the user-space CPU cycles and instructions of all the
 # process's threads where the machine allows hardware counters (perf_event_open): a
 # row whose wall interval is wider than the target but whose cycles interval is not
-# is PASS (the process is CPU-bound; cycles leave out time the host gave to others).
+# is PASS (the process is CPU-bound; cycles leave out time the host gave to others),
+# and so is one whose median pair's interval reached it (ab_analyze.py: spells of host
+# slow-down make the pairs heavy-tailed).
 #
 # Results: $OUT/bench_train.txt (the ABR lines), each run's stdout/stderr and ab.json in
 # runs.tar.gz; the summary has one row per run: PASS when the interval reached the
@@ -95,6 +97,8 @@ status = "FAIL" if probs else "PASS"
 cyc = r.get("cycles_half_width")
 if not probs and not r.get("precision_met") and cyc is not None and cyc <= r["target"]:
     status = "PASS"  # the cycles' interval reached the target (the wall's did not)
+elif not probs and not r.get("precision_met") and r.get("robust_precision_met"):
+    status = "PASS"  # the median's interval reached the target (heavy-tailed host noise)
 elif not probs and not r.get("precision_met"):
     status = "WARN"
     probs.append("half-width %.2f%% > %.2f%%: %d pairs needed, %d run"
@@ -103,7 +107,8 @@ if not probs and name.endswith("_bare") and not (r["ratio_ci"][0] <= 1.0 <= r["r
     status = "FAIL"
     probs.append("A/A control: interval [%.4f, %.4f] misses 1.0" % tuple(r["ratio_ci"]))
 keep = {k: r.get(k) for k in ("pairs", "ratio", "ratio_ci", "ratio_floor", "wall_overhead", "wall_ci",
-                              "cpu_overhead", "cpu_ci", "half_width", "cycles_overhead", "cycles_ci",
+                              "cpu_overhead", "cpu_ci", "half_width", "robust_overhead", "robust_ci", "robust_ratio",
+                              "robust_ratio_ci", "robust_half_width", "cycles_overhead", "cycles_ci",
                               "cycles_ratio", "cycles_ratio_ci", "cycles_half_width", "instructions_overhead",
                               "instructions_ci", "calls_per_step", "bound",
                               "passthrough_bound", "step_ms", "steps_per_block")}

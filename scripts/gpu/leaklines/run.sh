@@ -2,7 +2,8 @@
 # Issue 12's GPU checks (the CPU parts are tested on the simulator).
 #   scripts/gpu/leaklines/run.sh OUTDIR [WORKLOAD...]
 # WORKLOAD: torch_native torch_expandable torch_async jax cupy cost cost_jax cost_cupy
-# (default: all).
+# (default: all), and rcost_torch rcost_jax rcost_cupy (only when named: report_cost.py,
+# the in-process cost of one report and its window, RCOST_SECONDS (60) of blocks).
 # Each leak workload runs 8 s under `gpuguard run` in default mode with snapshots every
 # second, then check.py judges (a) the first allocations carry Python frames, (b) the
 # 64 KiB-a-step line is the first suspect of `gpuguard show`, (c) no "(code no longer
@@ -17,6 +18,7 @@ out=${1:-target/leaklines}
 shift || true
 mkdir -p "$out"
 gg=${GGV_CLI:-$PWD/target/release/gpuguard}
+lib=${GGV_LIB:-$PWD/target/release/libgpuguard.so}
 [ -x "$gg" ] || { echo "no gpuguard at $gg: cargo build --release first" >&2; exit 2; }
 here=scripts/gpu/leaklines
 all=(torch_native torch_expandable torch_async jax cupy cost cost_jax cost_cupy)
@@ -59,6 +61,14 @@ for w in "${all[@]}"; do
                     esac | awk -v r=$round -v v=$v '/^steps /{print "COST round=" r " variant=" v " steps=" $2}'
                 done
             done | tee "$d/cost.txt"
+            rm -f "$d"/gpuguard.*.json ;;
+        rcost_torch | rcost_jax | rcost_cupy)
+            # (d) in process: blocks with and without one report (SIGUSR1) at their
+            # start, ABBA, about 1 s each; the per-report cost with its interval.
+            d="$out/$w" && mkdir -p "$d"
+            GPUGUARD_DIR="$d" LD_PRELOAD="$lib" python3 $here/report_cost.py "${w#rcost_}" \
+                --seconds "${RCOST_SECONDS:-60}" >"$d/stdout" 2>"$d/stderr"
+            python3 $here/../../bench/ab_analyze.py "$d/stdout" | tee "$d/ab.txt"
             rm -f "$d"/gpuguard.*.json ;;
         *) echo "unknown workload $w" >&2 ;;
     esac

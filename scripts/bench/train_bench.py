@@ -36,9 +36,12 @@ In-process A/B mode (docs/performance.md, "Training overhead to ±0.5%: method")
       after one AB {"record": "ab_meta", ...} line; ab_analyze.py reads them. Without
       gpuguard (or without the switch) both halves are identical: an A/A control.
       K defaults to whole passes of the shape sequence lasting >= --block-ms.
-      --ab-gc 1 (default): Python's cyclic collector runs before each block, outside
-      the timed interval, and is off inside it (its pauses otherwise land in random
-      blocks); --ab-gc 0 leaves it on.
+      --ab-gc 1 (default): Python's cyclic collector is off during the blocks and runs
+      between pairs, outside the timed intervals, at most once a second (its pauses
+      otherwise land in random blocks); --ab-gc 0 leaves it on. Both halves of a pair
+      run the same steps, and successive pairs go on through the shape sequence, so
+      --block-steps 1 pairs adjacent identical steps (host noise that comes in spells
+      of seconds then cancels within a pair).
 
 Diagnostics, printed after RESULT (so a failure in them never loses the result):
   FW workload=W before=S after=S [wait_s=X extra_steps=N]
@@ -221,28 +224,32 @@ def run_ab(args, name, step, sched, sync, toggle=None):
     t_start = time.perf_counter()
     blocks = 0
     last = None
+    # Python's cyclic collector, left on, lands its pauses (milliseconds with PyTorch's
+    # object graph) in random blocks: it is off during the blocks and runs between two
+    # pairs, outside the timed intervals, at most once a second (blocks may be a step).
+    gc_off = getattr(args, "ab_gc", 1)
+    collected = 0.0
+    if gc_off:
+        gc.disable()
     for p in range(max(1, args.ab_blocks // 2)):
+        if gc_off and time.perf_counter() - collected >= 1.0:
+            gc.collect()
+            collected = time.perf_counter()
         for m in (("on", "off") if p % 2 == 0 else ("off", "on")):
             mode(m == "on")
             sync()
-            # Python's cyclic collector, left on, lands its pauses (milliseconds with
-            # PyTorch's object graph) in random blocks: collected here, outside the
-            # timed interval, and held off inside it (both halves of a pair alike).
-            if getattr(args, "ab_gc", 1):
-                gc.collect()
-                gc.disable()
             c0 = counters()
             if hw.available:
                 hw.scan()
             k0 = hw.read()
             w0, p0, h0 = time.perf_counter(), time.process_time(), time.thread_time()
+            # Both halves of a pair run the same steps; successive pairs go on through
+            # the schedule (the same as always starting it when k is whole passes).
             for i in range(k):
-                last = step(sched[i % len(sched)])
+                last = step(sched[(p * k + i) % len(sched)])
             sync()
             w1, p1, h1 = time.perf_counter(), time.process_time(), time.thread_time()
             k1 = hw.read()
-            if getattr(args, "ab_gc", 1):
-                gc.enable()
             c1 = counters()
             rec = {"record": "ab_block", "workload": name, "pair": p, "mode": m, "steps": k,
                    "wall_s": round(w1 - w0, 7), "cpu_s": round(p1 - p0, 7), "thread_cpu_s": round(h1 - h0, 7)}
@@ -254,6 +261,8 @@ def run_ab(args, name, step, sched, sync, toggle=None):
             blocks += 1
         if args.ab_seconds and time.perf_counter() - t_start >= args.ab_seconds:
             break
+    if gc_off:
+        gc.enable()
     mode(True)
     print(f"AB_DONE workload={name} blocks={blocks} block_steps={k} "
           f"seconds={time.perf_counter() - t_start:.1f}", flush=True)
@@ -541,7 +550,7 @@ def main():
     ap.add_argument("--block-ms", type=float, default=150.0, help="least block length when K is automatic")
     ap.add_argument("--ab-seconds", type=float, default=0.0, help="stop the A/B blocks after this long")
     ap.add_argument("--ab-gc", type=int, default=1,
-                    help="1: gc.collect() before each A/B block and the collector off inside it")
+                    help="1: the collector off during the A/B blocks, run between pairs (<= 1/s)")
     args = ap.parse_args()
     if args.steps is None:
         args.steps = 100 if args.workload == "torch" else 300

@@ -31,7 +31,8 @@
 # Knobs: GGV_BENCH_TRAIN_BUDGET_S (540), GGV_BENCH_TRAIN_AB_S, GGV_BENCH_TRAIN_PAIR_NS
 # (added ns a hooked pair costs, for the call-count bound; default 2000, or bench-micro's
 # figure), GGV_BENCH_TRAIN_PASSTHROUGH_NS (60: a paused pair, MICROBENCH_PAUSE=1),
-# GGV_BENCH_TRAIN_BLOCK_MS (150).
+# GGV_BENCH_TRAIN_BLOCK_MS (150), GGV_BENCH_TRAIN_BLOCK_STEPS (steps a block, instead
+# of whole passes lasting BLOCK_MS; 1 pairs adjacent identical steps).
 
 suite_bench_train() {
   suite_begin bench-train 540
@@ -74,7 +75,8 @@ suite_bench_train() {
       [ -n "$preload" ] && export LD_PRELOAD=$preload
       export GPUGUARD_DIR=$d/reports
       exec timeout -k 5 "$((ab + 100 < left ? ab + 100 : left))" "$PY" "$ROOT/scripts/bench/train_bench.py" "$wl" \
-        --warmup 32 --ab-blocks 1000000 --ab-seconds "$ab" --block-ms "${GGV_BENCH_TRAIN_BLOCK_MS:-150}"
+        --warmup 32 --ab-blocks 1000000 --ab-seconds "$ab" --block-ms "${GGV_BENCH_TRAIN_BLOCK_MS:-150}" \
+        ${GGV_BENCH_TRAIN_BLOCK_STEPS:+--block-steps "$GGV_BENCH_TRAIN_BLOCK_STEPS"}
     ) >"$d/stdout" 2>"$d/stderr"
     rc=$?
     "$PY" "$ROOT/scripts/bench/ab_analyze.py" "$d/stdout" --json "$d/ab.json" \

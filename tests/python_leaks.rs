@@ -362,4 +362,27 @@ fn small_leak_is_a_suspect(action: &str, every: &str) {
     );
     let detail = exit[0].1["classification"][0]["detail"].as_str().unwrap();
     assert!(detail.contains("after each report"), "{detail}");
+    // Each report says what it cost the main thread, and from the second one on, how
+    // long the last window was open and how many allocations it recorded.
+    for (p, r) in &snaps {
+        let ms = r["python_cost"]["main_thread_ms"].as_f64();
+        assert!(
+            ms.is_some_and(|m| m > 0.0 && m < 5_000.0),
+            "{}: {r:#}",
+            p.display()
+        );
+    }
+    let windows: Vec<&Value> = snaps[1..]
+        .iter()
+        .filter_map(|(_, r)| r["python_cost"]["windows"].as_array())
+        .flatten()
+        .collect();
+    assert!(
+        windows.iter().any(|w| w["framework"] == "pytorch"
+            && w["ms"].as_f64().is_some_and(|m| m > 0.0)
+            && w["allocations"].as_u64().is_some_and(|n| n > 0)),
+        "{windows:?}"
+    );
+    let shown = String::from_utf8_lossy(&out.stdout);
+    assert!(shown.contains("gpuguard's Python side: "), "{shown}");
 }

@@ -547,6 +547,27 @@ fn render_classes(out: &mut String, r: &Report) {
                 .map_or(String::new(), |d| format!(" ({})", clean(d)))
         );
     }
+    if let Some(c) = &r.python_cost {
+        let windows: Vec<String> = c
+            .windows
+            .iter()
+            .map(|w| {
+                format!(
+                    "; last {} window {:.0} ms{}",
+                    clean(&w.framework),
+                    w.ms,
+                    w.allocations
+                        .map_or(String::new(), |n| format!(", {}", count(n, "allocation")))
+                )
+            })
+            .collect();
+        put!(
+            out,
+            "  gpuguard's Python side: {:.1} ms of the main thread for this report{}",
+            c.main_thread_ms,
+            windows.concat()
+        );
+    }
 }
 
 /// What a trim gave back, per device and per mechanism, in human sizes.

@@ -9,6 +9,7 @@
 
 import json
 import sys
+import time
 
 _gg_state = {"atexit": False, "torch_recorder": None, "cupy_hook": None}
 # "frames": the frame layout handed to the hooks (or why there is none), once.
@@ -772,8 +773,12 @@ def _gg_jax_profile(jax):
 
 
 def _gg_classify(args):
+    t0 = time.perf_counter()
     _gg_setup(args)
-    _gg_answer("reply", _gg_classify_now(args))
+    res = _gg_classify_now(args)
+    windows = [dict(w, framework=f) for f, w in sorted(_gg_state.get("windows", {}).items())]
+    res["cost"] = {"main_thread_ms": (time.perf_counter() - t0) * 1e3, "windows": windows}
+    _gg_answer("reply", res)
     _gg_sample_window(args)
 
 
@@ -823,22 +828,25 @@ def _gg_sample_window(args):
         return
     st["torch_recorder"] = "sampling"
     import threading
-    import time
 
     opened, first = time.monotonic(), allocations()
 
-    def close():
+    def close(n):
         try:
             mem._record_memory_history(enabled=None)
         except Exception:
             pass
         st["window_ms"] = (time.monotonic() - opened) * 1000.0
+        w = {"ms": st["window_ms"]}
+        if n is not None and first is not None:
+            w["allocations"] = max(0, n - first)
+        st.setdefault("windows", {})["pytorch"] = w
 
     def check():
         n = allocations()
         enough = n is None or first is None or n - first >= _GG_WINDOW_ALLOCS
         if enough or time.monotonic() - opened + step > longest:
-            close()
+            close(n)
         else:
             arm()
 

@@ -7,7 +7,7 @@
 //! framework's blocks is owned by it, and the blocks in use give its `in_use_bytes`.
 //! Python sites aggregate the in-use blocks by their Python stack.
 
-use crate::report::{Classification, LiveAllocation, PythonSite, Report};
+use crate::report::{Classification, LiveAllocation, PythonCost, PythonSite, Report};
 use serde::Deserialize;
 
 /// The Python side's answer to `_gg_classify`.
@@ -22,6 +22,9 @@ pub struct Answer {
     pub blocks: Vec<Block>,
     #[serde(default)]
     pub sites: Vec<AnswerSite>,
+    /// What answering cost the main thread.
+    #[serde(default)]
+    pub cost: Option<PythonCost>,
 }
 
 pub type Block = (i32, u64, u64, u8, String);
@@ -55,6 +58,7 @@ pub fn apply(report: &mut Report, answer: Answer) -> bool {
     // stacks' own sites stay.
     let recorded = answer.sites.iter().any(|s| !s.framework.ends_with(SAMPLED));
     report.classification = answer.frameworks;
+    report.python_cost = answer.cost;
     for d in &mut report.devices {
         let mine: Vec<&FrameworkDevice> = answer
             .devices

@@ -62,11 +62,41 @@ pub struct Report {
     /// Python call sites of the framework blocks in use, most bytes first.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub python_sites: Vec<PythonSite>,
+    /// What gpuguard's Python side cost the program's main thread for this report
+    /// (absent when it was not asked).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub python_cost: Option<PythonCost>,
     /// Present when a stream of the process was in CUDA graph capture as the report
     /// was written: gpuguard then makes no CUDA call a capture forbids, so some
     /// figures are older (see `CaptureNote`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub capture: Option<CaptureNote>,
+}
+
+/// The main thread's time in gpuguard's Python code (`Report::python_cost`): the
+/// figure to hold against the program's step time.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct PythonCost {
+    /// Milliseconds the classification for this report took on the main thread (the
+    /// frameworks' snapshots, pool and profile queries, the lines; not the encoding
+    /// of the answer).
+    pub main_thread_ms: f64,
+    /// The last sampling window of each framework that has one (default mode), closed
+    /// before this report.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub windows: Vec<SampleWindow>,
+}
+
+/// One sampling window (`PythonCost::windows`): while it is open the framework's own
+/// recorder (or gpuguard's hook) runs on each of its allocations.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct SampleWindow {
+    pub framework: String,
+    /// How long it was open.
+    pub ms: f64,
+    /// The framework's allocations made while it was open (each one recorded).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allocations: Option<u64>,
 }
 
 /// A report written while the program was capturing a CUDA graph (`Report::capture`).

@@ -328,6 +328,7 @@ pub fn build_parts(input: &ReportInput<'_>) -> (Report, LiveList) {
         ending: None,
         classification: Vec::new(),
         python_sites: Vec::new(),
+        python_cost: None,
         capture: None,
     };
     (report, LiveList { entries })

@@ -69,6 +69,25 @@ for w in "${all[@]}"; do
             GPUGUARD_DIR="$d" LD_PRELOAD="$lib" python3 $here/report_cost.py "${w#rcost_}" \
                 --seconds "${RCOST_SECONDS:-60}" >"$d/stdout" 2>"$d/stderr"
             python3 $here/../../bench/ab_analyze.py "$d/stdout" | tee "$d/ab.txt"
+            # What each report says it cost the main thread (python_cost), summarized.
+            python3 - "$d" <<'PYEOF' | tee "$d/python_cost.txt"
+import glob, json, statistics, sys
+ms, win = [], {}
+for p in glob.glob(sys.argv[1] + "/gpuguard.*.json"):
+    c = json.load(open(p)).get("python_cost")
+    if c:
+        ms.append(c["main_thread_ms"])
+        for w in c.get("windows", []):
+            win.setdefault(w["framework"], []).append((w["ms"], w.get("allocations")))
+if ms:
+    q = statistics.quantiles(ms, n=10) if len(ms) > 1 else ms * 9
+    print("PYCOST reports=%d main_thread_ms median=%.2f p10=%.2f p90=%.2f max=%.2f"
+          % (len(ms), statistics.median(ms), q[0], q[-1], max(ms)))
+for f, ws in sorted(win.items()):
+    n = [a for _, a in ws if a is not None]
+    print("PYCOST window=%s n=%d ms_median=%.1f allocations_median=%s"
+          % (f, len(ws), statistics.median(m for m, _ in ws), statistics.median(n) if n else "-"))
+PYEOF
             rm -f "$d"/gpuguard.*.json ;;
         *) echo "unknown workload $w" >&2 ;;
     esac

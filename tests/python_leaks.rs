@@ -386,3 +386,198 @@ fn small_leak_is_a_suspect(action: &str, every: &str) {
     let shown = String::from_utf8_lossy(&out.stdout);
     assert!(shown.contains("gpuguard's Python side: "), "{shown}");
 }
+
+/// `gpuguard show` over the snapshots and the exit report of `r`: its text.
+fn show_series(r: &Run) -> String {
+    let snaps = report(r, "snapshot");
+    assert!(snaps.len() >= 4, "{}", r.describe());
+    let mut files: Vec<&std::path::PathBuf> = snaps.iter().map(|(p, _)| p).collect();
+    let exit = report(r, "exit");
+    files.push(&exit[0].0);
+    let out = Command::new(env!("CARGO_BIN_EXE_gpuguard"))
+        .arg("show")
+        .args(&files)
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The suspected leaks of `show`'s text, first first: each one's lines.
+fn suspects(text: &str) -> Vec<Vec<&str>> {
+    let Some(at) = text.find("suspected leaks in") else {
+        return Vec::new();
+    };
+    text[at..]
+        .split("    rose in ")
+        .skip(1)
+        .map(|s| s.lines().collect())
+        .collect()
+}
+
+fn cupy_detail(exit: &Value) -> String {
+    exit["classification"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["framework"] == "cupy")
+        .unwrap_or_else(|| panic!("{exit:#}"))["detail"]
+        .as_str()
+        .unwrap()
+        .to_string()
+}
+
+const SAMPLED_CUPY: &str = "[cupy-sampled blocks, Python]";
+
+#[test]
+fn a_small_cupy_array_kept_each_step_is_the_first_suspect_by_default() {
+    // Default mode, snapshots every 250 ms: each step frees three 64 KiB temporaries
+    // and keeps a 64 KiB array, which takes one of their chunks, so CuPy's pool grows
+    // at the temporaries' line (the stacks' own suspect, as on the H200). A CuPy
+    // memory hook in short windows after each report names the kept array's line:
+    // the first suspect, as a sampled CuPy site.
+    let line = common::marked_line("trainer.py", "SMALL-LEAK-LINE");
+    let r = run_trainer(
+        &["cupy", "ready:0.3", "small:500:3"],
+        &[("GPUGUARD_SNAPSHOT_EVERY", "250ms")],
+        true,
+    );
+    r.assert_ok();
+    let text = show_series(&r);
+    let all = suspects(&text);
+    let first = all.first().unwrap_or_else(|| panic!("{text}"));
+    let want = format!("trainer.py:{line} in <module>");
+    assert!(first.iter().any(|l| l.contains(SAMPLED_CUPY)), "{text}");
+    assert!(first.iter().any(|l| l.ends_with(&want)), "{text}");
+    // The stacks' line of the pool's growth is a suspect too, after it.
+    assert!(
+        all.iter()
+            .skip(1)
+            .any(|s| s.iter().any(|l| l.contains("[allocations, Python stack]"))),
+        "{text}"
+    );
+    for (p, v) in r.reports() {
+        assert!(
+            !v.to_string().contains("(code no longer alive)"),
+            "{}",
+            p.display()
+        );
+    }
+    let detail = cupy_detail(&report(&r, "exit")[0].1);
+    assert!(detail.contains("window after each report"), "{detail}");
+}
+
+fn sampled_cupy_bytes(report: &Value) -> u64 {
+    report["python_sites"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter(|s| s["framework"] == "cupy-sampled")
+                .map(|s| s["live_bytes"].as_u64().unwrap())
+                .sum()
+        })
+        .unwrap_or(0)
+}
+
+#[test]
+fn sampled_cupy_blocks_freed_between_windows_drop_out() {
+    // The kept arrays are freed on another thread, whose frees the windows' hook (on
+    // the main thread, as CuPy's hooks are per thread) never sees; but the pool has
+    // nothing in use any more, so no sampled block may still be counted.
+    let r = run_trainer(
+        &["cupy", "ready:0.3", "small:200:3", "dropleaks", "ready:0.6"],
+        &[("GPUGUARD_SNAPSHOT_EVERY", "250ms")],
+        true,
+    );
+    r.assert_ok();
+    let snaps = report(&r, "snapshot");
+    assert!(
+        snaps.iter().any(|(_, v)| sampled_cupy_bytes(v) > 0),
+        "{}",
+        r.describe()
+    );
+    let exit = &report(&r, "exit")[0].1;
+    assert_eq!(exit["devices"][0]["in_use_bytes"], 0, "{exit:#}");
+    assert_eq!(sampled_cupy_bytes(exit), 0, "{exit:#}");
+}
+
+#[test]
+fn cupy_temporaries_alone_are_no_sampled_suspect() {
+    // The same loop keeping nothing: the windows run (the detail says so), and what
+    // they record dies within them, so no sampled CuPy line is a suspect.
+    let r = run_trainer(
+        &["cupy", "ready:0.3", "temps:500:3"],
+        &[("GPUGUARD_SNAPSHOT_EVERY", "250ms")],
+        true,
+    );
+    r.assert_ok();
+    let text = show_series(&r);
+    assert!(
+        suspects(&text)
+            .iter()
+            .all(|s| !s.iter().any(|l| l.contains(SAMPLED_CUPY))),
+        "{text}"
+    );
+    let detail = cupy_detail(&report(&r, "exit")[0].1);
+    assert!(detail.contains("the last "), "{detail}");
+}
+
+#[test]
+fn cupy_windows_never_change_the_hooks_while_cupy_runs_them() {
+    // The program's own CuPy memory hook runs Python for 300 us in each malloc and
+    // free call, so gpuguard's pending calls (the report's, which opens a window, and
+    // the timer's, which closes it) often land inside it, while CuPy's loop over the
+    // hooks dict is running: adding or removing gpuguard's hook then would raise
+    // RuntimeError in the program. Three seconds of windows, snapshots every 100 ms.
+    let r = run_trainer(
+        &["cupy", "userhook:300", "ready:0.3", "small:400:3"],
+        &[("GPUGUARD_SNAPSHOT_EVERY", "100ms")],
+        true,
+    );
+    r.assert_ok();
+    for bad in ["RuntimeError", "Traceback", "Exception ignored"] {
+        assert!(!r.stderr.contains(bad), "{}", r.describe());
+    }
+    let detail = cupy_detail(&report(&r, "exit")[0].1);
+    assert!(detail.contains("hook changes waited"), "{detail}");
+}
+
+#[test]
+fn cupy_lines_mode_keeps_its_hook_on_every_block() {
+    // GPUGUARD_PYTHON=lines: the permanent hook, as before; no windows.
+    let line = common::marked_line("trainer.py", "SMALL-LEAK-LINE");
+    let mut env = vec![("GPUGUARD_SNAPSHOT_EVERY", "250ms")];
+    env.extend_from_slice(LINES);
+    let r = run_trainer(&["cupy", "ready:0.3", "small:300:3"], &env, true);
+    r.assert_ok();
+    let text = show_series(&r);
+    let first = suspects(&text).into_iter().next().unwrap_or_default();
+    let want = format!("trainer.py:{line} in <module>");
+    assert!(
+        first.iter().any(|l| l.contains("[cupy blocks, Python]")),
+        "{text}"
+    );
+    assert!(first.iter().any(|l| l.ends_with(&want)), "{text}");
+    assert!(!text.contains("cupy-sampled"), "{text}");
+    let exit = &report(&r, "exit")[0].1;
+    assert_eq!(exit["python_sites"][0]["live_count"], 300, "{exit:#}");
+    let detail = cupy_detail(exit);
+    assert!(detail.contains("gpuguard's CuPy hook"), "{detail}");
+}
+
+#[test]
+fn cupy_with_stacks_off_opens_no_window() {
+    let r = run_trainer(
+        &["cupy", "ready:0.3", "small:100:3"],
+        &[
+            ("GPUGUARD_SNAPSHOT_EVERY", "250ms"),
+            ("GPUGUARD_STACK_DEPTH", "0"),
+        ],
+        true,
+    );
+    r.assert_ok();
+    let exit = &report(&r, "exit")[0].1;
+    assert!(exit.get("python_sites").is_none(), "{exit:#}");
+    let detail = cupy_detail(exit);
+    assert!(detail.contains("hook off"), "{detail}");
+}

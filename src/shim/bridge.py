@@ -505,7 +505,7 @@ def _gg_sites(blocks, out_sites):
         out_sites.append({"framework": fw, "frames": list(frames), "bytes": size, "count": n})
 
 
-def _gg_classify_now(args):
+def _gg_classify_now(args, at_exit=False):
     devices = args.get("devices", [])
     res = {"frameworks": [], "devices": [], "blocks": [], "sites": []}
     blocks = []
@@ -594,9 +594,17 @@ def _gg_classify_now(args):
                         blocks.append(("cupy", size, frames))
                 fw["detail"] = "default memory pool; blocks from gpuguard's CuPy hook (main thread)"
             else:
-                fw["detail"] = "default memory pool totals; hook %s" % (
-                    h or "off (GPUGUARD_PYTHON=lines turns it on)"
-                )
+                # The sampled blocks are only some of the pool's: they give Python sites
+                # but are not listed in res["blocks"], which would make each driver
+                # allocation that holds one CuPy's with only those blocks in use (the
+                # in-use split per allocation would be wrong where it is now absent).
+                sampled = _gg_cupy_sampled(cp, pool, devices, blocks, at_exit)
+                if sampled is not None:
+                    fw["detail"] = "default memory pool totals; " + sampled
+                else:
+                    fw["detail"] = "default memory pool totals; hook %s" % (
+                        h or "off (GPUGUARD_PYTHON=lines turns it on)"
+                    )
         except Exception as e:
             fw = {"framework": "cupy", "status": "unavailable", "detail": _gg_err(e)}
         res["frameworks"].append(fw)
@@ -779,7 +787,12 @@ def _gg_classify(args):
     windows = [dict(w, framework=f) for f, w in sorted(_gg_state.get("windows", {}).items())]
     res["cost"] = {"main_thread_ms": (time.perf_counter() - t0) * 1e3, "windows": windows}
     _gg_answer("reply", res)
+    # After the answer: nothing here may change it.
     _gg_sample_window(args)
+    try:
+        _gg_cupy_window(args)
+    except Exception as e:
+        _gg_state["cupy_window_error"] = _gg_err(e)
 
 
 # ---- default mode: PyTorch's recorder in short windows --------------------------------
@@ -801,6 +814,13 @@ def _gg_classify(args):
 _GG_WINDOW_ALLOCS = 256
 
 
+def _gg_window_span(args):
+    """(how long a window stays open at least, at most), in seconds: see above."""
+    every = args.get("every_ms")
+    step = min(max(every / 50.0, 20.0), 2000.0) / 1000.0 if every else 0.05
+    return step, max(step, every / 5000.0 if every else 0.5)
+
+
 def _gg_sample_window(args):
     st = _gg_state
     if args.get("recorders") or int(args.get("depth", 0)) <= 0:
@@ -810,9 +830,7 @@ def _gg_sample_window(args):
     t = _gg_torch()
     if t is None or _gg_torch_backend(t) != "native":
         return
-    every = args.get("every_ms")
-    step = min(max(every / 50.0, 20.0), 2000.0) / 1000.0 if every else 0.05
-    longest = max(step, every / 5000.0 if every else 0.5)
+    step, longest = _gg_window_span(args)
     mem = t.cuda.memory
 
     def allocations():
@@ -827,7 +845,6 @@ def _gg_sample_window(args):
         st["torch_recorder"] = "error: " + _gg_err(e)
         return
     st["torch_recorder"] = "sampling"
-    import threading
 
     opened, first = time.monotonic(), allocations()
 
@@ -848,15 +865,451 @@ def _gg_sample_window(args):
         if enough or time.monotonic() - opened + step > longest:
             close(n)
         else:
-            arm()
+            _gg_timer(step, check)
 
-    def arm():
-        timer = threading.Timer(step, check)
-        timer.daemon = True
-        timer.name = "gpuguard-window"
-        timer.start()
+    _gg_timer(step, check)
 
-    arm()
+
+# ---- default mode: a CuPy memory hook in short windows --------------------------------
+#
+# CuPy's default pool hides a small array kept each step the same way: the array takes
+# a chunk that the step's temporaries freed, and the pool grows (a cudaMalloc, which
+# the hooks see with the Python stack of that moment) at whichever line next finds no
+# free chunk, often the line before. A memory hook on every pool malloc and free
+# (GPUGUARD_PYTHON=lines) names each block's line but costs Python calls on each. So
+# after each report, with stacks on, a hook is installed on the main thread for a
+# window of two halves. The first records each pool malloc's Python frames (code
+# object and bytecode offset, CuPy's own frames trimmed off the top, up to the stack
+# depth; never the frame objects, which would keep locals alive) and forgets a block
+# when it is freed. Like PyTorch's window it lasts until it has seen _GG_WINDOW_ALLOCS
+# pool mallocs (a CuPy step makes about as many as a PyTorch one: one per array) and
+# at least a fiftieth of the snapshot interval, at most a fifth. The second half, as
+# long again, only watches frees (and mallocs, whose address proves the block there
+# before dead), so that the temporaries of the first half's last steps are seen to
+# die. The first half's blocks still allocated then are kept, their frames named
+# ("file:line in function"), and reported as Python sites of framework cupy-sampled
+# (at exit, the open window's blocks still allocated too). They carry over from window
+# to window until shown dead: a later window sees a free of their address, or a pool
+# malloc returning it (freed and reused in between); and at each report, per device,
+# the oldest go while the kept blocks add up to more than the pool has in use (freed
+# between windows, the address not reused since). So a line that keeps allocating
+# grows from report to report: a steady grower in `gpuguard show`, ranked above the
+# stack's line of the pool's growth. Beyond _GG_CUPY_KEPT entries the oldest are
+# folded into totals per line, which only the in-use check trims.
+#
+# CuPy calls a thread's hooks from loops over that thread's hooks dict, which must
+# not change size while a loop runs (the program would get a RuntimeError). The loops
+# are compiled code: Python runs during one only inside a hook's method. So the hook
+# is added and removed on the main thread (the report's pending call opens the window;
+# a timer thread queues the close with Py_AddPendingCall) only when no frame on the
+# stack is a hook method; else a timer tries again a few ms later. The cost is the
+# hook's Python calls, inside the window only: CuPy calls each hook before and after
+# each pool malloc and free, four calls a block, plus the stack read in the first half
+# (a micro-benchmark on a 2-core VM, Python 3.11, a block: 1.0 us watching, 2.8 us
+# recording 3 frames, 4.3 us 16 frames; the lines-mode hook 5.4 and 15.7 us). A report
+# costs the kept blocks' totals per line, kept up to date as blocks come and go. Once
+# the main thread's hooks dict exists, CuPy's `_has_memory_hooks()` stays true on it,
+# so each later pool call there looks the empty dict up: tens of ns.
+
+_GG_HOOK_METHODS = frozenset(
+    (
+        "alloc_preprocess",
+        "alloc_postprocess",
+        "malloc_preprocess",
+        "malloc_postprocess",
+        "free_preprocess",
+        "free_postprocess",
+    )
+)
+_GG_CUPY_KEPT = 32768
+_GG_RETRY_S = 0.002
+
+
+def _gg_in_hook():
+    """Whether a memory hook's method is on this thread's stack: a CuPy loop over the
+    hooks dict may be running below it."""
+    f = sys._getframe(1)
+    while f is not None:
+        if f.f_code.co_name in _GG_HOOK_METHODS:
+            return True
+        f = f.f_back
+    return False
+
+
+def _gg_timer(delay, fn):
+    import threading
+
+    timer = threading.Timer(delay, fn)
+    timer.daemon = True
+    timer.name = "gpuguard-window"
+    timer.start()
+
+
+def _gg_main_setup():
+    """The pending call of _gg_on_main, made once on the main thread (before any
+    timer thread could race to make it)."""
+    st = _gg_state
+    if "main_q" in st:
+        return
+    import collections
+    import ctypes
+
+    proto = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)
+    # Kept for good: the interpreter may call it whenever it was queued.
+    st["main_cb"] = proto(_gg_main_run)
+    st["main_add"] = ctypes.PYFUNCTYPE(ctypes.c_int, proto, ctypes.c_void_p)(
+        ("Py_AddPendingCall", ctypes.pythonapi)
+    )
+    st["main_q"] = collections.deque()
+
+
+def _gg_on_main(fn):
+    """Runs fn() on the main thread soon (from a timer thread: through a pending call,
+    at the main thread's next bytecode boundary)."""
+    _gg_state["main_q"].append(fn)
+    _gg_queue_main()
+
+
+def _gg_queue_main():
+    st = _gg_state
+    try:
+        ok = st["main_add"](st["main_cb"], None) == 0
+    except Exception:
+        ok = False
+    if not ok:
+        _gg_timer(_GG_RETRY_S, _gg_queue_main)  # the interpreter's queue is full
+
+
+def _gg_main_run(_arg):
+    """The pending call: runs what _gg_on_main queued. Returns 0 whatever happens
+    (ctypes could not hand an exception on); the program's KeyboardInterrupt (a
+    Ctrl-C whose handler ran in here) is raised again where the program runs."""
+    q = _gg_state["main_q"]
+    while True:
+        try:
+            if not q:
+                return 0
+            q.popleft()()
+        except KeyboardInterrupt:
+            try:
+                import _thread
+
+                _thread.interrupt_main()
+            except BaseException:
+                pass
+        except BaseException:
+            pass
+
+
+def _gg_nogc():
+    """Collection off while gpuguard walks the window's dicts (a finalizer that frees a
+    CuPy array would call the hook, which changes them). Returns the previous state."""
+    import gc
+
+    was = gc.isenabled()
+    gc.disable()
+    return was
+
+
+def _gg_gc_back(was):
+    if was:
+        import gc
+
+        gc.enable()
+
+
+def _gg_frame_text(code, off):
+    name = getattr(code, "co_qualname", code.co_name)
+    return "%s:%d in %s" % (code.co_filename, _gg_line(code, off), name)
+
+
+class _GGCupyWindow:
+    """The default mode's CuPy hook (see above). Its methods run on the main thread,
+    inside CuPy's pool calls: they never raise and never change the hooks dict."""
+
+    name = "gpuguard-window"
+
+    def __init__(self, depth, skip):
+        import collections
+
+        self.depth = range(depth)
+        self.skip = skip  # file name prefixes of the frames trimmed off the top
+        self.mode = 0  # 1: first half (records), 2: second half (watches), 0: neither
+        self.cur = {}  # address -> (device, size, ((code, offset), ...)): first half
+        self.kept = collections.OrderedDict()  # address -> (device, size, frames), oldest first
+        self.folded = {}  # (device, frames) -> [bytes, count]: kept entries beyond the bound
+        # Totals kept as entries come and go, so that a report costs no walk of `kept`:
+        self.lines = {}  # (device, frames) -> [bytes, count], of kept and folded
+        self.per_dev = {}  # device -> bytes, of kept and folded
+        self.seen = 0  # pool mallocs recorded in this window
+        self.busy = False  # a window is open, or being opened or closed
+        self.span = (0.05, 0.5)
+        self.opened = 0.0
+        self.first_ms = 0.0
+        self.last_ms = None
+        self.deferred = 0  # changes of the hooks dict put off: a hook method ran
+
+    # CuPy's six hook points; alloc_* come only when the pool goes to the driver.
+    def alloc_preprocess(self, **kw):
+        pass
+
+    def alloc_postprocess(self, **kw):
+        pass
+
+    def malloc_preprocess(self, **kw):
+        pass
+
+    def malloc_postprocess(self, device_id=0, size=0, mem_size=0, mem_ptr=0, pmem_id=0, **kw):
+        if not mem_ptr:
+            return
+        # An address handed out again: what was there before is dead.
+        gone = self.kept.pop(mem_ptr, None)
+        if gone is not None:
+            self._less(gone, gone[1], 1)
+        if self.mode != 1:
+            self.cur.pop(mem_ptr, None)
+            return
+        try:
+            # CuPy's own Python frames (and gpuguard's) are trimmed off the top: the
+            # rest, up to the depth, is the program's. Read as cheaply as Python can.
+            f = sys._getframe(1)
+            skip = self.skip
+            while f is not None and f.f_code.co_filename.startswith(skip):
+                f = f.f_back
+            frames = []
+            for _ in self.depth:
+                if f is None:
+                    break
+                frames.append((f.f_code, f.f_lasti))
+                f = f.f_back
+            f = None
+            if len(self.cur) < 2 * _GG_CUPY_KEPT:
+                self.cur[mem_ptr] = (device_id, mem_size, tuple(frames))
+                self.seen += 1
+        except Exception:
+            pass
+
+    def free_preprocess(self, device_id=0, mem_size=0, mem_ptr=0, pmem_id=0, **kw):
+        self.cur.pop(mem_ptr, None)
+        gone = self.kept.pop(mem_ptr, None)
+        if gone is not None:
+            self._less(gone, gone[1], 1)
+
+    def free_postprocess(self, **kw):
+        pass
+
+    # The window, on the main thread but for check() (a timer thread).
+
+    def open(self):
+        from cupy.cuda import memory_hook
+
+        if memory_hook.get_memory_hooks().get(self.name) is not self:
+            self.__enter__()
+        import time
+
+        self.cur = {}
+        self.seen = 0
+        self.opened = time.monotonic()
+        self.mode = 1
+        try:
+            _gg_timer(self.span[0], self.check)
+        except Exception:
+            self.mode = 0
+            self.__exit__(None, None, None)
+            raise
+
+    def check(self):
+        import time
+
+        step, longest = self.span
+        elapsed = time.monotonic() - self.opened
+        if self.seen >= _GG_WINDOW_ALLOCS or elapsed + step > longest:
+            self.mode = 2
+            self.first_ms = elapsed * 1000.0
+            _gg_timer(elapsed, lambda: _gg_on_main(lambda: _gg_cupy_change(self, self.close)))
+        else:
+            _gg_timer(step, self.check)
+
+    def close(self):
+        import time
+
+        was = _gg_nogc()
+        try:
+            cur, self.cur = self.cur, {}
+            self.mode = 0
+            self._keep(cur)
+        finally:
+            _gg_gc_back(was)
+        from cupy.cuda import memory_hook
+
+        if memory_hook.get_memory_hooks().get(self.name) is self:
+            self.__exit__(None, None, None)
+        self.last_ms = (time.monotonic() - self.opened) * 1000.0
+        # For the next report's python_cost: how long the hook was in, and how many
+        # pool mallocs its first half recorded.
+        _gg_state.setdefault("windows", {})["cupy"] = {"ms": self.last_ms, "allocations": self.seen}
+        self.busy = False
+
+    def _named(self, cur):
+        """(address, device, size, frame texts) of the first half's blocks in cur."""
+        texts, tuples = {}, {}
+        for ptr, (dev, size, frames) in list(cur.items()):
+            if not frames:
+                continue
+            names = []
+            for code, off in frames:
+                k = (id(code), off)
+                t = texts.get(k)
+                if t is None:
+                    t = texts[k] = _gg_frame_text(code, off)
+                names.append(t)
+            names = tuple(names)
+            yield ptr, dev, size, tuples.setdefault(names, names)
+
+    def _less(self, entry, size, n):
+        """Takes `size` bytes and `n` blocks of an entry's line off the totals."""
+        dev, frames = entry[0], entry[2]
+        e = self.lines.get((dev, frames))
+        if e is not None:
+            e[0] -= size
+            e[1] -= n
+            if e[1] <= 0:
+                del self.lines[(dev, frames)]
+        self.per_dev[dev] = self.per_dev.get(dev, 0) - size
+
+    def _keep(self, cur):
+        kept, lines, per_dev = self.kept, self.lines, self.per_dev
+        for ptr, dev, size, frames in self._named(cur):
+            gone = kept.pop(ptr, None)
+            if gone is not None:
+                self._less(gone, gone[1], 1)
+            kept[ptr] = (dev, size, frames)
+            e = lines.setdefault((dev, frames), [0, 0])
+            e[0] += size
+            e[1] += 1
+            per_dev[dev] = per_dev.get(dev, 0) + size
+        while len(kept) > _GG_CUPY_KEPT:
+            _, (dev, size, frames) = kept.popitem(last=False)
+            e = self.folded.setdefault((dev, frames), [0, 0])
+            e[0] += size
+            e[1] += 1
+
+    def blocks(self, used, at_exit):
+        """The kept blocks as (framework, bytes, frames, count) per line, after dropping
+        the oldest of a device while they add up to more than `used` (device -> pool
+        bytes in use) says. At exit, the first half's blocks still live count too."""
+        was = _gg_nogc()
+        try:
+            for dev, total in list(self.per_dev.items()):
+                limit = used.get(dev)
+                if limit is None or total <= limit:
+                    continue
+                # The folded totals are older than any kept entry.
+                for key in [k for k in self.folded if k[0] == dev]:
+                    if self.per_dev[dev] <= limit:
+                        break
+                    size, n = self.folded.pop(key)
+                    self._less((dev, size, key[1]), size, n)
+                if self.per_dev[dev] > limit:
+                    for ptr in [p for p, v in self.kept.items() if v[0] == dev]:
+                        if self.per_dev[dev] <= limit:
+                            break
+                        gone = self.kept.pop(ptr)
+                        self._less(gone, gone[1], 1)
+            fw = "cupy-sampled"
+            out = [(fw, b, frames, n) for (_, frames), (b, n) in list(self.lines.items())]
+            if at_exit and self.busy:
+                out.extend((fw, size, frames) for _, _, size, frames in self._named(self.cur))
+            return out
+        finally:
+            _gg_gc_back(was)
+
+    def devices(self):
+        return set(self.per_dev)
+
+    def forked(self):
+        # A child forked during a window has no timer to close it.
+        if self.busy:
+            self.mode = 2
+            self.cur = {}
+            _gg_timer(_GG_RETRY_S, lambda: _gg_on_main(lambda: _gg_cupy_change(self, self.close)))
+
+
+def _gg_cupy_change(w, change):
+    """change() (which adds or removes the hook) now, on the main thread, unless a
+    hook method is on the stack; then again a little later."""
+    try:
+        if _gg_in_hook():
+            w.deferred += 1
+            _gg_timer(_GG_RETRY_S, lambda: _gg_on_main(lambda: _gg_cupy_change(w, change)))
+            return
+        change()
+    except Exception as e:
+        w.mode = 0
+        w.busy = False
+        _gg_state["cupy_window_error"] = _gg_err(e)
+
+
+def _gg_cupy_window(args):
+    """Opens a CuPy window after a report (default mode, stacks on, CuPy imported)."""
+    st = _gg_state
+    if args.get("recorders") or int(args.get("depth", 0)) <= 0 or st["cupy_hook"] is not None:
+        return
+    cp = _gg_cupy()
+    if cp is None:
+        return
+    w = st.get("cupy_window")
+    if w is None:
+        try:
+            import os
+
+            from cupy.cuda import memory_hook
+
+            class Hook(_GGCupyWindow, memory_hook.MemoryHook):
+                pass
+
+            _gg_main_setup()
+            w = Hook(int(args["depth"]), (os.path.dirname(cp.__file__), "<gpuguard"))
+            if hasattr(os, "register_at_fork"):
+                os.register_at_fork(after_in_child=w.forked)
+        except Exception as e:
+            w = "error: " + _gg_err(e)
+        st["cupy_window"] = w
+    if not isinstance(w, _GGCupyWindow) or w.busy:
+        return
+    w.busy = True
+    w.span = _gg_window_span(args)
+    _gg_cupy_change(w, w.open)
+
+
+def _gg_cupy_sampled(cp, pool, devices, blocks, at_exit):
+    """The default mode's CuPy lines into `blocks`; the detail that says what they
+    are, or None when no window ever opened."""
+    w = _gg_state.get("cupy_window")
+    if w is None:
+        return None
+    if not isinstance(w, _GGCupyWindow):
+        return "hook windows %s" % w
+    used = {}
+    for d in set(devices) | w.devices():
+        with cp.cuda.Device(d):
+            used[d] = int(pool.used_bytes())
+    blocks.extend(w.blocks(used, at_exit))
+    if w.last_ms is None:
+        last = "none closed yet"
+    else:
+        last = "the last %.0f ms, its first %.0f recording" % (w.last_ms, w.first_ms)
+    detail = (
+        "no memory hook but for a window after each report (%s): Python lines "
+        "(cupy-sampled) of the pool blocks allocated in those windows that still live "
+        "(GPUGUARD_PYTHON=lines hooks every block)" % last
+    )
+    if w.deferred:
+        detail += "; %d hook changes waited for a memory hook to return" % w.deferred
+    err = _gg_state.get("cupy_window_error")
+    if err:
+        detail += "; last error: " + err
+    return detail
 
 
 def _gg_at_exit():
@@ -866,6 +1319,6 @@ def _gg_at_exit():
         pairs = json.loads(_gg_pending_pairs())
         if pairs:
             _gg_submit("resolved\n" + json.dumps(_gg_resolve(pairs)))
-        _gg_answer("exit", _gg_classify_now({"devices": json.loads(_gg_devices())}))
+        _gg_answer("exit", _gg_classify_now({"devices": json.loads(_gg_devices())}, at_exit=True))
     except Exception:
         pass

@@ -7,6 +7,12 @@ Actions, run in order:
   cache:MiB     allocate that much in 1 MiB blocks and drop it (the framework caches it)
   leak:N        one step of the leak: keep N 1 MiB blocks in a global list
   small:N:MS    N training steps that each keep one 64 KiB tensor (MS ms a step)
+  temps:N:MS    N such steps that keep nothing (temporaries only)
+  userhook:US   (cupy) install a memory hook of the program's own beside gpuguard's,
+                whose malloc and free methods each wait US microseconds with the GIL
+                released (as one that writes a log does) and run a little Python
+  dropleaks     let go of everything kept so far, on another thread (whose CuPy frees
+                a memory hook of the main thread does not see)
   big:MiB       allocate one block of that size and keep it; prints BIG <MiB> ok|refused
   owned:N       keep N 1 MiB blocks in objects that free them in __del__ (so the
                 interpreter's teardown frees them, as PyTorch's async backend does)
@@ -148,12 +154,14 @@ for action in sys.argv[2:]:
     elif name == "leak":
         for _ in range(int(arg)):
             LEAKS.append(alloc(MiB))  # LEAK-LINE
-    elif name == "small":
+    elif name in ("small", "temps"):
         # A training loop that keeps one 64 KiB tensor a step (and makes three
         # temporaries): the cache absorbs it, the driver sees a 2 MiB segment every
         # 32 steps. small:STEPS:MS, MS of "compute" a step in six parts, so that
         # gpuguard's calls (which run when the main thread returns to Python) may come
-        # anywhere in a step, mostly away from its allocations.
+        # anywhere in a step, mostly away from its allocations. CuPy's pool gives the
+        # kept array a chunk the temporaries just freed, so the pool grows (the driver
+        # sees a 64 KiB allocation) at the temporaries' line, each step.
         steps, _, ms = arg.partition(":")
         part = float(ms or 2) / 6000.0
         for _ in range(int(steps)):
@@ -161,7 +169,46 @@ for action in sys.argv[2:]:
                 time.sleep(part)
             tmp = [alloc(64 << 10) for _ in range(3)]
             del tmp
-            LEAKS.append(alloc(64 << 10))  # SMALL-LEAK-LINE
+            if name == "small":
+                LEAKS.append(alloc(64 << 10))  # SMALL-LEAK-LINE
+    elif name == "userhook":
+        from cupy.cuda import memory_hook
+
+        class SlowHook(memory_hook.MemoryHook):
+            """The program's own hook, in which gpuguard's pending calls land while
+            CuPy's loop over the hooks runs: the main thread takes the GIL back in it
+            (CPython notices a pending call queued by another thread then)."""
+
+            name = "program"
+
+            def __init__(self, us):
+                self.s = us / 1e6
+                self.calls = 0
+
+            def spin(self):
+                time.sleep(self.s)
+                for _ in range(20):
+                    self.calls += 1
+
+            def malloc_preprocess(self, **kw):
+                self.spin()
+
+            def malloc_postprocess(self, **kw):
+                self.spin()
+
+            def free_preprocess(self, **kw):
+                self.spin()
+
+            def free_postprocess(self, **kw):
+                self.spin()
+
+        SlowHook(float(arg)).__enter__()
+    elif name == "dropleaks":
+        import threading
+
+        t = threading.Thread(target=LEAKS.clear)
+        t.start()
+        t.join()
     elif name == "big":
         try:
             LEAKS.append(alloc(int(arg) * MiB))

@@ -101,7 +101,7 @@ pub fn apply(report: &mut Report, answer: Answer) -> bool {
 }
 
 /// How the framework name of Python sites from a sampled recorder ends
-/// (`pytorch-sampled`).
+/// (`pytorch-sampled`; `cupy-sampled`, from a CuPy memory hook in windows).
 pub const SAMPLED: &str = "-sampled";
 
 /// The framework name of Python sites taken from the calling thread's own stack.
@@ -343,6 +343,27 @@ mod tests {
             (r.python_sites[0].live_bytes, r.python_sites[0].live_count),
             (5, 1)
         );
+    }
+
+    #[test]
+    fn sampled_sites_are_not_block_exact() {
+        // Sites of a framework sampled in windows name only some of its blocks: the
+        // stacks' own sites stay (apply says no recorder gave block-exact lines).
+        for fw in ["pytorch-sampled", "cupy-sampled"] {
+            let mut r = Report::default();
+            let a = Answer::parse(&format!(
+                r#"{{"sites":[{{"framework":"{fw}","frames":["t.py:29 in train"],"bytes":65536,"count":1}}]}}"#
+            ))
+            .unwrap();
+            assert!(!apply(&mut r, a), "{fw}");
+            assert_eq!(r.python_sites[0].framework, fw);
+        }
+        let mut r = Report::default();
+        let a = Answer::parse(
+            r#"{"sites":[{"framework":"cupy","frames":["t.py:29 in train"],"bytes":1,"count":1}]}"#,
+        )
+        .unwrap();
+        assert!(apply(&mut r, a));
     }
 
     #[test]

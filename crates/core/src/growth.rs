@@ -285,6 +285,37 @@ mod tests {
     }
 
     #[test]
+    fn sampled_block_lines_rank_above_the_stack_s_line_of_the_pool_s_growth() {
+        // CuPy's pool grows at the temporaries' line (a stack site, fast) while the
+        // windows sample the kept array's line (slower: only some of its blocks).
+        let site = |framework: &str, line: &str, bytes: u64| PythonSite {
+            id: 0,
+            framework: framework.into(),
+            frames: vec![line.into()],
+            live_bytes: bytes,
+            live_count: 1,
+        };
+        let rs: Vec<Report> = (0..4u64)
+            .map(|i| {
+                let mut r = rep(i + 1, "snapshot", i as f64, &[]);
+                r.python_sites = vec![
+                    site(
+                        crate::classify::FROM_STACK,
+                        "t.py:28 in train",
+                        1000 * (i + 1),
+                    ),
+                    site("cupy-sampled", "t.py:29 in train", 10 * (i + 1)),
+                ];
+                r
+            })
+            .collect();
+        let refs: Vec<&Report> = rs.iter().collect();
+        let s = suspects(&refs);
+        assert_eq!(names(&s), ["t.py:29 in train", "t.py:28 in train"]);
+        assert_eq!((s[0].precision(), s[1].precision()), (2, 1));
+    }
+
+    #[test]
     fn two_reports_compare_directly_and_python_sites_are_keyed_by_framework() {
         let mut a = rep(1, "signal", 0.0, &[("x", 1)]);
         let mut b = rep(2, "signal", 0.0, &[("x", 1)]);

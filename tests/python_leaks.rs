@@ -465,6 +465,20 @@ fn a_small_cupy_array_kept_each_step_is_the_first_suspect_by_default() {
     }
     let detail = cupy_detail(&report(&r, "exit")[0].1);
     assert!(detail.contains("window after each report"), "{detail}");
+    // The reports say what the windows were: how long the hook was in, how many pool
+    // mallocs it recorded.
+    let windows: Vec<Value> = r
+        .reports()
+        .into_iter()
+        .filter_map(|(_, v)| v["python_cost"]["windows"].as_array().cloned())
+        .flatten()
+        .collect();
+    assert!(
+        windows.iter().any(|w| w["framework"] == "cupy"
+            && w["ms"].as_f64().is_some_and(|m| m > 0.0)
+            && w["allocations"].as_u64().is_some_and(|n| n > 0)),
+        "{windows:?}"
+    );
 }
 
 fn sampled_cupy_bytes(report: &Value) -> u64 {

@@ -138,12 +138,16 @@ pub fn suspects(reports: &[&Report]) -> Vec<Suspect> {
                 .collect();
             let bytes: Vec<u64> = live.iter().map(|l| l.0).collect();
             let n = bytes.len();
-            let (judged, exit_drop_ignored) = match judge(&bytes) {
-                Some(j) => (Some(j), false),
-                None if ends_at_exit && n >= 3 && bytes[n - 1] < bytes[n - 2] => {
-                    (judge(&bytes[..n - 1]), true)
-                }
-                None => (None, false),
+            // A drop in the exit report is the program's teardown (its lists freed as
+            // it returned): the judgment is on the series before it whenever that one
+            // is a suspect, even where the whole series (which ends lower, but maybe
+            // still above its start) would be one too, less steadily.
+            let before_exit = (ends_at_exit && n >= 3 && bytes[n - 1] < bytes[n - 2])
+                .then(|| judge(&bytes[..n - 1]))
+                .flatten();
+            let (judged, exit_drop_ignored) = match before_exit {
+                Some(j) => (Some(j), true),
+                None => (judge(&bytes), false),
             };
             let (rose, intervals, growth, first) = judged?;
             let last = if exit_drop_ignored { n - 2 } else { n - 1 };
@@ -191,6 +195,28 @@ mod tests {
                 .collect(),
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn a_drop_at_exit_is_left_out_even_where_the_whole_series_still_rose() {
+        // Sampled blocks: nothing in the first two reports, steady growth, and at exit
+        // most (not all) of it gone: judged on the series before the exit, it rose in
+        // every interval; judged whole, in 4 of 5.
+        let kib = [0u64, 0, 2048, 4544, 6592, 8704, 1024];
+        let reps: Vec<Report> = kib
+            .iter()
+            .enumerate()
+            .map(|(i, b)| {
+                let reason = if i + 1 == kib.len() { "exit" } else { "snapshot" };
+                rep(i as u64 + 1, reason, i as f64, &[("sampled", b << 10)])
+            })
+            .collect();
+        let refs: Vec<&Report> = reps.iter().collect();
+        let s = suspects(&refs);
+        assert_eq!(s.len(), 1);
+        assert_eq!((s[0].rose, s[0].intervals), (4, 4));
+        assert!(s[0].exit_drop_ignored);
+        assert_eq!(s[0].growth, 8704 << 10);
     }
 
     fn names(s: &[Suspect]) -> Vec<&str> {

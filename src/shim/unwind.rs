@@ -29,8 +29,10 @@ static DISTANCES: [AtomicU64; SLOTS] = [const { AtomicU64::new(0) }; SLOTS];
 /// The distance of a frame with no caller: the walk ends there.
 const OUTERMOST: u64 = 0xffff;
 
+/// Fibonacci hashing: the product's top 16 bits depend on every bit of `pc`.
+#[inline(always)]
 fn slot(pc: usize) -> &'static AtomicU64 {
-    let h = (pc as u64 ^ (pc as u64 >> 17)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    let h = (pc as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
     &DISTANCES[(h >> 48) as usize & (SLOTS - 1)]
 }
 

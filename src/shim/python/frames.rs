@@ -673,7 +673,9 @@ mod tests {
     }
 
     /// A chain of fake frames and code objects in memory, for comparing the
-    /// specialised walks with the general one.
+    /// specialised walks with the general one (boxed: their addresses are kept
+    /// while the vectors grow).
+    #[allow(clippy::vec_box)]
     struct Fixture {
         frames: Vec<Box<[u64; 16]>>,
         codes: Vec<Box<[u64; 32]>>,

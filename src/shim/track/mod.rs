@@ -67,6 +67,9 @@ struct ThreadState {
     scratch: UnsafeCell<[usize; STACK_SLOTS]>,
     last: UnsafeCell<[usize; STACK_SLOTS]>,
     last_site: Cell<(usize, usize, u32)>,
+    /// The thread's innermost phase tag (`tags`; 0: none), kept here so a capture
+    /// reads it without a thread-local lookup of its own.
+    tag: Cell<u32>,
 }
 
 /// Room for the native and Python frames, and the thread's tag (`tags`).
@@ -85,6 +88,7 @@ thread_local! {
             scratch: UnsafeCell::new([0; STACK_SLOTS]),
             last: UnsafeCell::new([0; STACK_SLOTS]),
             last_site: Cell::new((0, 0, NO_SITE)),
+            tag: Cell::new(0),
         }
     };
 }
@@ -95,6 +99,17 @@ fn thread() -> &'static ThreadState {
     // SAFETY: the pointer is valid for the life of this thread (const-initialized,
     // no destructor), and the reference never leaves the thread.
     THREAD.with(|t| unsafe { &*(t as *const ThreadState) })
+}
+
+/// The calling thread's innermost tag id, 0 for none (`tags`).
+#[cfg(test)]
+pub(crate) fn current_tag() -> u32 {
+    thread().tag.get()
+}
+
+/// Sets the calling thread's innermost tag id (`tags::push` / `pop`).
+pub(crate) fn set_current_tag(id: u32) {
+    thread().tag.set(id);
 }
 
 /// Bumped whenever a context is destroyed, so no thread trusts a cached device for a
@@ -332,7 +347,7 @@ fn capture_site_at(books: &Books, t: &ThreadState, depth: usize) -> u32 {
         n += py_n;
     }
     // The thread's phase label (`gpuguard_push_tag`), as the outermost frame.
-    let tag = tags::current();
+    let tag = t.tag.get();
     if tag != 0 {
         pcs[n] = tags::entry(tag);
         n += 1;

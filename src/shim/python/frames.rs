@@ -352,7 +352,7 @@ pub(crate) fn walk(ts: usize, out: &mut [usize]) -> usize {
 ///
 /// # Safety
 /// `l` is the published layout, with the offsets above not negative; `frame` is what
-/// the thread state holds as its current frame.
+/// the thread state holds as its current frame; `out` is not empty.
 #[inline(always)]
 unsafe fn walk_from<const MODE1: bool, const OWNER: bool, const FIRST: bool>(
     mut frame: usize,

@@ -448,6 +448,14 @@ pub(crate) fn is_own_code(pc: usize) -> bool {
     pc >= OWN_LO.load(Relaxed) && pc < OWN_HI.load(Relaxed)
 }
 
+/// `is_own_code` with the range read once for a whole stack capture (it is set
+/// once, at load).
+#[inline]
+pub(crate) fn own_code() -> impl Fn(usize) -> bool + Copy {
+    let (lo, hi) = (OWN_LO.load(Relaxed), OWN_HI.load(Relaxed));
+    move |pc| pc >= lo && pc < hi
+}
+
 /// gpuguard's own NVML call: the UUID of an NVML device, to match it with its CUDA
 /// ordinal.
 pub(crate) fn nvml_uuid(handle: u64) -> Option<String> {

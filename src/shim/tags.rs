@@ -1,10 +1,10 @@
 //! Phase labels (`gpuguard_push_tag("eval")` / `gpuguard_pop_tag()`): a stack per
 //! thread; an allocation's site gets the innermost tag as its outermost frame,
 //! `tag: eval`, so sites (and the flame graph) split by phase. A hook only reads the
-//! thread's current tag id (one thread-local read); names are interned when pushed.
-//! No state of gpuguard's beyond its own.
+//! thread's current tag id, which `track` keeps in its per-thread state (the hook
+//! has it at hand); names are interned when pushed.
 
-use std::cell::{Cell, RefCell};
+use std::cell::RefCell;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering::*};
 
@@ -27,13 +27,13 @@ static BROKEN: AtomicBool = AtomicBool::new(false);
 
 thread_local! {
     static STACK: RefCell<Vec<u32>> = const { RefCell::new(Vec::new()) };
-    static CURRENT: Cell<u32> = const { Cell::new(0) };
 }
 
-/// The calling thread's innermost tag id (0: none). For hooks: one TLS read.
-#[inline]
+/// The calling thread's innermost tag id (0: none); hooks read it from `track`'s
+/// per-thread state directly.
+#[cfg(test)]
 pub(crate) fn current() -> u32 {
-    CURRENT.try_with(Cell::get).unwrap_or(0)
+    super::track::current_tag()
 }
 
 /// The stack entry for tag `id`.
@@ -94,7 +94,7 @@ pub(crate) fn push(name: &str) -> bool {
                 return false;
             }
             s.push(id);
-            CURRENT.with(|c| c.set(id));
+            super::track::set_current_tag(id);
             true
         })
         .unwrap_or(false)
@@ -106,7 +106,7 @@ pub(crate) fn pop() -> bool {
         .try_with(|s| {
             let mut s = s.borrow_mut();
             let popped = s.pop().is_some();
-            CURRENT.with(|c| c.set(s.last().copied().unwrap_or(0)));
+            super::track::set_current_tag(s.last().copied().unwrap_or(0));
             popped
         })
         .unwrap_or(false)

@@ -29,22 +29,35 @@ static DISTANCES: [AtomicU64; SLOTS] = [const { AtomicU64::new(0) }; SLOTS];
 /// The distance of a frame with no caller: the walk ends there.
 const OUTERMOST: u64 = 0xffff;
 
+/// Fibonacci hashing: the product's top 16 bits depend on every bit of `pc`.
+#[inline(always)]
 fn slot(pc: usize) -> &'static AtomicU64 {
-    let h = (pc as u64 ^ (pc as u64 >> 17)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    let h = (pc as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
     &DISTANCES[(h >> 48) as usize & (SLOTS - 1)]
 }
 
 fn learned(pc: usize) -> Option<u64> {
-    let v = slot(pc).load(Relaxed);
-    if v == 0 || (v >> 16) != pc as u64 {
+    if pc == 0 {
         return None;
     }
-    let units = v & 0xffff;
+    let units = learned_units(pc)?;
     Some(if units == OUTERMOST {
         OUTERMOST
     } else {
         units * 8
     })
+}
+
+/// What `learned` finds for `pc`, which is not 0, in 8-byte units (`OUTERMOST` as
+/// itself). An empty slot (0) never matches a `pc` that is not 0, and a stored
+/// slot's units are never 0 (`learn`).
+#[inline(always)]
+fn learned_units(pc: usize) -> Option<u64> {
+    let v = slot(pc).load(Relaxed);
+    if (v >> 16) != pc as u64 {
+        return None;
+    }
+    Some(v & 0xffff)
 }
 
 fn learn(pc: usize, distance: u64) {
@@ -165,26 +178,20 @@ pub(crate) fn stack_bounds() -> (usize, usize) {
 /// Fills `out` with the calling thread's return addresses, innermost first, leaving
 /// out those `skip` rejects (gpuguard's own frames); returns how many. `bounds` is the
 /// thread's stack. Walks from what was learned; learns, with a full unwind, on a
-/// return address it has not met.
+/// return address it has not met. Generic in `skip` so the fast walk tests it inline.
 #[inline(never)]
-pub(crate) fn capture(
+pub(crate) fn capture<F: Fn(usize) -> bool>(
     out: &mut [usize],
     bounds: (usize, usize),
-    skip: &dyn Fn(usize) -> bool,
+    skip: F,
 ) -> usize {
     let mut start = Start { cfa: 0, pc: 0 };
-    let mut state = Learning {
-        out,
-        n: 0,
-        skip,
-        prev: None,
-    };
     // Without known stack bounds (or on a stack outside them, such as a signal's
     // alternate stack) every capture is a full unwind.
     if bounds.0 < bounds.1 {
-        // SAFETY: probe only writes `start`.
-        unsafe { probe(&mut start, 0, &mut state) };
-        if let Some(n) = walk(&start, state.out, bounds, state.skip) {
+        // SAFETY: probe only writes `start` (no `learn_fn`: its state is not read).
+        unsafe { probe(&mut start, 0, std::ptr::null_mut()) };
+        if let Some(n) = walk(&start, out, bounds, &skip) {
             if counting() {
                 WALKS.fetch_add(1, Relaxed);
             }
@@ -194,6 +201,12 @@ pub(crate) fn capture(
     if counting() {
         FULL_UNWINDS.fetch_add(1, Relaxed);
     }
+    let mut state = Learning {
+        out,
+        n: 0,
+        skip: &skip,
+        prev: None,
+    };
     let (fast_pc, fast_cfa) = (start.pc, start.cfa);
     // SAFETY: probe writes `start`, then learn_entry runs a full unwind into `state`.
     unsafe { probe(&mut start, learn_entry as *const () as usize, &mut state) };
@@ -213,41 +226,70 @@ pub(crate) fn capture(
 }
 
 /// The fast walk; `None` at a return address not learned yet.
-fn walk(
+#[inline(always)]
+fn walk<F: Fn(usize) -> bool>(
     start: &Start,
     out: &mut [usize],
     (lo, hi): (usize, usize),
-    skip: &dyn Fn(usize) -> bool,
+    skip: &F,
 ) -> Option<usize> {
     let (mut cfa, mut pc) = (start.cfa, start.pc);
     if cfa < lo || cfa > hi {
         return None;
     }
-    let mut n = 0;
-    // gpuguard's own frames are only at the top: once past them, no more checks.
-    let mut at_top = true;
-    while n < out.len() {
+    if out.is_empty() {
+        return Some(0);
+    }
+    // gpuguard's own frames are only at the top: left out, and once past them, no
+    // more checks.
+    loop {
         if pc == 0 {
-            return Some(n);
+            return Some(0);
         }
-        let distance = learned(pc)?;
-        if at_top && skip(pc) {
-            // one of ours: left out
-        } else {
-            at_top = false;
-            out[n] = pc;
-            n += 1;
+        let units = learned_units(pc)?;
+        if !skip(pc) {
+            return walk_kept(cfa, pc, units, out, (lo, hi));
         }
-        if distance == OUTERMOST {
-            return Some(n);
+        if units == OUTERMOST {
+            return Some(0);
         }
-        cfa += distance as usize;
+        cfa += units as usize * 8;
         // The return address into the next frame sits just below its CFA.
         if cfa < lo + 8 || cfa > hi {
-            return Some(n);
+            return Some(0);
         }
         // SAFETY: cfa - 8 lies within this thread's stack (checked above).
         pc = unsafe { ((cfa - 8) as *const usize).read() };
     }
-    Some(n)
+}
+
+/// The fast walk past gpuguard's own frames, from `pc` (not 0, its distance
+/// learned: `units` of 8 bytes) at `cfa`: every frame kept. `out` is not empty.
+#[inline(always)]
+fn walk_kept(
+    mut cfa: usize,
+    mut pc: usize,
+    mut units: u64,
+    out: &mut [usize],
+    (lo, hi): (usize, usize),
+) -> Option<usize> {
+    let mut n = 0;
+    loop {
+        out[n] = pc;
+        n += 1;
+        if units == OUTERMOST {
+            return Some(n);
+        }
+        cfa += units as usize * 8;
+        // The return address into the next frame sits just below its CFA.
+        if cfa < lo + 8 || cfa > hi || n == out.len() {
+            return Some(n);
+        }
+        // SAFETY: cfa - 8 lies within this thread's stack (checked above).
+        pc = unsafe { ((cfa - 8) as *const usize).read() };
+        if pc == 0 {
+            return Some(n);
+        }
+        units = learned_units(pc)?;
+    }
 }

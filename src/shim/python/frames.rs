@@ -124,8 +124,25 @@ fn layout() -> Layout {
 /// go off for good).
 fn publish(l: Layout) -> bool {
     let ok = LAYOUT.set(l).is_ok();
+    if ok {
+        WALK.store(walk_kind(&l), Relaxed);
+    }
     STATE.store(if ok { ON } else { OFF }, Release);
     ok
+}
+
+/// Which of `walk`'s loops reads frames with the published layout, decided when it
+/// is published (before frames are on): `walk_from`'s specialisation (bit 0:
+/// interpreter frames, bit 1: an owner byte, bit 2: a first line), or
+/// `WALK_GENERAL` for a layout with a negative frame offset.
+static WALK: AtomicU8 = AtomicU8::new(WALK_GENERAL);
+const WALK_GENERAL: u8 = 8;
+
+fn walk_kind(l: &Layout) -> u8 {
+    if l.ts_off < 0 || l.code_off < 0 || l.prev_off < 0 || l.instr_off < 0 {
+        return WALK_GENERAL;
+    }
+    u8::from(l.mode == 1) | u8::from(l.owner_off >= 0) << 1 | u8::from(l.co_firstlineno >= 0) << 2
 }
 
 #[derive(serde::Deserialize)]
@@ -291,6 +308,137 @@ pub(crate) fn walk(ts: usize, out: &mut [usize]) -> usize {
     let Some(l) = LAYOUT.get() else {
         return 0;
     };
+    let kind = WALK.load(Relaxed);
+    if kind == WALK_GENERAL {
+        return walk_general(ts, l, out);
+    }
+    // SAFETY: reads of this thread's own thread state at offsets known or measured
+    // for this interpreter (`ts_off` not negative: `walk_kind`), each pointer
+    // checked for null and alignment first.
+    let frame = unsafe {
+        let frame = read::word(ts, l.ts_off);
+        if l.ts_deref >= 0 {
+            read::word(frame, l.ts_deref)
+        } else {
+            frame
+        }
+    };
+    // SAFETY: the offsets the specialised walks read at are not negative
+    // (`walk_kind`: the frame offsets, and those its bits say).
+    let n = unsafe {
+        match kind {
+            7 => walk_from::<true, true, true>(frame, l, out),
+            3 => walk_from::<true, true, false>(frame, l, out),
+            5 => walk_from::<true, false, true>(frame, l, out),
+            1 => walk_from::<true, false, false>(frame, l, out),
+            6 => walk_from::<false, true, true>(frame, l, out),
+            2 => walk_from::<false, true, false>(frame, l, out),
+            4 => walk_from::<false, false, true>(frame, l, out),
+            _ => walk_from::<false, false, false>(frame, l, out),
+        }
+    };
+    if n > 0 && !CONFIRMED.load(Relaxed) {
+        CONFIRMED.store(true, Relaxed);
+    }
+    n
+}
+
+/// `walk` from the innermost frame `frame`, for a layout whose frame offsets
+/// (`code_off`, `prev_off`, `instr_off`) are not negative, specialised on what is
+/// loop-invariant: interpreter frames (`MODE1`) or frame objects, an `owner` byte
+/// (`OWNER`: `owner_off >= 0`), a first line to read (`FIRST`: `co_firstlineno >=
+/// 0`). The same frames as `walk_general`, in the same order; a frame pointer is
+/// checked for null and alignment before anything is read through it.
+///
+/// # Safety
+/// `l` is the published layout, with the offsets above not negative; `frame` is what
+/// the thread state holds as its current frame; `out` is not empty.
+#[inline(always)]
+unsafe fn walk_from<const MODE1: bool, const OWNER: bool, const FIRST: bool>(
+    mut frame: usize,
+    l: &Layout,
+    out: &mut [usize],
+) -> usize {
+    let len = out.len();
+    let out = out.as_mut_ptr();
+    let (code_off, prev_off, instr_off) = (
+        l.code_off as usize,
+        l.prev_off as usize,
+        l.instr_off as usize,
+    );
+    let (owner_off, cstack) = (l.owner_off as usize, l.cstack);
+    let first_off = l.co_firstlineno as usize;
+    let (base, code_type) = (l.base as usize, l.code_type as usize);
+    let mut n = 0;
+    // Frames visited, kept or skipped: at most four times the room.
+    let mut budget = 4 * len;
+    // SAFETY: every frame pointer is checked for null and alignment before it is
+    // read through, a code pointer also for the user address range, and its type
+    // before anything else of it is read; `n < len` before every store.
+    unsafe {
+        while frame != 0 && budget != 0 {
+            budget -= 1;
+            if frame & 7 != 0 {
+                // Not a frame: as `read::word`'s zero for a misaligned base.
+                if n == 0 && !CONFIRMED.load(Relaxed) {
+                    STATE.store(OFF, Release);
+                }
+                break;
+            }
+            if OWNER
+                && i64::from(std::ptr::read_volatile((frame + owner_off) as *const u8)) == cstack
+            {
+                // The interpreter's own entry frame: no code of the program's.
+                frame = std::ptr::read_volatile((frame + prev_off) as *const usize);
+                continue;
+            }
+            let code = std::ptr::read_volatile((frame + code_off) as *const usize);
+            if !code_pointer(code)
+                || std::ptr::read_volatile((code + 8) as *const usize) != code_type
+            {
+                if n == 0 && !CONFIRMED.load(Relaxed) {
+                    // Not code where the layout says: it is not this interpreter's.
+                    STATE.store(OFF, Release);
+                }
+                break;
+            }
+            if FIRST && std::ptr::read_volatile((code + first_off) as *const i32) == 0 {
+                // Code the interpreter made, with no source (3.13's `__init__` shim
+                // between a class call and its `__init__`): not the program's frame.
+                frame = std::ptr::read_volatile((frame + prev_off) as *const usize);
+                continue;
+            }
+            let offset = if MODE1 {
+                let instr = std::ptr::read_volatile((frame + instr_off) as *const usize);
+                instr.wrapping_sub(code).wrapping_sub(base)
+            } else {
+                let lasti = std::ptr::read_volatile((frame + instr_off) as *const i32);
+                (lasti.max(0) as usize) * 2
+            };
+            *out.add(n) = PY_TAG | (offset.min(OFFSET_MAX) << 47) | code;
+            n += 1;
+            if n == len {
+                break;
+            }
+            frame = std::ptr::read_volatile((frame + prev_off) as *const usize);
+        }
+    }
+    n
+}
+
+/// Whether `code` may be followed: non-null, 8-aligned, a user address (at most
+/// `ADDR_MASK`). One test: rotated right by 3, the low bits go on top, so exactly
+/// those addresses land in [1, ADDR_MASK >> 3].
+#[inline(always)]
+fn code_pointer(code: usize) -> bool {
+    code.rotate_right(3).wrapping_sub(1) < ADDR_MASK >> 3
+}
+
+/// `walk` for a layout with a negative frame offset (none known or measured has
+/// one): every read through `read::word`'s checks.
+#[cold]
+#[inline(never)]
+fn walk_general(ts: usize, l: &Layout, out: &mut [usize]) -> usize {
     let code_type = l.code_type as usize;
     let first_line_off = l.co_firstlineno;
     // SAFETY: reads of this thread's own thread state and frames at offsets known
@@ -325,8 +473,7 @@ pub(crate) fn walk(ts: usize, out: &mut [usize]) -> usize {
             if first_line_off >= 0
                 && std::ptr::read_volatile((code + first_line_off as usize) as *const i32) == 0
             {
-                // Code the interpreter made, with no source (3.13's `__init__` shim
-                // between a class call and its `__init__`): not the program's frame.
+                // Code the interpreter made, with no source: not the program's frame.
                 frame = read::word(frame, l.prev_off);
                 continue;
             }
@@ -490,5 +637,197 @@ pub(super) fn resolved(json: &str) {
         if text.is_some() || !m.contains_key(&entry) {
             m.insert(entry, text);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn code_pointer_is_the_three_checks() {
+        let plain = |c: usize| !(c == 0 || c & 7 != 0 || c > ADDR_MASK);
+        let mut cases = vec![0, 1, 7, 8, 9, 16, ADDR_MASK, ADDR_MASK - 7, ADDR_MASK + 1];
+        cases.extend([
+            ADDR_MASK + 8,
+            usize::MAX,
+            usize::MAX - 7,
+            1 << 63,
+            (1 << 63) | 8,
+        ]);
+        cases.extend([
+            0x7f12_3456_7890,
+            0x7f12_3456_7891,
+            0x5555_5555_0000,
+            1 << 61,
+        ]);
+        for b in 0..64 {
+            for d in [0usize, 1, 7, 8] {
+                cases.push((1usize << b).wrapping_add(d));
+                cases.push((1usize << b).wrapping_sub(d));
+            }
+        }
+        for c in cases {
+            assert_eq!(code_pointer(c), plain(c), "{c:#x}");
+        }
+    }
+
+    /// A chain of fake frames and code objects in memory, for comparing the
+    /// specialised walks with the general one (boxed: their addresses are kept
+    /// while the vectors grow).
+    #[allow(clippy::vec_box)]
+    struct Fixture {
+        frames: Vec<Box<[u64; 16]>>,
+        codes: Vec<Box<[u64; 32]>>,
+        ts: Box<[u64; 4]>,
+    }
+
+    static CODE_TYPE: u64 = 0;
+
+    /// Frame kinds: a code frame, an entry frame (owner 3), a frame of code with
+    /// first line 0, a frame whose code is not code, a frame with a null code.
+    #[derive(Clone, Copy)]
+    enum F {
+        Code,
+        Entry,
+        NoSource,
+        NotCode,
+        NullCode,
+    }
+
+    impl Fixture {
+        fn new(kinds: &[F], misaligned_after: Option<usize>) -> Fixture {
+            let code_type = &CODE_TYPE as *const u64 as u64;
+            let mut fx = Fixture {
+                frames: Vec::new(),
+                codes: Vec::new(),
+                ts: Box::new([0; 4]),
+            };
+            for (i, k) in kinds.iter().enumerate() {
+                let mut c = Box::new([0u64; 32]);
+                c[1] = if matches!(k, F::NotCode) {
+                    0x1234_5678
+                } else {
+                    code_type
+                };
+                let first = if matches!(k, F::NoSource) {
+                    0
+                } else {
+                    10 + i as u64
+                };
+                c[8] = first << 32; // co_firstlineno at 68
+                fx.codes.push(c);
+                let mut f = Box::new([0u64; 16]);
+                let code = fx.codes[i].as_ptr() as u64;
+                f[0] = if matches!(k, F::NullCode) { 0 } else { code }; // code_off 0
+                f[7] = code + 192 + 2 * i as u64; // instr_off 56 (mode 1)
+                f[8] = if matches!(k, F::Entry) { 3 << 48 } else { 0 }; // owner at 70
+                f[12] = 3 * i as u64; // f_lasti at 96 (mode 2)
+                fx.frames.push(f);
+            }
+            for i in 0..fx.frames.len().saturating_sub(1) {
+                let next = fx.frames[i + 1].as_ptr() as u64;
+                fx.frames[i][1] = if misaligned_after == Some(i) {
+                    next + 4
+                } else {
+                    next
+                };
+            }
+            fx.ts[1] = fx.frames.first().map_or(0, |f| f.as_ptr() as u64); // ts_off 8
+            fx
+        }
+
+        fn layout(&self, mode1: bool, owner: bool, first: bool) -> Layout {
+            Layout {
+                mode: if mode1 { 1 } else { 2 },
+                ts_off: 8,
+                ts_deref: -1,
+                code_off: 0,
+                prev_off: 8,
+                instr_off: if mode1 { 56 } else { 96 },
+                base: 192,
+                owner_off: if owner { 70 } else { -1 },
+                cstack: 3,
+                co_firstlineno: if first { 68 } else { -1 },
+                code_type: &CODE_TYPE as *const u64 as i64,
+                ..Layout::default()
+            }
+        }
+    }
+
+    #[test]
+    fn the_specialised_walks_read_what_the_general_one_reads() {
+        // A first frame that is not code turns frames off unless a walk confirmed
+        // the layout: confirmed here, so no case changes the process's state.
+        CONFIRMED.store(true, Relaxed);
+        use F::*;
+        let mut chains: Vec<(Vec<F>, Option<usize>)> = vec![
+            (vec![Code; 20], None),
+            (vec![Code; 3], None),
+            (
+                vec![Entry, Code, NoSource, Code, Entry, Entry, Code, NoSource],
+                None,
+            ),
+            (
+                vec![Code, Code, Code, Code, Code, NotCode, Code, Code],
+                None,
+            ),
+            (vec![Code, Code, NullCode, Code], None),
+            (vec![Code; 10], Some(3)),
+            (vec![Entry, Code, Code], Some(0)),
+            (vec![], None),
+        ];
+        // Long runs of skipped frames: the walk stops after four times its room.
+        let mut long = vec![Entry; 70];
+        long.extend([Code; 5]);
+        chains.push((long, None));
+        let mut mixed = Vec::new();
+        for i in 0..80 {
+            mixed.push(if i % 4 == 3 {
+                Code
+            } else if i % 2 == 0 {
+                Entry
+            } else {
+                NoSource
+            });
+        }
+        chains.push((mixed, None));
+        for (kinds, mis) in &chains {
+            let fx = Fixture::new(kinds, *mis);
+            for bits in 0..8u8 {
+                let (m, o, f) = (bits & 1 != 0, bits & 2 != 0, bits & 4 != 0);
+                let l = fx.layout(m, o, f);
+                assert_eq!(walk_kind(&l), bits);
+                for room in [1usize, 3, 16] {
+                    let (mut a, mut b) = (vec![0usize; room], vec![0usize; room]);
+                    let ts = fx.ts.as_ptr() as usize;
+                    let na = walk_general(ts, &l, &mut a);
+                    let frame = fx.ts[1] as usize;
+                    // SAFETY: the fixture's frames and code objects, at the
+                    // layout's offsets.
+                    let nb = unsafe {
+                        match bits {
+                            7 => walk_from::<true, true, true>(frame, &l, &mut b),
+                            3 => walk_from::<true, true, false>(frame, &l, &mut b),
+                            5 => walk_from::<true, false, true>(frame, &l, &mut b),
+                            1 => walk_from::<true, false, false>(frame, &l, &mut b),
+                            6 => walk_from::<false, true, true>(frame, &l, &mut b),
+                            2 => walk_from::<false, true, false>(frame, &l, &mut b),
+                            4 => walk_from::<false, false, true>(frame, &l, &mut b),
+                            _ => walk_from::<false, false, false>(frame, &l, &mut b),
+                        }
+                    };
+                    assert_eq!((na, &a[..na]), (nb, &b[..nb]), "bits {bits} room {room}");
+                    if kinds.len() == 20 {
+                        assert_eq!(na, room); // the fixture is read as frames
+                    }
+                }
+            }
+        }
+        let neg = Layout {
+            prev_off: -1,
+            ..Fixture::new(&[], None).layout(true, true, true)
+        };
+        assert_eq!(walk_kind(&neg), WALK_GENERAL);
     }
 }

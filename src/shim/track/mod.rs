@@ -9,7 +9,7 @@
 use super::bench_switch;
 use super::books::Books;
 use super::python::frames;
-use super::real::{DRIVER, is_driver_code, is_own_code};
+use super::real::{DRIVER, is_driver_code, own_code};
 use super::settings::config;
 use super::state::{active_books, books, shielded};
 use super::sys::monotonic_ns;
@@ -67,6 +67,9 @@ struct ThreadState {
     scratch: UnsafeCell<[usize; STACK_SLOTS]>,
     last: UnsafeCell<[usize; STACK_SLOTS]>,
     last_site: Cell<(usize, usize, u32)>,
+    /// The thread's innermost phase tag (`tags`; 0: none), kept here so a capture
+    /// reads it without a thread-local lookup of its own.
+    tag: Cell<u32>,
 }
 
 /// Room for the native and Python frames, and the thread's tag (`tags`).
@@ -85,6 +88,7 @@ thread_local! {
             scratch: UnsafeCell::new([0; STACK_SLOTS]),
             last: UnsafeCell::new([0; STACK_SLOTS]),
             last_site: Cell::new((0, 0, NO_SITE)),
+            tag: Cell::new(0),
         }
     };
 }
@@ -95,6 +99,17 @@ fn thread() -> &'static ThreadState {
     // SAFETY: the pointer is valid for the life of this thread (const-initialized,
     // no destructor), and the reference never leaves the thread.
     THREAD.with(|t| unsafe { &*(t as *const ThreadState) })
+}
+
+/// The calling thread's innermost tag id, 0 for none (`tags`).
+#[cfg(test)]
+pub(crate) fn current_tag() -> u32 {
+    thread().tag.get()
+}
+
+/// Sets the calling thread's innermost tag id (`tags::push` / `pop`).
+pub(crate) fn set_current_tag(id: u32) {
+    thread().tag.set(id);
 }
 
 /// Bumped whenever a context is destroyed, so no thread trusts a cached device for a
@@ -182,7 +197,7 @@ fn nested(t: &'static ThreadState) -> Entry {
         n: 0,
     };
     if t.in_real.get() {
-        f.n = unwind::capture(&mut f.pcs, t.stack.get(), &is_own_code) as u8;
+        f.n = unwind::capture(&mut f.pcs, t.stack.get(), own_code()) as u8;
         // Unknown caller or unknown driver range: as before, straight through.
         match f.pcs[..f.n as usize].first() {
             Some(&pc) if is_driver_code(pc) == Some(false) => {}
@@ -310,28 +325,29 @@ fn capture_site_at(books: &Books, t: &ThreadState, depth: usize) -> u32 {
     // Python ones. The Python frames are read first (into the tail), so a thread that
     // has a thread state but runs no Python now (a framework's worker, such as
     // PyTorch's autograd threads) keeps its whole native stack.
+    // They are read to where they go when the native frames fill their share (most
+    // often), and moved down only when there are fewer.
     let py = frames::thread_state();
+    let cut = depth.min(PY_THREAD_NATIVE);
     let py_n = if py != 0 {
-        frames::walk(py, &mut pcs[MAX_FRAMES..MAX_FRAMES + PY_FRAMES])
+        frames::walk(py, &mut pcs[cut..cut + PY_FRAMES])
     } else {
         0
     };
-    let native = if py_n > 0 {
-        depth.min(PY_THREAD_NATIVE)
-    } else {
-        depth
-    };
+    let native = if py_n > 0 { cut } else { depth };
     let mut n = unwind::capture(
         &mut pcs[..native.min(MAX_FRAMES)],
         stack_bounds(t),
-        &is_own_code,
+        own_code(),
     );
     if py_n > 0 {
-        pcs.copy_within(MAX_FRAMES..MAX_FRAMES + py_n, n);
+        if n < cut {
+            pcs.copy_within(cut..cut + py_n, n);
+        }
         n += py_n;
     }
     // The thread's phase label (`gpuguard_push_tag`), as the outermost frame.
-    let tag = tags::current();
+    let tag = t.tag.get();
     if tag != 0 {
         pcs[n] = tags::entry(tag);
         n += 1;

@@ -1048,6 +1048,9 @@ class _GGCupyWindow:
         self.first_ms = 0.0
         self.last_ms = None
         self.deferred = 0  # changes of the hooks dict put off: a hook method ran
+        self.gen = 0  # which window is (or was last) open
+        self.closing = 0  # the window whose close is due (0: none)
+        self.self_closed = 0  # windows the hook closed from inside its own call
 
     # CuPy's six hook points; alloc_* come only when the pool goes to the driver.
     def alloc_preprocess(self, **kw):
@@ -1060,6 +1063,8 @@ class _GGCupyWindow:
         pass
 
     def malloc_postprocess(self, device_id=0, size=0, mem_size=0, mem_ptr=0, pmem_id=0, **kw):
+        if self.closing:
+            self._close_from_hook()
         if not mem_ptr:
             return
         # An address handed out again: what was there before is dead.
@@ -1096,7 +1101,8 @@ class _GGCupyWindow:
             self._less(gone, gone[1], 1)
 
     def free_postprocess(self, **kw):
-        pass
+        if self.closing:
+            self._close_from_hook()
 
     # The window, on the main thread but for check() (a timer thread).
 
@@ -1109,6 +1115,8 @@ class _GGCupyWindow:
 
         self.cur = {}
         self.seen = 0
+        self.gen += 1
+        self.closing = 0
         self.opened = time.monotonic()
         self.mode = 1
         try:
@@ -1126,13 +1134,49 @@ class _GGCupyWindow:
         if self.seen >= _GG_WINDOW_ALLOCS or elapsed + step > longest:
             self.mode = 2
             self.first_ms = elapsed * 1000.0
-            _gg_timer(elapsed, lambda: _gg_on_main(lambda: _gg_cupy_change(self, self.close)))
+            g = self.gen
+
+            def due():
+                # The hook closes itself at its next call where it safely can (see
+                # _close_from_hook); the pending call is there for when it cannot, or
+                # when no pool call comes.
+                self.closing = g
+                _gg_on_main(lambda: _gg_cupy_change(self, lambda: self.close_if(g)))
+
+            _gg_timer(elapsed, due)
         else:
             _gg_timer(step, self.check)
+
+    def close_if(self, g):
+        """Closes window g if it is still the open one (a close queued for a window
+        that already closed itself must not close the next)."""
+        if g == self.gen and self.mode == 2:
+            self.close()
+
+    def _close_from_hook(self):
+        """From inside one of this hook's calls: closes the window if this hook is the
+        last in the thread's hooks dict. CPython's OrderedDict iterator, once it has
+        handed out its last item, ends without checking the dict for changes; so the
+        last hook may delete itself in its own call, while any other change during the
+        loop raises in the program. Else the pending call (_gg_cupy_change) does it."""
+        # A hook method further up (a hook that allocates, so that this loop runs
+        # inside another one over the same dict): that outer loop would see the change.
+        f = sys._getframe(2)
+        while f is not None:
+            if f.f_code.co_name in _GG_HOOK_METHODS:
+                return
+            f = f.f_back
+        from cupy.cuda import memory_hook
+
+        hooks = memory_hook.get_memory_hooks()
+        if hooks and next(reversed(hooks)) == self.name and hooks[self.name] is self:
+            self.self_closed += 1
+            self.close_if(self.closing)
 
     def close(self):
         import time
 
+        self.closing = 0
         was = _gg_nogc()
         try:
             cur, self.cur = self.cur, {}
@@ -1306,6 +1350,8 @@ def _gg_cupy_sampled(cp, pool, devices, blocks, at_exit):
     )
     if w.deferred:
         detail += "; %d hook changes waited for a memory hook to return" % w.deferred
+    if w.self_closed:
+        detail += "; %d windows closed by the hook in its own last call" % w.self_closed
     err = _gg_state.get("cupy_window_error")
     if err:
         detail += "; last error: " + err

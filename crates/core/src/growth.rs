@@ -207,7 +207,11 @@ mod tests {
             .iter()
             .enumerate()
             .map(|(i, b)| {
-                let reason = if i + 1 == kib.len() { "exit" } else { "snapshot" };
+                let reason = if i + 1 == kib.len() {
+                    "exit"
+                } else {
+                    "snapshot"
+                };
                 rep(i as u64 + 1, reason, i as f64, &[("sampled", b << 10)])
             })
             .collect();

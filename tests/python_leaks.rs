@@ -389,6 +389,14 @@ fn small_leak_is_a_suspect(action: &str, every: &str) {
     );
     let shown = String::from_utf8_lossy(&out.stdout);
     assert!(shown.contains("gpuguard's Python side: "), "{shown}");
+    // The exit report's classification (taken in Python's atexit) says its cost too.
+    assert!(
+        exit[0].1["python_cost"]["main_thread_ms"]
+            .as_f64()
+            .is_some(),
+        "{:#}",
+        exit[0].1
+    );
 }
 
 /// `gpuguard show` over the snapshots and the exit report of `r`: its text.

@@ -780,12 +780,18 @@ def _gg_jax_profile(jax):
     return out
 
 
+def _gg_cost(t0):
+    """The report's python_cost: the main thread's time here since t0, and each
+    framework's last sampling window."""
+    windows = [dict(w, framework=f) for f, w in sorted(_gg_state.get("windows", {}).items())]
+    return {"main_thread_ms": (time.perf_counter() - t0) * 1e3, "windows": windows}
+
+
 def _gg_classify(args):
     t0 = time.perf_counter()
     _gg_setup(args)
     res = _gg_classify_now(args)
-    windows = [dict(w, framework=f) for f, w in sorted(_gg_state.get("windows", {}).items())]
-    res["cost"] = {"main_thread_ms": (time.perf_counter() - t0) * 1e3, "windows": windows}
+    res["cost"] = _gg_cost(t0)
     _gg_answer("reply", res)
     # After the answer: nothing here may change it.
     _gg_sample_window(args)
@@ -1362,9 +1368,12 @@ def _gg_at_exit():
     # Python's atexit runs while the interpreter is still whole: the exit report's
     # classification is taken here, before the C-level exit report is written.
     try:
+        t0 = time.perf_counter()
         pairs = json.loads(_gg_pending_pairs())
         if pairs:
             _gg_submit("resolved\n" + json.dumps(_gg_resolve(pairs)))
-        _gg_answer("exit", _gg_classify_now({"devices": json.loads(_gg_devices())}, at_exit=True))
+        res = _gg_classify_now({"devices": json.loads(_gg_devices())}, at_exit=True)
+        res["cost"] = _gg_cost(t0)
+        _gg_answer("exit", res)
     except Exception:
         pass

@@ -2,7 +2,7 @@
 //! directly (C, C++, Python's ctypes).
 
 use super::state::{active_books, books, shielded};
-use super::{control, python, real, report, tags, worker};
+use super::{control, python, real, report, tags, track, worker};
 use gpuguard_core::ledger::MAX_DEVICES;
 use std::ffi::{CStr, c_char, c_int};
 
@@ -242,7 +242,10 @@ pub unsafe extern "C" fn gpuguard_push_tag(tag: *const c_char) -> c_int {
     // SAFETY: the caller passes a C string.
     let name = unsafe { CStr::from_ptr(tag) }.to_string_lossy();
     match shielded(|| tags::push(&name)) {
-        Some(true) => 0,
+        Some(Some(id)) => {
+            track::set_current_tag(id);
+            0
+        }
         _ => -1,
     }
 }
@@ -252,7 +255,10 @@ pub unsafe extern "C" fn gpuguard_push_tag(tag: *const c_char) -> c_int {
 #[cfg_attr(not(test), unsafe(no_mangle))]
 pub extern "C" fn gpuguard_pop_tag() -> c_int {
     match shielded(tags::pop) {
-        Some(true) => 0,
+        Some(Some(id)) => {
+            track::set_current_tag(id);
+            0
+        }
         _ => -1,
     }
 }

@@ -29,11 +29,12 @@ thread_local! {
     static STACK: RefCell<Vec<u32>> = const { RefCell::new(Vec::new()) };
 }
 
-/// The calling thread's innermost tag id (0: none); hooks read it from `track`'s
-/// per-thread state directly.
+/// The calling thread's innermost tag id (0: none). Hooks read a copy that the C
+/// API keeps in `track`'s per-thread state (no thread-local lookup of its own in a
+/// capture); this layer stays below `track`.
 #[cfg(test)]
 pub(crate) fn current() -> u32 {
-    super::track::current_tag()
+    STACK.with(|s| s.borrow().last().copied().unwrap_or(0))
 }
 
 /// The stack entry for tag `id`.
@@ -81,35 +82,34 @@ fn intern(name: &str) -> Option<u32> {
     Some(names.len() as u32)
 }
 
-/// Pushes a tag on the calling thread; false when refused (too deep, too many
-/// distinct tags).
-pub(crate) fn push(name: &str) -> bool {
-    let Some(id) = intern(name) else {
-        return false;
-    };
+/// Pushes a tag on the calling thread: its id, now the innermost; None when refused
+/// (too deep, too many distinct tags).
+pub(crate) fn push(name: &str) -> Option<u32> {
+    let id = intern(name)?;
     STACK
         .try_with(|s| {
             let mut s = s.borrow_mut();
             if s.len() >= MAX_DEPTH {
-                return false;
+                return None;
             }
             s.push(id);
-            super::track::set_current_tag(id);
-            true
+            Some(id)
         })
-        .unwrap_or(false)
+        .ok()
+        .flatten()
 }
 
-/// Pops the calling thread's innermost tag; false when it has none.
-pub(crate) fn pop() -> bool {
+/// Pops the calling thread's innermost tag: the id innermost now (0: none); None
+/// when it had none.
+pub(crate) fn pop() -> Option<u32> {
     STACK
         .try_with(|s| {
             let mut s = s.borrow_mut();
-            let popped = s.pop().is_some();
-            super::track::set_current_tag(s.last().copied().unwrap_or(0));
-            popped
+            s.pop()?;
+            Some(s.last().copied().unwrap_or(0))
         })
-        .unwrap_or(false)
+        .ok()
+        .flatten()
 }
 
 /// In a forked child: the names stay (the child's thread keeps its tags).
@@ -126,22 +126,22 @@ mod tests {
     #[test]
     fn tags_nest_per_thread() {
         assert_eq!(current(), 0);
-        assert!(push("train"));
-        let train = current();
-        assert!(push("eval"));
-        let eval = current();
+        let train = push("train").unwrap();
+        assert_eq!(current(), train);
+        let eval = push("eval").unwrap();
+        assert_eq!(current(), eval);
         assert_ne!(train, eval);
         assert!(is_tag(entry(eval)) && !is_tag(0x7fff_0000_1000) && !is_tag(PY_BIT | 5));
         assert_eq!(text(entry(eval)), "tag: eval");
         std::thread::spawn(|| assert_eq!(current(), 0))
             .join()
             .unwrap();
-        assert!(pop());
+        assert_eq!(pop(), Some(train));
         assert_eq!(current(), train);
-        assert!(push("eval"));
-        assert_eq!(current(), eval, "one id per name");
-        assert!(pop() && pop());
+        assert_eq!(push("eval"), Some(eval), "one id per name");
+        assert_eq!(pop(), Some(train));
+        assert_eq!(pop(), Some(0));
         assert_eq!(current(), 0);
-        assert!(!pop());
+        assert_eq!(pop(), None);
     }
 }

@@ -101,13 +101,8 @@ fn thread() -> &'static ThreadState {
     THREAD.with(|t| unsafe { &*(t as *const ThreadState) })
 }
 
-/// The calling thread's innermost tag id, 0 for none (`tags`).
-#[cfg(test)]
-pub(crate) fn current_tag() -> u32 {
-    thread().tag.get()
-}
-
-/// Sets the calling thread's innermost tag id (`tags::push` / `pop`).
+/// Sets the calling thread's innermost tag id (the C API, after `tags::push` /
+/// `pop`).
 pub(crate) fn set_current_tag(id: u32) {
     thread().tag.set(id);
 }

@@ -331,34 +331,19 @@ fn small_leak_is_a_suspect(action: &str, every: &str) {
         true,
     );
     r.assert_ok();
+    let text = show_series(&r);
     let snaps = report(&r, "snapshot");
-    assert!(snaps.len() >= 4, "{}", r.describe());
-    let mut files: Vec<&std::path::PathBuf> = snaps.iter().map(|(p, _)| p).collect();
     let exit = report(&r, "exit");
-    files.push(&exit[0].0);
-    let out = Command::new(env!("CARGO_BIN_EXE_gpuguard"))
-        .arg("show")
-        .args(&files)
-        .output()
-        .unwrap();
-    assert!(out.status.success());
-    let text = String::from_utf8_lossy(&out.stdout);
-    let section = &text[text.find("suspected leaks in").expect(&text)..];
     let want = format!("trainer.py:{line} in <module>");
     // The line is among the suspects, as a sampled PyTorch site. (Not always the first:
     // the lines that made the cache grow are suspects too, and a report whose window
     // saw none of the step's blocks makes the sampled site's series less steady.)
-    let suspects: Vec<Vec<&str>> = section
-        .split("    rose in ")
-        .skip(1)
-        .map(|s| s.lines().collect())
-        .collect();
     assert!(
-        suspects.iter().any(|lines| lines
+        suspects(&text).iter().any(|lines| lines
             .iter()
             .any(|l| l.contains("[pytorch-sampled blocks, Python]"))
             && lines.iter().any(|l| l.ends_with(&want))),
-        "{section}"
+        "{text}"
     );
     let detail = exit[0].1["classification"][0]["detail"].as_str().unwrap();
     assert!(detail.contains("after each report"), "{detail}");
@@ -387,8 +372,7 @@ fn small_leak_is_a_suspect(action: &str, every: &str) {
             && w["allocations"].as_u64().is_some_and(|n| n > 0)),
         "{windows:?}"
     );
-    let shown = String::from_utf8_lossy(&out.stdout);
-    assert!(shown.contains("gpuguard's Python side: "), "{shown}");
+    assert!(text.contains("gpuguard's Python side: "), "{text}");
     // The exit report's classification (taken in Python's atexit) says its cost too.
     assert!(
         exit[0].1["python_cost"]["main_thread_ms"]

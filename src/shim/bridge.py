@@ -51,7 +51,8 @@ def _gg_cupy():
 
 class _GGCupyHook:
     """A CuPy memory hook that keeps the Python stack of each live pool block.
-    CuPy's hooks are per thread; this one is installed on the main thread."""
+    CuPy's hooks are per thread; this one is installed on the main thread. Mixed in
+    with CuPy's MemoryHook, whose no-op methods serve the hook points not used here."""
 
     name = "gpuguard"
 
@@ -71,15 +72,6 @@ class _GGCupyHook:
             f = f.f_back
         return tuple(out)
 
-    def alloc_preprocess(self, **kw):
-        pass
-
-    def alloc_postprocess(self, **kw):
-        pass
-
-    def malloc_preprocess(self, **kw):
-        pass
-
     def malloc_postprocess(self, **kw):
         ptr = kw.get("mem_ptr")
         if ptr:
@@ -87,9 +79,6 @@ class _GGCupyHook:
 
     def free_preprocess(self, **kw):
         self.live.pop(kw.get("mem_ptr"), None)
-
-    def free_postprocess(self, **kw):
-        pass
 
 
 # ---- the calling thread's Python stack, read by the hooks without the GIL ------------
@@ -1058,16 +1047,8 @@ class _GGCupyWindow:
         self.closing = 0  # the window whose close is due (0: none)
         self.self_closed = 0  # windows the hook closed from inside its own call
 
-    # CuPy's six hook points; alloc_* come only when the pool goes to the driver.
-    def alloc_preprocess(self, **kw):
-        pass
-
-    def alloc_postprocess(self, **kw):
-        pass
-
-    def malloc_preprocess(self, **kw):
-        pass
-
+    # The hook points used (mixed in with CuPy's MemoryHook, whose no-ops serve the
+    # others: malloc_preprocess, and alloc_* when the pool goes to the driver).
     def malloc_postprocess(self, device_id=0, size=0, mem_size=0, mem_ptr=0, pmem_id=0, **kw):
         if self.closing:
             self._close_from_hook()

@@ -123,24 +123,32 @@ fn layout() -> Layout {
 /// Frames on with `l`; a layout is published once (then frames stay on with it, or
 /// go off for good).
 fn publish(l: Layout) -> bool {
-    let ok = LAYOUT.set(l).is_ok();
+    let kind = walk_kind(&l);
+    // A layout that does not say where a frame's code, caller or instruction is can
+    // name no frame: frames stay off (no interpreter known or measured gives one).
+    let ok = kind != WALK_NONE && LAYOUT.set(l).is_ok();
     if ok {
-        WALK.store(walk_kind(&l), Relaxed);
+        WALK.store(kind, Relaxed);
+    } else if kind == WALK_NONE {
+        log(
+            LogLevel::Info,
+            format_args!("Python frames off: the interpreter's layout lacks a frame offset"),
+        );
     }
     STATE.store(if ok { ON } else { OFF }, Release);
     ok
 }
 
-/// Which of `walk`'s loops reads frames with the published layout, decided when it
-/// is published (before frames are on): `walk_from`'s specialisation (bit 0:
-/// interpreter frames, bit 1: an owner byte, bit 2: a first line), or
-/// `WALK_GENERAL` for a layout with a negative frame offset.
-static WALK: AtomicU8 = AtomicU8::new(WALK_GENERAL);
-const WALK_GENERAL: u8 = 8;
+/// Which specialisation of `walk_from` reads frames with the published layout,
+/// decided when it is published (before frames are on): bit 0: interpreter frames,
+/// bit 1: an owner byte, bit 2: a first line. `WALK_NONE`: a layout with a negative
+/// frame offset, never published.
+static WALK: AtomicU8 = AtomicU8::new(WALK_NONE);
+const WALK_NONE: u8 = 8;
 
 fn walk_kind(l: &Layout) -> u8 {
     if l.ts_off < 0 || l.code_off < 0 || l.prev_off < 0 || l.instr_off < 0 {
-        return WALK_GENERAL;
+        return WALK_NONE;
     }
     u8::from(l.mode == 1) | u8::from(l.owner_off >= 0) << 1 | u8::from(l.co_firstlineno >= 0) << 2
 }
@@ -309,8 +317,8 @@ pub(crate) fn walk(ts: usize, out: &mut [usize]) -> usize {
         return 0;
     };
     let kind = WALK.load(Relaxed);
-    if kind == WALK_GENERAL {
-        return walk_general(ts, l, out);
+    if kind == WALK_NONE {
+        return 0;
     }
     // SAFETY: reads of this thread's own thread state at offsets known or measured
     // for this interpreter (`ts_off` not negative: `walk_kind`), each pointer
@@ -347,7 +355,7 @@ pub(crate) fn walk(ts: usize, out: &mut [usize]) -> usize {
 /// (`code_off`, `prev_off`, `instr_off`) are not negative, specialised on what is
 /// loop-invariant: interpreter frames (`MODE1`) or frame objects, an `owner` byte
 /// (`OWNER`: `owner_off >= 0`), a first line to read (`FIRST`: `co_firstlineno >=
-/// 0`). The same frames as `walk_general`, in the same order; a frame pointer is
+/// 0`). The same frames as the plain loop (`walk_plain`, in tests), in the same order; a frame pointer is
 /// checked for null and alignment before anything is read through it.
 ///
 /// # Safety
@@ -434,11 +442,10 @@ fn code_pointer(code: usize) -> bool {
     code.rotate_right(3).wrapping_sub(1) < ADDR_MASK >> 3
 }
 
-/// `walk` for a layout with a negative frame offset (none known or measured has
-/// one): every read through `read::word`'s checks.
-#[cold]
-#[inline(never)]
-fn walk_general(ts: usize, l: &Layout, out: &mut [usize]) -> usize {
+/// The walk as one plain loop, every read through `read::word`'s checks: the
+/// reference the specialised walks are tested against.
+#[cfg(test)]
+fn walk_plain(ts: usize, l: &Layout, out: &mut [usize]) -> usize {
     let code_type = l.code_type as usize;
     let first_line_off = l.co_firstlineno;
     // SAFETY: reads of this thread's own thread state and frames at offsets known
@@ -756,7 +763,7 @@ mod tests {
     }
 
     #[test]
-    fn the_specialised_walks_read_what_the_general_one_reads() {
+    fn the_specialised_walks_read_what_the_plain_loop_reads() {
         // A first frame that is not code turns frames off unless a walk confirmed
         // the layout: confirmed here, so no case changes the process's state.
         CONFIRMED.store(true, Relaxed);
@@ -801,7 +808,7 @@ mod tests {
                 for room in [1usize, 3, 16] {
                     let (mut a, mut b) = (vec![0usize; room], vec![0usize; room]);
                     let ts = fx.ts.as_ptr() as usize;
-                    let na = walk_general(ts, &l, &mut a);
+                    let na = walk_plain(ts, &l, &mut a);
                     let frame = fx.ts[1] as usize;
                     // SAFETY: the fixture's frames and code objects, at the
                     // layout's offsets.
@@ -828,6 +835,6 @@ mod tests {
             prev_off: -1,
             ..Fixture::new(&[], None).layout(true, true, true)
         };
-        assert_eq!(walk_kind(&neg), WALK_GENERAL);
+        assert_eq!(walk_kind(&neg), WALK_NONE);
     }
 }

@@ -183,6 +183,39 @@ class CpuCounters:
         return c, i
 
 
+HOOK_PHASES = ("rt_alloc_pre", "rt_alloc_post", "drv_alloc_pre", "drv_alloc_real",
+               "drv_alloc_post", "rt_free_pre", "rt_free_post", "drv_free_pre",
+               "drv_free_real", "drv_free_post")
+
+
+def hook_times():
+    """A diagnostic build's per-phase hook times (gpuguard_bench_hook_times, built with
+    --features hook-timing), as a list of 41 counts, or None."""
+    try:
+        fn = ctypes.CDLL(None).gpuguard_bench_hook_times
+    except (OSError, AttributeError):
+        return None
+    fn.restype = ctypes.c_size_t
+    fn.argtypes = [ctypes.POINTER(ctypes.c_uint64), ctypes.c_size_t]
+    buf = (ctypes.c_uint64 * 41)()
+    return list(buf) if fn(buf, 41) == 41 and buf[40] else None
+
+
+def print_hook_times(name, base, end):
+    """One HOOKTIMES line: ns per call of each phase, books on and paused."""
+    if not base or not end:
+        return
+    per_ns = end[40] / 1e6
+    out = {"record": "hook_times", "workload": name}
+    for p, mode in enumerate(("on", "paused")):
+        for i, ph in enumerate(HOOK_PHASES):
+            c = end[(p * 10 + i) * 2] - base[(p * 10 + i) * 2]
+            n = end[(p * 10 + i) * 2 + 1] - base[(p * 10 + i) * 2 + 1]
+            out[f"{mode}.{ph}"] = round(c / per_ns / n, 1) if n else None
+            out[f"{mode}.{ph}.calls"] = n
+    print("HOOKTIMES " + json.dumps(out), flush=True)
+
+
 def run_ab(args, name, step, sched, sync, toggle=None):
     """Blocks of the same steps, books on and paused in ABBA order (see the header).
     step(x) runs one step on schedule entry x; sync() waits for the device; toggle(on)
@@ -231,6 +264,7 @@ def run_ab(args, name, step, sched, sync, toggle=None):
     collected = 0.0
     if gc_off:
         gc.disable()
+    times0 = hook_times()
     for p in range(max(1, args.ab_blocks // 2)):
         if gc_off and time.perf_counter() - collected >= 1.0:
             gc.collect()
@@ -264,6 +298,7 @@ def run_ab(args, name, step, sched, sync, toggle=None):
     if gc_off:
         gc.enable()
     mode(True)
+    print_hook_times(name, times0, hook_times())
     print(f"AB_DONE workload={name} blocks={blocks} block_steps={k} "
           f"seconds={time.perf_counter() - t_start:.1f}", flush=True)
     return last

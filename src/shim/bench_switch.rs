@@ -44,6 +44,119 @@ pub extern "C" fn gpuguard_bench_set_books(on: c_int) -> c_int {
     c_int::from(was_on)
 }
 
+/// A diagnostic build only (`--features hook-timing`): the time-stamp counter read at
+/// the phase boundaries of the allocation and free hooks, summed per phase and per
+/// setting of the switch, so a benchmark can split what a hook costs inside a real
+/// program into gpuguard's own work and the real call's (`gpuguard_bench_hook_times`).
+/// Without the feature every function here is an empty inline one.
+pub(crate) mod timing {
+    /// The phases timed; `N` is their count.
+    #[derive(Clone, Copy)]
+    pub(crate) enum Phase {
+        RtAllocPre,
+        RtAllocPost,
+        DrvAllocPre,
+        DrvAllocReal,
+        DrvAllocPost,
+        RtFreePre,
+        RtFreePost,
+        DrvFreePre,
+        DrvFreeReal,
+        DrvFreePost,
+    }
+    pub(crate) const N: usize = 10;
+
+    #[cfg(feature = "hook-timing")]
+    mod on {
+        use super::{N, Phase};
+        use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+        /// [books on, paused] x phase: (cycles, count).
+        static SUMS: [[[AtomicU64; 2]; N]; 2] =
+            [const { [const { [AtomicU64::new(0), AtomicU64::new(0)] }; N] }; 2];
+
+        #[inline(always)]
+        pub(crate) fn stamp() -> u64 {
+            // SAFETY: rdtsc has no preconditions on x86-64.
+            unsafe { core::arch::x86_64::_rdtsc() }
+        }
+
+        #[inline(always)]
+        pub(crate) fn charge(phase: Phase, since: u64) -> u64 {
+            let now = stamp();
+            let s = &SUMS[usize::from(super::super::paused())][phase as usize];
+            s[0].fetch_add(now.wrapping_sub(since), Relaxed);
+            s[1].fetch_add(1, Relaxed);
+            now
+        }
+
+        /// Time-stamp-counter ticks per millisecond, measured over 20 ms now.
+        pub(crate) fn ticks_per_ms() -> u64 {
+            let (c0, t0) = (stamp(), std::time::Instant::now());
+            while t0.elapsed() < std::time::Duration::from_millis(20) {}
+            let (c1, dt) = (stamp(), t0.elapsed());
+            (c1.wrapping_sub(c0) as f64 / (dt.as_secs_f64() * 1e3)) as u64
+        }
+
+        /// Copies the sums out: `out[(paused * N + phase) * 2 + {0: cycles, 1: count}]`.
+        pub(crate) fn read(out: &mut [u64]) {
+            for (p, row) in SUMS.iter().enumerate() {
+                for (i, s) in row.iter().enumerate() {
+                    for (j, v) in s.iter().enumerate() {
+                        if let Some(o) = out.get_mut((p * N + i) * 2 + j) {
+                            *o = v.load(Relaxed);
+                        }
+                    }
+                }
+            }
+        }
+    }
+    #[cfg(feature = "hook-timing")]
+    pub(crate) use on::{charge, read, stamp, ticks_per_ms};
+
+    #[cfg(not(feature = "hook-timing"))]
+    pub(crate) fn ticks_per_ms() -> u64 {
+        0
+    }
+
+    #[cfg(not(feature = "hook-timing"))]
+    #[inline(always)]
+    pub(crate) fn stamp() -> u64 {
+        0
+    }
+
+    #[cfg(not(feature = "hook-timing"))]
+    #[inline(always)]
+    pub(crate) fn charge(_phase: Phase, since: u64) -> u64 {
+        since
+    }
+
+    #[cfg(not(feature = "hook-timing"))]
+    pub(crate) fn read(_out: &mut [u64]) {}
+}
+
+/// Diagnostic (see `timing`): fills `out` (room for `n` values) with the per-phase
+/// time-stamp-counter sums and counts, `[paused][phase][cycles, count]`, then the
+/// counter's ticks per millisecond (measured for 20 ms now), and returns how many
+/// values it wrote (0 in a build without the `hook-timing` feature).
+///
+/// # Safety
+/// `out` must point to `n` writable `u64`s (or be null, with `n` 0).
+#[cfg_attr(not(test), unsafe(no_mangle))]
+pub unsafe extern "C" fn gpuguard_bench_hook_times(out: *mut u64, n: usize) -> usize {
+    if !cfg!(feature = "hook-timing") || out.is_null() {
+        return 0;
+    }
+    let total = 2 * timing::N * 2 + 1;
+    // SAFETY: the caller gives `n` writable values at `out`.
+    let out = unsafe { std::slice::from_raw_parts_mut(out, n.min(total)) };
+    timing::read(out);
+    if let Some(last) = out.get_mut(total - 1) {
+        *last = timing::ticks_per_ms();
+    }
+    out.len()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -52,8 +52,13 @@ pub(crate) struct Books {
 
 impl Books {
     pub(super) fn new() -> Books {
+        let ledger = Ledger::new();
+        if !super::settings::settings().cfg.cap.is_empty() {
+            // A cap needs its figures at every allocation: no journals.
+            ledger.go_direct();
+        }
         Books {
-            ledger: Ledger::new(),
+            ledger,
             sites: SiteTable::new(),
             started_ns: sys::monotonic_ns(),
             report_lock: Mutex::new(()),

@@ -65,6 +65,7 @@ pub unsafe extern "C" fn gpuguard_device_counters(
         unknown_frees: 0,
     };
     if let Some(b) = active_books() {
+        b.ledger.drain();
         let s = b.ledger.device(device).snapshot();
         c.total_bytes = b.total(device);
         c.cap_bytes = b.ledger.device(device).cap().unwrap_or(0);
@@ -88,7 +89,10 @@ pub unsafe extern "C" fn gpuguard_device_counters(
 #[cfg_attr(not(test), unsafe(no_mangle))]
 pub unsafe extern "C" fn gpuguard_host_pinned(current: *mut u64, peak: *mut u64) -> c_int {
     let s = active_books()
-        .map(|b| b.ledger.host().snapshot())
+        .map(|b| {
+            b.ledger.drain();
+            b.ledger.host().snapshot()
+        })
         .unwrap_or_default();
     // SAFETY: each pointer is written only when non-null.
     unsafe {

@@ -87,6 +87,7 @@ impl Books {
         let at = |f: Option<f64>| f.map_or(0, |f| ((cap as f64) * f) as u64);
         t.warn_bytes.store(at(cfg.warn_at), Relaxed);
         t.trim_bytes.store(at(cfg.trim_at), Relaxed);
+        self.ledger.go_direct();
         c.set_limit(cap);
         log(
             LogLevel::Info,
@@ -339,6 +340,9 @@ impl Books {
             .store(at(cfg.warn_at) > 0 && charged >= at(cfg.warn_at), Relaxed);
         t.trim_fired
             .store(at(cfg.trim_at) > 0 && charged >= at(cfg.trim_at), Relaxed);
+        if cap != 0 {
+            self.ledger.go_direct();
+        }
         self.ledger.device(device).set_limit(cap);
         cap
     }
@@ -346,6 +350,7 @@ impl Books {
     /// What the process holds from the driver on a device as gpuguard counts it: live
     /// bytes plus what its pools hold unused (measured now).
     pub fn held(&self, device: i32) -> u64 {
+        self.ledger.drain();
         self.refresh_pools(device);
         self.ledger.device(device).charged()
     }

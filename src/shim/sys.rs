@@ -9,9 +9,10 @@ pub(crate) fn monotonic_ns() -> u64 {
         tv_sec: 0,
         tv_nsec: 0,
     };
-    // SAFETY: valid out pointer. The coarse clock is a few ns through the vDSO and
-    // its millisecond resolution is plenty for ages.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut ts) };
+    // SAFETY: valid out pointer. The fine clock (tens of ns through the vDSO): the
+    // journals order allocations and frees of different threads by it, and a coarse
+    // tick would make a free and the reuse of its address look simultaneous.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 

@@ -206,6 +206,15 @@ pub(super) fn after_fork_in_child() {
 /// When the Python side is (re)installed after activation: soon (a framework may
 /// still be initializing CUDA when gpuguard activates), then less and less often,
 /// so a framework imported later still gets its recorder.
+/// How often the helper thread applies the hooks' journals while any exist: a thread's
+/// journal (4,096 entries) lasts ~55 ms of PyTorch's busiest allocation rate seen
+/// (cudaMallocAsync, ~72,000 entries a second over two threads) before its thread
+/// would have to apply them itself.
+const JOURNAL_DRAIN_MS: u64 = 20;
+/// ... and once a drain found nothing (a thread whose journal fills meanwhile applies
+/// it itself, and the helper is back to `JOURNAL_DRAIN_MS`).
+const JOURNAL_IDLE_MS: u64 = 250;
+
 const INSTALL_AFTER_MS: [u64; 10] = [
     0, 200, 500, 1_000, 2_000, 4_000, 8_000, 16_000, 32_000, 64_000,
 ];
@@ -241,6 +250,7 @@ fn run(fd: c_int) {
     // From what was finished, not what was asked: an exit that asked before this
     // thread got here is answered too (else it waits out its whole bound).
     let mut settled = endings::settle_done();
+    let mut journal_busy = true;
     loop {
         let cap_waiting = active_books().is_some_and(|b| b.cap_pending.load(Acquire));
         let mut timeout_ms: u64 = if cap_waiting { 100 } else { 1000 };
@@ -256,6 +266,13 @@ fn run(fd: c_int) {
         let install_due = started.saturating_add(install_after_ms(installs) * 1_000_000);
         let left = install_due.saturating_sub(monotonic_ns());
         timeout_ms = timeout_ms.min(left.div_ceil(1_000_000));
+        if active_books().is_some_and(|b| b.ledger.journaled()) {
+            timeout_ms = timeout_ms.min(if journal_busy {
+                JOURNAL_DRAIN_MS
+            } else {
+                JOURNAL_IDLE_MS
+            });
+        }
         if trims.held.is_some() {
             // A trim waits for a CUDA graph capture to end: look again soon.
             timeout_ms = timeout_ms.min(HELD_POLL_MS);
@@ -270,6 +287,10 @@ fn run(fd: c_int) {
             libc::poll(&mut pfd, 1, timeout_ms as c_int);
             let mut v: u64 = 0;
             libc::read(fd, &mut v as *mut u64 as *mut c_void, 8);
+        }
+        // What the hooks journaled goes into the books (see the ledger's journal).
+        if let Some(b) = active_books() {
+            journal_busy = shielded(|| b.ledger.drain()).unwrap_or(0) > 0;
         }
         // The process is ending (exit, or a signal whose default ends it): what was
         // asked is finished first, then the final report.

@@ -11,9 +11,13 @@
 use dashmap::DashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::atomic::{
-    AtomicI64, AtomicU64,
+    AtomicBool, AtomicI64, AtomicU64,
     Ordering::{AcqRel, Acquire, Relaxed, Release},
 };
+use std::sync::{Mutex, MutexGuard};
+
+mod journal;
+pub use journal::{Event, JOURNAL_SLOTS, Journal, Producer};
 
 /// Device ordinals gpuguard keeps counters for; records on higher ordinals are still
 /// kept and reported, only their counters are folded into the last slot.
@@ -179,6 +183,14 @@ struct Stripe {
     frees: AtomicU64,
     /// Live bytes of pool blocks made by this stripe's threads, net.
     pool: AtomicI64,
+}
+
+/// Where a change of live bytes goes: the thread's stripe (hooks on the direct path),
+/// or the shared figure (the journal's drain).
+#[derive(Clone, Copy)]
+enum Live {
+    Stripe(u32),
+    Exact,
 }
 
 /// Counters of one device. The shared line holds what needs one global figure: the
@@ -375,9 +387,16 @@ impl DeviceCounters {
     }
 
     /// Live bytes up by `bytes` (a commit, or a record put back), the peak checked.
+    /// `Live::Exact` (the journal's drain, one thread at a time) keeps the shared
+    /// figure, so the peak is exact.
     #[inline]
-    fn add_live(&self, thread: u32, bytes: u64) {
+    fn add_live(&self, to: Live, bytes: u64) {
         let bytes = bytes.min(i64::MAX as u64) as i64;
+        let Live::Stripe(thread) = to else {
+            let now = self.live.fetch_add(bytes, Relaxed).wrapping_add(bytes);
+            self.raise_peak(now.wrapping_add(self.unfolded()));
+            return;
+        };
         if self.capped() {
             let now = self.live.fetch_add(bytes, Relaxed).wrapping_add(bytes);
             self.raise_peak(now);
@@ -395,8 +414,12 @@ impl DeviceCounters {
 
     /// Live bytes down by `bytes` (a record taken for a free, or dropped).
     #[inline]
-    fn sub_live(&self, thread: u32, bytes: u64) {
+    fn sub_live(&self, to: Live, bytes: u64) {
         let bytes = bytes.min(i64::MAX as u64) as i64;
+        let Live::Stripe(thread) = to else {
+            self.live.fetch_sub(bytes, Relaxed);
+            return;
+        };
         if self.capped() {
             self.live.fetch_sub(bytes, Relaxed);
             return;
@@ -405,6 +428,13 @@ impl DeviceCounters {
         if s.net.fetch_sub(bytes, Relaxed).wrapping_sub(bytes) < -FLUSH_BYTES {
             self.fold(s);
         }
+    }
+
+    /// Live bytes still in the stripes (direct-path threads' share, not folded yet).
+    fn unfolded(&self) -> i64 {
+        self.stripes
+            .iter()
+            .fold(0i64, |a, s| a.wrapping_add(s.net.load(Relaxed)))
     }
 
     #[cold]
@@ -458,6 +488,38 @@ pub struct Ledger {
     /// Fixed length, so indexing needs no bounds check on the hot path.
     devices: Box<[DeviceCounters; MAX_DEVICES]>,
     host: DeviceCounters,
+    /// Every thread's journal (see `journal`), claimed or free.
+    journals: Mutex<Vec<&'static Journal>>,
+    /// Set once a journal exists: until then nothing needs draining.
+    journaled: AtomicBool,
+    /// Hooks record straight into the map (a cap needs its figures at once): set
+    /// before the first allocation when a cap is configured, or when one is set.
+    direct: AtomicBool,
+    /// The drain's state, and its lock: one drain at a time.
+    drain: Mutex<Drain>,
+}
+
+/// What a drain keeps between its rounds and drains.
+#[derive(Default)]
+struct Drain {
+    events: Vec<Event>,
+    /// Frees whose allocation was not in the books when applied, with the rounds
+    /// they have been looked at.
+    late: Vec<(Event, u8)>,
+    /// Records that left the books without their free (key, stamp), the newest last:
+    /// one a journaled allocation replaced at its address, or one collected after a
+    /// newer allocation at its address. A late free of one of them is its free, not
+    /// an unknown one.
+    replaced: std::collections::VecDeque<(Key, u64)>,
+}
+
+/// Replaced records remembered for late frees (a replacement is rare: a free not seen,
+/// or one published after the reuse of its address).
+const REPLACED_KEPT: usize = 4096;
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A panic while holding it leaves plain data behind, still usable.
+    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 impl Default for Ledger {
@@ -485,6 +547,189 @@ impl Ledger {
                 .try_into()
                 .unwrap_or_else(|_| unreachable!("MAX_DEVICES counters")),
             host: DeviceCounters::default(),
+            journals: Mutex::new(Vec::new()),
+            journaled: AtomicBool::new(false),
+            direct: AtomicBool::new(false),
+            drain: Mutex::new(Drain::default()),
+        }
+    }
+
+    /// Whether any thread has a journal (the helper thread then drains them often).
+    pub fn journaled(&self) -> bool {
+        self.journaled.load(Relaxed)
+    }
+
+    /// Whether hooks must record into the map at once (a cap is set or configured)
+    /// rather than through their thread's journal.
+    #[inline]
+    pub fn direct(&self) -> bool {
+        self.direct.load(Relaxed)
+    }
+
+    /// From now on hooks record into the map at once; what journals hold is applied
+    /// now. For good: a cap, once set, needs exact figures.
+    pub fn go_direct(&self) {
+        self.direct.store(true, Release);
+        self.drain();
+    }
+
+    /// A journal for the calling thread: one a thread that ended gave back, or a new
+    /// one (kept for the life of the process).
+    pub fn claim_journal(&self) -> (&'static Journal, Producer) {
+        let mut all = lock(&self.journals);
+        for j in all.iter() {
+            if let Some(p) = j.try_claim() {
+                return (j, p);
+            }
+        }
+        let j: &'static Journal = Box::leak(Box::new(Journal::new(JOURNAL_SLOTS)));
+        let p = j
+            .try_claim()
+            .unwrap_or_else(|| unreachable!("a new journal is free"));
+        all.push(j);
+        self.journaled.store(true, Release);
+        (j, p)
+    }
+
+    /// Writes an entry to the calling thread's journal; when the journal is full,
+    /// every journal is applied first (by this thread).
+    #[inline]
+    pub fn journal(&self, j: &Journal, p: &mut Producer, e: &Event) {
+        if !j.push(p, e) {
+            self.journal_full(j, p, e);
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn journal_full(&self, j: &Journal, p: &mut Producer, e: &Event) {
+        self.drain();
+        if !j.push(p, e) {
+            // Not drained (impossible while this thread is its only writer): applied
+            // now, out of order only with entries no drain could see.
+            let mut d = lock(&self.drain);
+            let Drain { late, replaced, .. } = &mut *d;
+            self.apply(*e, 1, late, replaced);
+        }
+    }
+
+    /// Applies every journal's entries to the map and counters, in time order. The
+    /// helper thread calls it every few milliseconds; every reader of the books calls
+    /// it first, so what they read includes every allocation and free published
+    /// before. Returns how many entries it applied.
+    pub fn drain(&self) -> usize {
+        if !self.journaled.load(Acquire) {
+            return 0;
+        }
+        let mut applied = 0;
+        let mut d = lock(&self.drain);
+        let Drain {
+            events,
+            late,
+            replaced,
+        } = &mut *d;
+        // Round 2 exists for the frees round 1 could not match; a free still unmatched
+        // after a second look is final. Round 3 gives round 2's own new frees theirs.
+        for _ in 0..3 {
+            events.clear();
+            for j in lock(&self.journals).iter() {
+                j.take_into(events);
+            }
+            if events.is_empty() && late.is_empty() {
+                break;
+            }
+            applied += events.len();
+            let carried = late.len();
+            events.extend(late.iter().map(|(e, _)| *e));
+            let tries: Vec<u8> = late.drain(..).map(|(_, n)| n).collect();
+            let fresh = events.len() - carried;
+            // Earlier frees sort among the new entries by their stamps (stable: a
+            // thread's own entries keep their order on equal stamps).
+            let mut order: Vec<usize> = (0..events.len()).collect();
+            order.sort_by_key(|&i| events[i].t_ns());
+            for i in order {
+                let n = if i >= fresh { tries[i - fresh] } else { 0 };
+                self.apply(events[i], n, late, replaced);
+            }
+            if late.is_empty() {
+                break;
+            }
+        }
+        applied
+    }
+
+    /// Applies one journal entry; a free that finds no record is kept in `late` for
+    /// another look (`tries` so far), and after its second, final: the free of a
+    /// record a newer allocation at its address replaced, or an unknown free.
+    fn apply(
+        &self,
+        e: Event,
+        tries: u8,
+        late: &mut Vec<(Event, u8)>,
+        replaced: &mut std::collections::VecDeque<(Key, u64)>,
+    ) {
+        match e {
+            Event::Alloc {
+                key,
+                rec,
+                if_absent,
+            } => {
+                if if_absent {
+                    self.insert_if_absent_as(key, rec, Live::Exact);
+                } else {
+                    let c = self.counters_for(&rec);
+                    if c.capped() {
+                        c.charge.fetch_add(rec.bytes, Relaxed);
+                    }
+                    let newer = self
+                        .map(key.space)
+                        .get(&key.value)
+                        .is_some_and(|r| r.t_ns > rec.t_ns);
+                    if newer {
+                        // Collected after a newer allocation at its address (its thread
+                        // was slow to publish): it was freed before that one was made.
+                        // Counted as made and gone; its free, when it comes, is its own.
+                        c.count_commit(&rec, Live::Exact);
+                        c.sub_live(Live::Exact, rec.bytes);
+                        c.release(&rec);
+                        if replaced.len() >= REPLACED_KEPT {
+                            replaced.pop_front();
+                        }
+                        replaced.push_back((key, rec.t_ns));
+                    } else if let Some(old) = self.commit_as(key, rec, Live::Exact) {
+                        if replaced.len() >= REPLACED_KEPT {
+                            replaced.pop_front();
+                        }
+                        replaced.push_back((key, old.t_ns));
+                    }
+                }
+            }
+            Event::Free { key, t_ns, device } => {
+                if let Some(rec) = self.take_older_as(key, t_ns, Live::Exact) {
+                    self.confirm_free(&rec);
+                } else if tries < 1 {
+                    late.push((e, tries + 1));
+                } else {
+                    let host = key.space == Space::HostPtr;
+                    let c = self.counters(device.into(), host);
+                    let was = replaced
+                        .iter()
+                        .rposition(|&(k, t)| k == key && t <= t_ns)
+                        .and_then(|i| replaced.remove(i));
+                    if was.is_some()
+                        || self
+                            .map(key.space)
+                            .get(&key.value)
+                            .is_some_and(|r| r.t_ns > t_ns)
+                    {
+                        // Its record was replaced (and let go) when the address came
+                        // back from the driver before this free was applied.
+                        c.stripe(0).frees.fetch_add(1, Relaxed);
+                    } else {
+                        c.unknown_frees.fetch_add(1, Relaxed);
+                    }
+                }
+            }
         }
     }
 
@@ -548,6 +793,12 @@ impl Ledger {
     /// address has no record yet: one decision under the map's lock, so two threads
     /// recording the same allocation count it once. False when one was there.
     pub fn insert_if_absent(&self, key: Key, rec: Record) -> bool {
+        // A journal may hold its allocation (or its free), in time order before this.
+        self.drain();
+        self.insert_if_absent_as(key, rec, Live::Stripe(rec.thread))
+    }
+
+    fn insert_if_absent_as(&self, key: Key, rec: Record, to: Live) -> bool {
         match self.map(key.space).entry(key.value) {
             dashmap::mapref::entry::Entry::Occupied(_) => return false,
             dashmap::mapref::entry::Entry::Vacant(v) => {
@@ -558,21 +809,33 @@ impl Ledger {
         if c.capped() {
             c.charge.fetch_add(rec.bytes, Relaxed);
         }
-        c.count_commit(&rec);
+        c.count_commit(&rec, to);
         true
     }
 
     /// The allocation went through: its bytes (already reserved) become a record.
     #[inline]
     pub fn commit(&self, key: Key, rec: Record) {
-        self.counters_for(&rec).count_commit(&rec);
-        if let Some(old) = self.map(key.space).insert(key.value, rec) {
+        let _ = self.commit_as(key, rec, Live::Stripe(rec.thread));
+    }
+
+    /// Returns the record it replaced, if any.
+    #[inline]
+    fn commit_as(&self, key: Key, rec: Record, to: Live) -> Option<Record> {
+        self.counters_for(&rec).count_commit(&rec, to);
+        let old = self.map(key.space).insert(key.value, rec);
+        if let Some(old) = old {
             // The driver handed out an address we still hold: our books missed a free
             // (an unhooked path). Drop the stale bytes so the counters stay true.
             let oc = self.counters_for(&old);
-            oc.sub_live(old.thread, old.bytes);
+            let from = match to {
+                Live::Stripe(_) => Live::Stripe(old.thread),
+                Live::Exact => Live::Exact,
+            };
+            oc.sub_live(from, old.bytes);
             oc.release(&old);
         }
+        old
     }
 
     /// Takes a record out of the map before its memory is freed, so an address the
@@ -581,10 +844,27 @@ impl Ledger {
     /// until `confirm_free`: the driver holds the memory until the real free returns,
     /// and a cap must not hand that room out before. `None` for an address gpuguard
     /// never saw.
+    /// A journal that holds the allocation is applied first (the record is looked
+    /// for again after a drain).
     #[inline]
     pub fn take(&self, key: Key) -> Option<Record> {
+        self.take_now(key).or_else(|| self.take_after_drain(key))
+    }
+
+    #[cold]
+    fn take_after_drain(&self, key: Key) -> Option<Record> {
+        if !self.journaled.load(Acquire) {
+            return None;
+        }
+        self.drain();
+        self.take_now(key)
+    }
+
+    #[inline]
+    fn take_now(&self, key: Key) -> Option<Record> {
         let (_, rec) = self.map(key.space).remove(&key.value)?;
-        self.counters_for(&rec).sub_live(rec.thread, rec.bytes);
+        self.counters_for(&rec)
+            .sub_live(Live::Stripe(rec.thread), rec.bytes);
         Some(rec)
     }
 
@@ -592,10 +872,19 @@ impl Ledger {
     /// made earlier and recorded late (from a signal handler, see the shim's stash)
     /// must not take a newer allocation the driver placed at the same address since.
     pub fn take_older(&self, key: Key, t_ns: u64) -> Option<Record> {
+        self.drain();
+        self.take_older_as(key, t_ns, Live::Stripe(0))
+    }
+
+    fn take_older_as(&self, key: Key, t_ns: u64, to: Live) -> Option<Record> {
         let (_, rec) = self
             .map(key.space)
             .remove_if(&key.value, |_, r| r.t_ns <= t_ns)?;
-        self.counters_for(&rec).sub_live(rec.thread, rec.bytes);
+        let to = match to {
+            Live::Stripe(_) => Live::Stripe(rec.thread),
+            Live::Exact => Live::Exact,
+        };
+        self.counters_for(&rec).sub_live(to, rec.bytes);
         Some(rec)
     }
 
@@ -607,8 +896,8 @@ impl Ledger {
         if c.capped() {
             c.charge.fetch_add(rec.bytes, Relaxed);
         }
-        c.count_commit(&rec);
-        c.sub_live(rec.thread, rec.bytes);
+        c.count_commit(&rec, Live::Stripe(rec.thread));
+        c.sub_live(Live::Stripe(rec.thread), rec.bytes);
         self.confirm_free(&rec);
     }
 
@@ -630,10 +919,11 @@ impl Ledger {
     /// The free failed in the driver: the memory is still live, put the record back
     /// (its bytes never left the cap's charge).
     pub fn restore(&self, key: Key, rec: Record) {
-        self.counters_for(&rec).add_live(rec.thread, rec.bytes);
+        self.counters_for(&rec)
+            .add_live(Live::Stripe(rec.thread), rec.bytes);
         if let Some(old) = self.map(key.space).insert(key.value, rec) {
             let oc = self.counters_for(&old);
-            oc.sub_live(old.thread, old.bytes);
+            oc.sub_live(Live::Stripe(old.thread), old.bytes);
             oc.release(&old);
         }
     }
@@ -648,12 +938,13 @@ impl Ledger {
     /// Drops every record matching `pred` (a context destroyed, a device reset): the
     /// driver freed them all at once. Returns (count, bytes) dropped.
     pub fn drop_where(&self, pred: impl Fn(&Key, &Record) -> bool) -> (u64, u64) {
+        self.drain();
         let (mut n, mut bytes) = (0, 0);
         for space in SPACES {
             self.map(space).retain(|&value, r| {
                 if pred(&Key { space, value }, r) {
                     let c = self.counters_for(r);
-                    c.sub_live(r.thread, r.bytes);
+                    c.sub_live(Live::Stripe(r.thread), r.bytes);
                     c.release(r);
                     c.stripe(r.thread).frees.fetch_add(1, Relaxed);
                     n += 1;
@@ -668,14 +959,17 @@ impl Ledger {
     }
 
     pub fn get(&self, key: &Key) -> Option<Record> {
+        self.drain();
         self.map(key.space).get(&key.value).map(|r| *r)
     }
 
     pub fn len(&self) -> usize {
+        self.drain();
         self.live.iter().map(DashMap::len).sum()
     }
 
     pub fn is_empty(&self) -> bool {
+        self.drain();
         self.live.iter().all(DashMap::is_empty)
     }
 
@@ -683,6 +977,7 @@ impl Ledger {
     /// each), so allocating threads are never stopped for long; `f` must not call
     /// back into the ledger's map.
     pub fn for_each_live(&self, mut f: impl FnMut(Key, &Record)) {
+        self.drain();
         for space in SPACES {
             for e in self.map(space).iter() {
                 f(
@@ -705,7 +1000,10 @@ impl Ledger {
     }
 
     /// Devices that have been touched, in ordinal order.
+    /// Readers of the books start here (or at `for_each_live`): journals are
+    /// applied first.
     pub fn seen_devices(&self) -> Vec<i32> {
+        self.drain();
         (0..MAX_DEVICES)
             .filter(|&i| self.devices[i].seen.load(Relaxed) != 0)
             .map(|i| i as i32)
@@ -735,7 +1033,7 @@ impl DeviceCounters {
 
     /// A record made: counted, its bytes live.
     #[inline]
-    fn count_commit(&self, rec: &Record) {
+    fn count_commit(&self, rec: &Record, to: Live) {
         // Read before writing: this line is shared by every allocating thread.
         if self.seen.load(Relaxed) == 0 {
             self.seen.store(1, Relaxed);
@@ -744,7 +1042,7 @@ impl DeviceCounters {
         if rec.kind == Kind::Pool {
             self.pool_add(rec.thread, rec.bytes);
         }
-        self.add_live(rec.thread, rec.bytes);
+        self.add_live(to, rec.bytes);
     }
 
     #[inline]
@@ -1194,5 +1492,230 @@ mod tests {
         assert_eq!(s.allocs, s.frees);
         assert!(s.peak <= cap);
         assert_eq!(l.device(0).charged(), 0);
+    }
+
+    // ---- journals ---------------------------------------------------------------
+
+    fn jalloc(addr: u64, bytes: u64, t: u64, thread: u32) -> Event {
+        let mut r = rec(bytes, 0, Kind::Pool);
+        r.t_ns = t;
+        r.thread = thread;
+        Event::Alloc {
+            key: Key::device(addr),
+            rec: r,
+            if_absent: false,
+        }
+    }
+
+    fn jfree(addr: u64, t: u64) -> Event {
+        Event::Free {
+            key: Key::device(addr),
+            t_ns: t,
+            device: 0,
+        }
+    }
+
+    /// A journal claimed as a thread would, with its producer.
+    struct Writer(&'static Journal, Producer);
+
+    impl Writer {
+        fn new(l: &Ledger) -> Writer {
+            let (j, p) = l.claim_journal();
+            Writer(j, p)
+        }
+        fn push(&mut self, l: &Ledger, e: Event) {
+            l.journal(self.0, &mut self.1, &e);
+        }
+    }
+
+    #[test]
+    fn journaled_allocations_reach_every_reader_with_an_exact_peak() {
+        let l = Ledger::new();
+        let (mut a, mut b) = (Writer::new(&l), Writer::new(&l));
+        a.push(&l, jalloc(0x1000, 100, 1, 1));
+        b.push(&l, jalloc(0x2000, 50, 2, 2));
+        a.push(&l, jfree(0x1000, 3));
+        b.push(&l, jalloc(0x3000, 70, 4, 2));
+        // Not applied until someone reads.
+        assert_eq!(l.device(0).snapshot().allocs, 0);
+        assert_eq!(l.seen_devices(), vec![0]);
+        let s = l.device(0).snapshot();
+        assert_eq!((s.current, s.peak, s.allocs, s.frees), (120, 150, 3, 1));
+        assert_eq!(l.len(), 2);
+        assert_eq!(l.device(0).pool_live_bytes(), 120);
+    }
+
+    #[test]
+    fn an_address_freed_by_one_thread_and_reused_by_another_is_replayed_in_time_order() {
+        // Both orders of collection: the journal holding the reuse first, and last.
+        for reuse_first in [true, false] {
+            let l = Ledger::new();
+            let (mut first, mut second) = (Writer::new(&l), Writer::new(&l));
+            let (a, b) = if reuse_first {
+                (&mut second, &mut first)
+            } else {
+                (&mut first, &mut second)
+            };
+            a.push(&l, jalloc(0x1000, 100, 1, 1));
+            a.push(&l, jfree(0x1000, 5));
+            b.push(&l, jalloc(0x1000, 30, 7, 2));
+            let live = l.live();
+            assert_eq!(live.len(), 1, "reuse_first={reuse_first}");
+            assert_eq!(live[0].1.bytes, 30);
+            let s = l.device(0).snapshot();
+            assert_eq!(
+                (s.current, s.allocs, s.frees, s.unknown_frees),
+                (30, 2, 1, 0)
+            );
+        }
+    }
+
+    #[test]
+    fn a_free_published_after_the_reuse_was_applied_counts_as_the_replaced_records_free() {
+        let l = Ledger::new();
+        let (mut a, mut b) = (Writer::new(&l), Writer::new(&l));
+        a.push(&l, jalloc(0x1000, 100, 1, 1));
+        l.drain();
+        // Thread a freed at 5 but is slow to publish; b got the address at 7.
+        b.push(&l, jalloc(0x1000, 30, 7, 2));
+        l.drain();
+        a.push(&l, jfree(0x1000, 5));
+        let live = l.live();
+        assert_eq!(live.len(), 1);
+        assert_eq!(live[0].1.bytes, 30, "the newer allocation stays");
+        let s = l.device(0).snapshot();
+        assert_eq!(
+            (s.current, s.allocs, s.frees, s.unknown_frees),
+            (30, 2, 1, 0)
+        );
+    }
+
+    #[test]
+    fn an_older_allocation_collected_after_a_newer_one_at_its_address_leaves_it_live() {
+        let l = Ledger::new();
+        let (mut a, mut b) = (Writer::new(&l), Writer::new(&l));
+        // Thread a made and freed the block (1, 5) but published late; thread b got
+        // the address at 7 and its entry was applied first.
+        b.push(&l, jalloc(0x1000, 30, 7, 2));
+        l.drain();
+        a.push(&l, jalloc(0x1000, 100, 1, 1));
+        a.push(&l, jfree(0x1000, 5));
+        let live = l.live();
+        assert_eq!(live.len(), 1);
+        assert_eq!(live[0].1.bytes, 30);
+        let s = l.device(0).snapshot();
+        assert_eq!(
+            (s.current, s.allocs, s.frees, s.unknown_frees),
+            (30, 2, 1, 0)
+        );
+    }
+
+    #[test]
+    fn a_journaled_free_of_an_address_never_seen_is_unknown() {
+        let l = Ledger::new();
+        let mut a = Writer::new(&l);
+        a.push(&l, jfree(0x9000, 5));
+        assert!(l.is_empty());
+        let s = l.device(0).snapshot();
+        assert_eq!((s.frees, s.unknown_frees), (0, 1));
+    }
+
+    #[test]
+    fn direct_calls_see_what_journals_hold() {
+        let l = Ledger::new();
+        let mut a = Writer::new(&l);
+        a.push(&l, jalloc(0x1000, 100, 1, 1));
+        // A VMM release, a teardown or a signal handler's free works on the map
+        // itself: the journal is applied first.
+        let r = l.take(Key::device(0x1000)).expect("journaled record found");
+        l.confirm_free(&r);
+        a.push(&l, jalloc(0x2000, 10, 2, 1));
+        assert!(!l.insert_if_absent(Key::device(0x2000), rec(10, 0, Kind::Pool)));
+        a.push(&l, jalloc(0x3000, 10, 3, 1));
+        l.go_direct();
+        assert!(l.direct());
+        let s = l.device(0).snapshot();
+        assert_eq!((s.current, s.allocs, s.frees), (20, 3, 1));
+    }
+
+    #[test]
+    fn a_full_journal_is_applied_by_its_writer() {
+        let l = Ledger::new();
+        let mut a = Writer::new(&l);
+        let n = JOURNAL_SLOTS as u64 * 3 + 5;
+        for i in 0..n {
+            a.push(&l, jalloc(0x1000 + i * 16, 1, i, 1));
+        }
+        assert!(a.0.pending() < JOURNAL_SLOTS as u64);
+        assert_eq!(l.len() as u64, n);
+    }
+
+    #[test]
+    fn threads_reusing_addresses_with_a_concurrent_drain_keep_true_books() {
+        use std::sync::atomic::AtomicBool;
+        use std::sync::{Arc, Mutex};
+        let l = Arc::new(Ledger::new());
+        // The "driver": a pool of addresses any thread may get, and a clock that
+        // orders its calls as CLOCK_MONOTONIC would.
+        let free: Arc<Mutex<Vec<u64>>> =
+            Arc::new(Mutex::new((0..64).map(|i| 0x10_0000 + i * 256).collect()));
+        let clock = Arc::new(AtomicU64::new(1));
+        let stop = Arc::new(AtomicBool::new(false));
+        let drainer = {
+            let (l, stop) = (l.clone(), stop.clone());
+            std::thread::spawn(move || {
+                while !stop.load(Relaxed) {
+                    l.drain();
+                    std::thread::yield_now();
+                }
+            })
+        };
+        let workers: Vec<_> = (0..4u32)
+            .map(|th| {
+                let (l, free, clock) = (l.clone(), free.clone(), clock.clone());
+                std::thread::spawn(move || {
+                    let mut w = Writer::new(&l);
+                    let mut held: Vec<u64> = Vec::new();
+                    for i in 0..20_000u64 {
+                        if held.len() < 4 && (i % 3 != 0 || held.is_empty()) {
+                            let Some(addr) = free.lock().unwrap().pop() else {
+                                continue;
+                            };
+                            let t = clock.fetch_add(1, Relaxed); // after the real call
+                            w.push(&l, jalloc(addr, 64, t, th));
+                            held.push(addr);
+                        } else {
+                            // Handed to another thread half the time, as tensors are.
+                            let addr = held.remove(0);
+                            let t = clock.fetch_add(1, Relaxed); // before the real call
+                            free.lock().unwrap().push(addr);
+                            w.push(&l, jfree(addr, t));
+                        }
+                    }
+                    for addr in held {
+                        let t = clock.fetch_add(1, Relaxed);
+                        free.lock().unwrap().push(addr);
+                        w.push(&l, jfree(addr, t));
+                    }
+                })
+            })
+            .collect();
+        for w in workers {
+            w.join().unwrap();
+        }
+        stop.store(true, Relaxed);
+        drainer.join().unwrap();
+        assert!(l.is_empty());
+        let s = l.device(0).snapshot();
+        assert_eq!(
+            (s.current, s.allocs - s.frees, s.unknown_frees),
+            (0, 0, 0),
+            "{s:?}"
+        );
+        assert!(
+            s.peak <= 64 * 64,
+            "never more than the driver's 64 blocks live: {}",
+            s.peak
+        );
     }
 }

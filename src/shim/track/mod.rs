@@ -7,6 +7,7 @@
 //! what signal handlers do inside a hook (the stash) is the child module `stash`.
 
 use super::bench_switch;
+use super::bench_switch::timing::{self, Phase};
 use super::books::Books;
 use super::python::frames;
 use super::real::{DRIVER, is_driver_code, own_code};
@@ -14,7 +15,7 @@ use super::settings::config;
 use super::state::{active_books, books, shielded};
 use super::sys::monotonic_ns;
 use super::{capture, fault, tags, unwind};
-use gpuguard_core::ledger::{Key, Kind, NO_SITE, Record};
+use gpuguard_core::ledger::{Event, Journal, Key, Kind, NO_SITE, Producer, Record};
 use std::cell::{Cell, UnsafeCell};
 use std::ffi::{c_int, c_void};
 use std::mem::MaybeUninit;
@@ -33,6 +34,9 @@ struct RuntimeFrame {
     /// A runtime free takes the record before the real free; the driver free
     /// beneath uses it (instead of looking the address up again).
     taken: Option<(Key, Record)>,
+    /// With journals, a runtime free's stamp (taken before its real call), which
+    /// the driver free beneath journals under (0: none).
+    t_ns: u64,
 }
 
 const NO_FRAME: RuntimeFrame = RuntimeFrame {
@@ -40,6 +44,7 @@ const NO_FRAME: RuntimeFrame = RuntimeFrame {
     active: false,
     seen: false,
     taken: None,
+    t_ns: 0,
 };
 
 /// Everything a hook keeps per thread, in one thread-local so a hook looks its thread
@@ -70,6 +75,11 @@ struct ThreadState {
     /// The thread's innermost phase tag (`tags`; 0: none), kept here so a capture
     /// reads it without a thread-local lookup of its own.
     tag: Cell<u32>,
+    /// The thread's journal in the books `journal_books` (an address; 0: none yet),
+    /// and its write position (see `gpuguard_core::ledger::journal`).
+    journal: Cell<Option<&'static Journal>>,
+    journal_books: Cell<usize>,
+    producer: Cell<Producer>,
 }
 
 /// Room for the native and Python frames, and the thread's tag (`tags`).
@@ -89,8 +99,65 @@ thread_local! {
             last: UnsafeCell::new([0; STACK_SLOTS]),
             last_site: Cell::new((0, 0, NO_SITE)),
             tag: Cell::new(0),
+            journal: Cell::new(None),
+            journal_books: Cell::new(0),
+            producer: Cell::new(Producer::new()),
         }
     };
+    /// Gives the thread's journal back when the thread ends (apart from `THREAD`,
+    /// which has no destructor).
+    static JOURNAL_RELEASE: JournalRelease = const { JournalRelease(Cell::new(None)) };
+}
+
+struct JournalRelease(Cell<Option<&'static Journal>>);
+
+impl Drop for JournalRelease {
+    fn drop(&mut self) {
+        if let Some(j) = self.0.take() {
+            // A hook after this point claims a journal of its own again.
+            let t = thread();
+            t.journal_books.set(0);
+            t.journal.set(None);
+            j.release();
+        }
+    }
+}
+
+/// This thread's journal in `books` (claimed at its first use), or `None` when hooks
+/// record into the map directly (a cap).
+#[inline]
+fn journal_in(t: &ThreadState, books: &Books) -> Option<&'static Journal> {
+    if books.ledger.direct() {
+        return None;
+    }
+    if t.journal_books.get() == books as *const Books as usize {
+        return t.journal.get();
+    }
+    claim_journal(t, books)
+}
+
+#[cold]
+#[inline(never)]
+fn claim_journal(t: &ThreadState, books: &Books) -> Option<&'static Journal> {
+    let (j, p) = books.ledger.claim_journal();
+    // If the thread is ending (its release already ran) the journal stays claimed.
+    let _ = JOURNAL_RELEASE.try_with(|r| {
+        if let Some(old) = r.0.replace(Some(j)) {
+            old.release(); // the books of a process this one was forked from
+        }
+    });
+    t.journal.set(Some(j));
+    t.producer.set(p);
+    t.journal_books.set(books as *const Books as usize);
+    Some(j)
+}
+
+/// Writes an entry to the thread's journal.
+#[inline]
+fn journal_push(t: &ThreadState, books: &Books, j: &Journal, e: Event) {
+    let mut p = t.producer.get();
+    books.ledger.journal(j, &mut p, &e);
+    t.producer.set(p);
 }
 
 /// This thread's state. It has no destructor, so it lives as long as the thread.
@@ -439,7 +506,19 @@ fn record(
         api: label,
     };
     if reserved {
-        books.ledger.commit(made.key, rec);
+        match journal_in(t, books) {
+            Some(j) => journal_push(
+                t,
+                books,
+                j,
+                Event::Alloc {
+                    key: made.key,
+                    rec,
+                    if_absent: false,
+                },
+            ),
+            None => books.ledger.commit(made.key, rec),
+        }
     } else {
         books.note_device(device);
         books.ledger.insert(made.key, rec);
@@ -481,7 +560,8 @@ fn admit(t: &ThreadState, api: u8, kind: Kind, plan: &Plan) -> Option<Admission>
     let (ctx, dev) = call_device(t, books, plan.device);
     books.note_device(dev);
     let host = kind.is_host();
-    let capped = !host && books.ledger.device(dev).cap().is_some();
+    // No cap anywhere unless the books are direct: the device's line is not read.
+    let capped = !host && books.ledger.direct() && books.ledger.device(dev).cap().is_some();
     if !capped {
         return Some(Admission::Uncapped { books, ctx, dev });
     }
@@ -570,13 +650,54 @@ pub(crate) fn driver_alloc(
     call: impl FnOnce() -> c_int,
     made: impl FnOnce() -> Option<Made>,
 ) -> c_int {
+    let mark = Cell::new(timing::stamp());
     let scope = match enter_hook() {
         Entry::Top(s) => s,
         Entry::Signal(t, f) => return signal_alloc(t, f, api, kind, &plan, call, made),
-        Entry::Through => return call(),
+        Entry::Through => {
+            let rc = timed(Phase::DrvAllocPre, Phase::DrvAllocReal, &mark, call);
+            timing::charge(Phase::DrvAllocPost, mark.get());
+            return rc;
+        }
     };
     let t = scope.0;
-    let call = || scope.real(call);
+    let call = || scope.real(|| timed(Phase::DrvAllocPre, Phase::DrvAllocReal, &mark, call));
+    let rc = driver_alloc_body(t, api, kind, plan, call, made);
+    timing::charge(Phase::DrvAllocPost, mark.get());
+    rc
+}
+
+/// The time-stamp counter around a real call (a diagnostic build's, see
+/// `bench_switch::timing`; nothing otherwise): `pre` gets the time since `mark`,
+/// `real` the call's, and `mark` moves to its end.
+#[inline(always)]
+fn timed(pre: Phase, real: Phase, mark: &Cell<u64>, call: impl FnOnce() -> c_int) -> c_int {
+    let t1 = timing::charge(pre, mark.get());
+    let rc = call();
+    mark.set(timing::charge(real, t1));
+    rc
+}
+
+/// `timed` around a runtime call, whose real call holds the driver hook (timed on its
+/// own): only `pre` is charged.
+#[inline(always)]
+fn timed_outer(pre: Phase, mark: &Cell<u64>, call: impl FnOnce() -> c_int) -> c_int {
+    timing::charge(pre, mark.get());
+    let rc = call();
+    mark.set(timing::stamp());
+    rc
+}
+
+/// `driver_alloc` past the entry: `call` makes the real call once.
+#[inline(always)]
+fn driver_alloc_body(
+    t: &'static ThreadState,
+    api: u8,
+    kind: Kind,
+    plan: Plan,
+    call: impl FnOnce() -> c_int,
+    made: impl FnOnce() -> Option<Made>,
+) -> c_int {
     guarded(call, |real| {
         let (books, ctx, dev, reserved) = match admit(t, api, kind, &plan) {
             Some(Admission::Admitted {
@@ -661,21 +782,47 @@ pub(crate) fn driver_alloc(
 /// free puts it back.
 #[inline]
 pub(crate) fn driver_free(key: Key, call: impl FnOnce() -> c_int) -> c_int {
+    let mark = Cell::new(timing::stamp());
     let scope = match enter_hook() {
         Entry::Top(s) => s,
         Entry::Signal(t, f) if key.value != 0 => return signal_free(t, f, key, call),
-        _ => return call(),
+        _ => {
+            let rc = timed(Phase::DrvFreePre, Phase::DrvFreeReal, &mark, call);
+            timing::charge(Phase::DrvFreePost, mark.get());
+            return rc;
+        }
     };
     if key.value == 0 {
         return scope.real(call);
     }
-    let call = || scope.real(call);
+    let call = || scope.real(|| timed(Phase::DrvFreePre, Phase::DrvFreeReal, &mark, call));
+    let rc = driver_free_body(&scope, key, call);
+    timing::charge(Phase::DrvFreePost, mark.get());
+    rc
+}
+
+/// `driver_free` past the entry, for a non-null key.
+#[inline(always)]
+fn driver_free_body(scope: &DriverScope, key: Key, call: impl FnOnce() -> c_int) -> c_int {
     guarded(call, |real| {
         let Some(books) = books() else {
             return real();
         };
-        claim_for_runtime(scope.0, 0);
-        let taken = take_from_runtime(scope.0, key).or_else(|| books.ledger.take(key));
+        let t = scope.0;
+        claim_for_runtime(t, 0);
+        let from_runtime = take_from_runtime(t, key);
+        if let (None, Some(j)) = (&from_runtime, journal_in(t, books)) {
+            // Stamped before the real call: the driver may hand the address to
+            // another thread as soon as it frees it (see the journal's order).
+            let t_ns = runtime_stamp(t).unwrap_or_else(monotonic_ns);
+            let rc = real();
+            if rc == SUCCESS {
+                let device = free_device(t, books);
+                journal_push(t, books, j, Event::Free { key, t_ns, device });
+            }
+            return rc;
+        }
+        let taken = from_runtime.or_else(|| books.ledger.take(key));
         let rc = real();
         match taken {
             Some(rec) => {
@@ -693,6 +840,18 @@ pub(crate) fn driver_free(key: Key, call: impl FnOnce() -> c_int) -> c_int {
         }
         rc
     })
+}
+
+/// The stamp of the runtime free in progress on this thread, if it took one.
+fn runtime_stamp(t: &ThreadState) -> Option<u64> {
+    let f = t.runtime.get();
+    (f.active && f.t_ns != 0).then_some(f.t_ns)
+}
+
+/// The device a free is counted on if gpuguard never saw its allocation.
+fn free_device(t: &ThreadState, books: &Books) -> i16 {
+    let d = call_device(t, books, None).1;
+    d.clamp(i16::MIN.into(), i16::MAX.into()) as i16
 }
 
 /// A context or device teardown that frees everything in it at once.
@@ -793,7 +952,9 @@ pub(crate) fn runtime_alloc(
     call: impl FnOnce() -> c_int,
     made: impl FnOnce() -> Option<Made>,
 ) -> c_int {
-    let (rc, frame) = in_runtime_frame(api, None, call);
+    let mark = Cell::new(timing::stamp());
+    let (rc, frame) =
+        in_runtime_frame(api, None, 0, || timed_outer(Phase::RtAllocPre, &mark, call));
     let t = thread();
     // Inside a hook (a signal handler's call) the books cannot be touched here.
     if rc == SUCCESS && !frame.seen && t.driver_depth.get() == 0 {
@@ -813,10 +974,25 @@ pub(crate) fn runtime_alloc(
                 kind,
                 api,
             };
-            books.ledger.insert_if_absent(m.key, rec);
+            match journal_in(t, books) {
+                Some(j) => journal_push(
+                    t,
+                    books,
+                    j,
+                    Event::Alloc {
+                        key: m.key,
+                        rec,
+                        if_absent: true,
+                    },
+                ),
+                None => {
+                    books.ledger.insert_if_absent(m.key, rec);
+                }
+            }
             Some(())
         });
     }
+    timing::charge(Phase::RtAllocPost, mark.get());
     rc
 }
 
@@ -824,21 +1000,41 @@ pub(crate) fn runtime_alloc(
 /// record is taken before the real free (so an address the driver hands to another
 /// thread at once is never confused with this one) and put back if the free failed.
 pub(crate) fn runtime_free(api: u8, key: Key, call: impl FnOnce() -> c_int) -> c_int {
+    let mark = Cell::new(timing::stamp());
     let t = thread();
     // Inside a hook (a signal handler's call) the books cannot be touched here: the
     // driver free beneath records it.
+    // With journals the free is journaled after the call (by the driver hook beneath,
+    // or below), stamped before it; without, the record is taken now.
+    let mut stamp = None;
     let taken = if key.value != 0 && t.driver_depth.get() == 0 {
         let _busy = hold(t);
         shielded(|| {
-            active_books()
-                .and_then(|b| b.ledger.take(key))
-                .map(|r| (key, r))
+            let b = active_books()?;
+            if !b.ledger.direct() {
+                stamp = Some(monotonic_ns());
+                return None;
+            }
+            b.ledger.take(key).map(|r| (key, r))
         })
         .flatten()
     } else {
         None
     };
-    let (rc, frame) = in_runtime_frame(api, taken, call);
+    let (rc, frame) = in_runtime_frame(api, taken, stamp.unwrap_or(0), || {
+        timed_outer(Phase::RtFreePre, &mark, call)
+    });
+    if let (Some(t_ns), false, SUCCESS) = (stamp, frame.seen, rc) {
+        // No driver free was seen beneath (an unhooked driver pointer): journaled here.
+        let _busy = hold(t);
+        shielded(|| {
+            let books = active_books()?;
+            let device = free_device(t, books);
+            let j = journal_in(t, books)?;
+            journal_push(t, books, j, Event::Free { key, t_ns, device });
+            Some(())
+        });
+    }
     if let Some((key, rec)) = frame.taken {
         // The driver hook beneath did not take it over (an unhooked driver pointer).
         let _busy = hold(t);
@@ -852,6 +1048,7 @@ pub(crate) fn runtime_free(api: u8, key: Key, call: impl FnOnce() -> c_int) -> c
             Some(())
         });
     }
+    timing::charge(Phase::RtFreePost, mark.get());
     rc
 }
 
@@ -872,6 +1069,7 @@ fn take_from_runtime(t: &ThreadState, key: Key) -> Option<Record> {
 fn in_runtime_frame(
     api: u8,
     taken: Option<(Key, Record)>,
+    t_ns: u64,
     call: impl FnOnce() -> c_int,
 ) -> (c_int, RuntimeFrame) {
     let r = &thread().runtime;
@@ -880,6 +1078,7 @@ fn in_runtime_frame(
         active: true,
         seen: false,
         taken,
+        t_ns,
     });
     let rc = call();
     (rc, r.replace(prev))

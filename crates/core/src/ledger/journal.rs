@@ -1,0 +1,359 @@
+//! Per-thread journals: what an uncapped hook writes instead of touching the shared
+//! map. Measured on the H200 (docs/performance.md, "The books' cache traffic"): in a
+//! real program the map insert of an allocation cost ~1 µs, because between two of
+//! PyTorch's allocations its own work pushes the map's lines out of the CPU's caches
+//! and the insert then waits on a chain of them (the shard, its lock, its control
+//! bytes, the slot) and on the device's shared counters. A journal entry is a few
+//! stores to the thread's own ring, which the CPU retires without waiting for the
+//! line; the helper thread (or the thread itself, once its ring is full) applies the
+//! entries to the map in time order, in a batch whose lines stay warm.
+//!
+//! Order across threads: an allocation is stamped after its real call returned, a
+//! free before its real call; so when the driver hands an address freed by one thread
+//! to another, the free's stamp is the earlier, and applying every collected entry by
+//! stamp replays what happened. A free published after the allocation that reused its
+//! address was applied (the freeing thread was slow to publish) finds a newer record
+//! and is counted as the free of the record that allocation replaced. A free whose
+//! allocation is not in the books yet is looked at once more after collecting again
+//! (an allocation is published before its caller can hand the address to another
+//! thread, so a second collection sees it) before it counts as unknown.
+
+use super::{Key, Kind, Record, Space};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::*};
+
+/// Entries a thread's journal holds; when it is full the thread applies every
+/// journal itself. The helper thread drains them well before (every 20 ms).
+pub const JOURNAL_SLOTS: usize = 4096;
+
+/// One journal entry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Event {
+    /// An allocation made; with `if_absent` recorded only when its address has no
+    /// record yet (a runtime call whose driver call was not seen).
+    Alloc {
+        key: Key,
+        rec: Record,
+        if_absent: bool,
+    },
+    /// A free the driver accepted, stamped before its real call; `device` names the
+    /// device to count it on if gpuguard never saw the allocation.
+    Free { key: Key, t_ns: u64, device: i16 },
+}
+
+impl Event {
+    /// The stamp entries are applied in.
+    pub fn t_ns(&self) -> u64 {
+        match self {
+            Event::Alloc { rec, .. } => rec.t_ns,
+            Event::Free { t_ns, .. } => *t_ns,
+        }
+    }
+}
+
+const WORDS: usize = 6;
+const TAG_ALLOC: u64 = 0;
+const TAG_ALLOC_IF_ABSENT: u64 = 1;
+const TAG_FREE: u64 = 2;
+
+fn encode(e: &Event) -> [u64; WORDS] {
+    let (key, rec, tag) = match *e {
+        Event::Alloc {
+            key,
+            rec,
+            if_absent,
+        } => (
+            key,
+            rec,
+            if if_absent {
+                TAG_ALLOC_IF_ABSENT
+            } else {
+                TAG_ALLOC
+            },
+        ),
+        Event::Free { key, t_ns, device } => (
+            key,
+            Record {
+                bytes: 0,
+                ctx: 0,
+                t_ns,
+                site: 0,
+                thread: 0,
+                device,
+                kind: Kind::Device,
+                api: 0,
+            },
+            TAG_FREE,
+        ),
+    };
+    [
+        key.value,
+        rec.bytes,
+        rec.ctx,
+        rec.t_ns,
+        u64::from(rec.site) | u64::from(rec.thread) << 32,
+        u64::from(rec.device as u16)
+            | u64::from(rec.kind as u8) << 16
+            | u64::from(rec.api) << 24
+            | (key.space as u64) << 32
+            | tag << 40,
+    ]
+}
+
+fn decode(w: [u64; WORDS]) -> Event {
+    let space = match (w[5] >> 32) as u8 {
+        0 => Space::DevicePtr,
+        1 => Space::VmmHandle,
+        2 => Space::Array,
+        _ => Space::HostPtr,
+    };
+    let key = Key { space, value: w[0] };
+    let device = w[5] as u16 as i16;
+    let tag = (w[5] >> 40) & 0xff;
+    if tag == TAG_FREE {
+        return Event::Free {
+            key,
+            t_ns: w[3],
+            device,
+        };
+    }
+    let kind = Kind::ALL
+        .get(((w[5] >> 16) & 0xff) as usize)
+        .copied()
+        .unwrap_or(Kind::Device);
+    Event::Alloc {
+        key,
+        rec: Record {
+            bytes: w[1],
+            ctx: w[2],
+            t_ns: w[3],
+            site: w[4] as u32,
+            thread: (w[4] >> 32) as u32,
+            device,
+            kind,
+            api: (w[5] >> 24) as u8,
+        },
+        if_absent: tag == TAG_ALLOC_IF_ABSENT,
+    }
+}
+
+/// A counter alone on its cache lines: the producer's and the consumer's positions
+/// must not share one.
+#[derive(Default)]
+#[repr(align(128))]
+struct Padded(AtomicU64);
+
+/// One thread's ring of entries: written by the thread that claimed it, read under
+/// the ledger's drain lock. Never freed (a ledger lives as long as its process); a
+/// thread that ends gives it back for the next thread to claim.
+pub struct Journal {
+    slots: Box<[[AtomicU64; WORDS]]>,
+    /// Entries published (written only by the owner).
+    head: Padded,
+    /// Entries applied (written only under the drain lock).
+    tail: Padded,
+    owned: AtomicBool,
+}
+
+/// The owner's own copy of its journal's positions, kept in the thread's state so a
+/// push reads no line the consumer writes (until the ring looks full).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Producer {
+    head: u64,
+    tail_seen: u64,
+}
+
+impl Producer {
+    /// A producer of no journal yet (a thread's initial state).
+    pub const fn new() -> Producer {
+        Producer {
+            head: 0,
+            tail_seen: 0,
+        }
+    }
+}
+
+impl Journal {
+    pub fn new(slots: usize) -> Journal {
+        Journal {
+            slots: (0..slots.next_power_of_two())
+                .map(|_| Default::default())
+                .collect(),
+            head: Padded::default(),
+            tail: Padded::default(),
+            owned: AtomicBool::new(false),
+        }
+    }
+
+    /// Takes the journal for the calling thread, if no thread has it.
+    pub fn try_claim(&self) -> Option<Producer> {
+        self.owned
+            .compare_exchange(false, true, AcqRel, Relaxed)
+            .ok()?;
+        Some(Producer {
+            head: self.head.0.load(Relaxed),
+            tail_seen: self.tail.0.load(Acquire),
+        })
+    }
+
+    /// The owner ends: another thread may claim the journal (what it holds stays, to
+    /// be applied in its time order).
+    pub fn release(&self) {
+        self.owned.store(false, Release);
+    }
+
+    /// Appends an entry; false (nothing written) when the ring is full: the owner
+    /// must have it drained and push again.
+    #[inline]
+    pub fn push(&self, p: &mut Producer, e: &Event) -> bool {
+        let cap = self.slots.len() as u64;
+        if p.head.wrapping_sub(p.tail_seen) >= cap {
+            p.tail_seen = self.tail.0.load(Acquire);
+            if p.head.wrapping_sub(p.tail_seen) >= cap {
+                return false;
+            }
+        }
+        let slot = &self.slots[(p.head & (cap - 1)) as usize];
+        for (s, w) in slot.iter().zip(encode(e)) {
+            s.store(w, Relaxed);
+        }
+        p.head = p.head.wrapping_add(1);
+        self.head.0.store(p.head, Release);
+        true
+    }
+
+    /// Entries published and not yet applied.
+    pub fn pending(&self) -> u64 {
+        self.head
+            .0
+            .load(Acquire)
+            .wrapping_sub(self.tail.0.load(Acquire))
+    }
+
+    /// Moves every published entry into `out`, in the order written. Only one caller
+    /// at a time (the ledger's drain lock).
+    pub(super) fn take_into(&self, out: &mut Vec<Event>) {
+        let head = self.head.0.load(Acquire);
+        let tail = self.tail.0.load(Relaxed);
+        let mask = self.slots.len() as u64 - 1;
+        let mut i = tail;
+        while i != head {
+            let slot = &self.slots[(i & mask) as usize];
+            let mut w = [0u64; WORDS];
+            for (d, s) in w.iter_mut().zip(slot) {
+                *d = s.load(Relaxed);
+            }
+            out.push(decode(w));
+            i = i.wrapping_add(1);
+        }
+        self.tail.0.store(head, Release);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn alloc(addr: u64, t: u64) -> Event {
+        Event::Alloc {
+            key: Key::device(addr),
+            rec: Record {
+                bytes: 4096 + addr,
+                ctx: 7,
+                t_ns: t,
+                site: 3,
+                thread: 99,
+                device: -2,
+                kind: Kind::Pool,
+                api: 12,
+            },
+            if_absent: addr % 2 == 1,
+        }
+    }
+
+    #[test]
+    fn entries_come_back_as_written() {
+        let evs = [
+            alloc(0x10, 5),
+            alloc(0x11, 6),
+            Event::Free {
+                key: Key::host(0x20),
+                t_ns: 9,
+                device: 3,
+            },
+            Event::Alloc {
+                key: Key::vmm(u64::MAX),
+                rec: Record {
+                    bytes: u64::MAX,
+                    ctx: u64::MAX,
+                    t_ns: u64::MAX,
+                    site: u32::MAX,
+                    thread: u32::MAX,
+                    device: i16::MIN,
+                    kind: Kind::Host,
+                    api: u8::MAX,
+                },
+                if_absent: false,
+            },
+            Event::Free {
+                key: Key::array(1),
+                t_ns: 0,
+                device: -1,
+            },
+        ];
+        for e in evs {
+            assert_eq!(decode(encode(&e)), e);
+        }
+    }
+
+    #[test]
+    fn a_full_ring_refuses_until_drained_and_wraps() {
+        let j = Journal::new(4);
+        let mut p = j.try_claim().unwrap();
+        assert!(j.try_claim().is_none(), "one owner at a time");
+        for i in 0..4 {
+            assert!(j.push(&mut p, &alloc(i, i)));
+        }
+        assert!(!j.push(&mut p, &alloc(9, 9)), "full");
+        assert_eq!(j.pending(), 4);
+        let mut out = Vec::new();
+        j.take_into(&mut out);
+        assert_eq!(out, (0..4).map(|i| alloc(i, i)).collect::<Vec<_>>());
+        assert_eq!(j.pending(), 0);
+        // Past the end of the ring, in order.
+        for i in 10..13 {
+            assert!(j.push(&mut p, &alloc(i, i)));
+        }
+        out.clear();
+        j.take_into(&mut out);
+        assert_eq!(out, (10..13).map(|i| alloc(i, i)).collect::<Vec<_>>());
+        j.release();
+        let q = j.try_claim().expect("released");
+        assert_eq!(q.head, p.head, "a new owner goes on where the last stopped");
+    }
+
+    #[test]
+    fn a_consumer_on_another_thread_sees_every_entry_once() {
+        let j: &'static Journal = Box::leak(Box::new(Journal::new(64)));
+        let n = 20_000u64;
+        let producer = std::thread::spawn(move || {
+            let mut p = j.try_claim().unwrap();
+            for i in 0..n {
+                while !j.push(&mut p, &alloc(i, i)) {
+                    std::thread::yield_now();
+                }
+            }
+        });
+        let mut out = Vec::new();
+        while (out.len() as u64) < n {
+            j.take_into(&mut out);
+        }
+        producer.join().unwrap();
+        j.take_into(&mut out);
+        assert_eq!(out.len() as u64, n);
+        assert!(
+            out.iter()
+                .enumerate()
+                .all(|(i, e)| *e == alloc(i as u64, i as u64))
+        );
+    }
+}

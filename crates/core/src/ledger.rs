@@ -393,8 +393,12 @@ impl DeviceCounters {
     fn add_live(&self, to: Live, bytes: u64) {
         let bytes = bytes.min(i64::MAX as u64) as i64;
         let Live::Stripe(thread) = to else {
+            // Stripes hold only what direct calls (a signal handler's, a runtime call
+            // with no driver call beneath) made while journals run: left out here, so
+            // the peak may miss those bytes; snapshots take the larger of the peak
+            // and the live bytes.
             let now = self.live.fetch_add(bytes, Relaxed).wrapping_add(bytes);
-            self.raise_peak(now.wrapping_add(self.unfolded()));
+            self.raise_peak(now);
             return;
         };
         if self.capped() {
@@ -428,13 +432,6 @@ impl DeviceCounters {
         if s.net.fetch_sub(bytes, Relaxed).wrapping_sub(bytes) < -FLUSH_BYTES {
             self.fold(s);
         }
-    }
-
-    /// Live bytes still in the stripes (direct-path threads' share, not folded yet).
-    fn unfolded(&self) -> i64 {
-        self.stripes
-            .iter()
-            .fold(0i64, |a, s| a.wrapping_add(s.net.load(Relaxed)))
     }
 
     #[cold]
@@ -502,7 +499,8 @@ pub struct Ledger {
 /// What a drain keeps between its rounds and drains.
 #[derive(Default)]
 struct Drain {
-    events: Vec<Event>,
+    /// Entries of a round, with the times each was looked at before (frees).
+    events: Vec<(Event, u8)>,
     /// Frees whose allocation was not in the books when applied, with the rounds
     /// they have been looked at.
     late: Vec<(Event, u8)>,
@@ -639,17 +637,15 @@ impl Ledger {
                 break;
             }
             applied += events.len();
-            let carried = late.len();
-            events.extend(late.iter().map(|(e, _)| *e));
-            let tries: Vec<u8> = late.drain(..).map(|(_, n)| n).collect();
-            let fresh = events.len() - carried;
-            // Earlier frees sort among the new entries by their stamps (stable: a
-            // thread's own entries keep their order on equal stamps).
-            let mut order: Vec<usize> = (0..events.len()).collect();
-            order.sort_by_key(|&i| events[i].t_ns());
-            for i in order {
-                let n = if i >= fresh { tries[i - fresh] } else { 0 };
-                self.apply(events[i], n, late, replaced);
+            events.append(late);
+            // Each journal is in time order already (one thread's calls): with one
+            // journal busy there is nothing to sort; else a stable sort merges the
+            // runs, earlier frees among them.
+            if !events.is_sorted_by_key(|e| e.0.t_ns()) {
+                events.sort_by_key(|e| e.0.t_ns());
+            }
+            for &(e, tries) in events.iter() {
+                self.apply(e, tries, late, replaced);
             }
             if late.is_empty() {
                 break;
@@ -681,26 +677,37 @@ impl Ledger {
                     if c.capped() {
                         c.charge.fetch_add(rec.bytes, Relaxed);
                     }
-                    let newer = self
-                        .map(key.space)
-                        .get(&key.value)
-                        .is_some_and(|r| r.t_ns > rec.t_ns);
-                    if newer {
-                        // Collected after a newer allocation at its address (its thread
-                        // was slow to publish): it was freed before that one was made.
-                        // Counted as made and gone; its free, when it comes, is its own.
-                        c.count_commit(&rec, Live::Exact);
-                        c.sub_live(Live::Exact, rec.bytes);
-                        c.release(&rec);
+                    let gone = match self.map(key.space).insert(key.value, rec) {
+                        None => {
+                            c.count_commit(&rec, Live::Exact);
+                            None
+                        }
+                        Some(old) if old.t_ns > rec.t_ns => {
+                            // Collected after a newer allocation at its address (its
+                            // thread was slow to publish): it was freed before that one
+                            // was made. The newer stays; this one is counted as made and
+                            // gone, and its free, when it comes, is its own.
+                            self.map(key.space).insert(key.value, old);
+                            c.count_commit(&rec, Live::Exact);
+                            c.sub_live(Live::Exact, rec.bytes);
+                            c.release(&rec);
+                            Some(rec)
+                        }
+                        Some(old) => {
+                            // The address came back from the driver while this books'
+                            // record of it lives: its free was missed, or is late.
+                            c.count_commit(&rec, Live::Exact);
+                            let oc = self.counters_for(&old);
+                            oc.sub_live(Live::Exact, old.bytes);
+                            oc.release(&old);
+                            Some(old)
+                        }
+                    };
+                    if let Some(gone) = gone {
                         if replaced.len() >= REPLACED_KEPT {
                             replaced.pop_front();
                         }
-                        replaced.push_back((key, rec.t_ns));
-                    } else if let Some(old) = self.commit_as(key, rec, Live::Exact) {
-                        if replaced.len() >= REPLACED_KEPT {
-                            replaced.pop_front();
-                        }
-                        replaced.push_back((key, old.t_ns));
+                        replaced.push_back((key, gone.t_ns));
                     }
                 }
             }

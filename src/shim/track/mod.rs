@@ -16,6 +16,7 @@ use super::state::{active_books, books, shielded};
 use super::sys::monotonic_ns;
 use super::{capture, fault, tags, unwind};
 use gpuguard_core::ledger::{Event, Journal, Key, Kind, NO_SITE, Producer, Record};
+use gpuguard_core::sites::{SiteCache, fingerprint};
 use std::cell::{Cell, UnsafeCell};
 use std::ffi::{c_int, c_void};
 use std::mem::MaybeUninit;
@@ -66,12 +67,8 @@ struct ThreadState {
     ctx_cache: Cell<(u64, i32, u64)>,
     /// This thread's stack, [lo, hi), for the stack walk's bounds checks.
     stack: Cell<(usize, usize)>,
-    /// Scratch for a capture (no zeroing per allocation), and the last stack this
-    /// thread interned with its id and the books it belongs to: a loop allocating
-    /// from one place skips the site table's hashing and lookup.
+    /// Scratch for a capture (no zeroing per allocation).
     scratch: UnsafeCell<[usize; STACK_SLOTS]>,
-    last: UnsafeCell<[usize; STACK_SLOTS]>,
-    last_site: Cell<(usize, usize, u32)>,
     /// The thread's innermost phase tag (`tags`; 0: none), kept here so a capture
     /// reads it without a thread-local lookup of its own.
     tag: Cell<u32>,
@@ -80,6 +77,11 @@ struct ThreadState {
     journal: Cell<Option<&'static Journal>>,
     journal_books: Cell<usize>,
     producer: Cell<Producer>,
+    /// The stacks this thread interned in the books `site_cache_books`, by
+    /// fingerprint: a loop allocating from one place, and a framework's steps
+    /// allocating from the same places each step, skip the shared site table.
+    site_cache: SiteCache,
+    site_cache_books: Cell<usize>,
 }
 
 /// Room for the native and Python frames, and the thread's tag (`tags`).
@@ -96,12 +98,12 @@ thread_local! {
             ctx_cache: Cell::new((0, 0, u64::MAX)),
             stack: Cell::new((0, 0)),
             scratch: UnsafeCell::new([0; STACK_SLOTS]),
-            last: UnsafeCell::new([0; STACK_SLOTS]),
-            last_site: Cell::new((0, 0, NO_SITE)),
             tag: Cell::new(0),
             journal: Cell::new(None),
             journal_books: Cell::new(0),
             producer: Cell::new(Producer::new()),
+            site_cache: SiteCache::new(),
+            site_cache_books: Cell::new(0),
         }
     };
     /// Gives the thread's journal back when the thread ends (apart from `THREAD`,
@@ -381,7 +383,7 @@ fn capture_site_in(books: &Books, t: &ThreadState) -> u32 {
 fn capture_site_at(books: &Books, t: &ThreadState, depth: usize) -> u32 {
     // SAFETY: this thread's own buffers; a hook never runs inside another on the
     // same thread (the driver guard), so nothing else holds them now.
-    let (pcs, last) = unsafe { (&mut *t.scratch.get(), &mut *t.last.get()) };
+    let pcs = unsafe { &mut *t.scratch.get() };
     // In a thread running Python, its Python frames say where, and native frames past
     // the framework's first few are the interpreter's: those are cut, never the
     // Python ones. The Python frames are read first (into the tail), so a thread that
@@ -417,18 +419,26 @@ fn capture_site_at(books: &Books, t: &ThreadState, depth: usize) -> u32 {
     if n == 0 {
         return NO_SITE;
     }
+    // The thread's cache of its stacks (by fingerprint) names most of them without
+    // the shared site table.
     let here = books as *const Books as usize;
-    let (len, owner, id) = t.last_site.get();
-    if len == n && owner == here && pcs[..n] == last[..n] {
-        return id;
+    let fp = fingerprint(&pcs[..n]);
+    if t.site_cache_books.get() != here {
+        t.site_cache.clear();
+        t.site_cache_books.set(here);
     }
-    let (id, new) = books.sites.intern_new(&pcs[..n]);
-    if new && py_n > 0 {
-        // Its Python code is running now: the time to copy what names it.
-        frames::remember(&pcs[..n]);
-    }
-    last[..n].copy_from_slice(&pcs[..n]);
-    t.last_site.set((n, here, id));
+    let id = match t.site_cache.get(fp) {
+        Some(id) => id,
+        None => {
+            let (id, new) = books.sites.intern_new(&pcs[..n]);
+            if new && py_n > 0 {
+                // Its Python code is running now: the time to copy what names it.
+                frames::remember(&pcs[..n]);
+            }
+            t.site_cache.put(fp, id);
+            id
+        }
+    };
     id
 }
 

@@ -229,9 +229,10 @@ impl Journal {
             .wrapping_sub(self.tail.0.load(Acquire))
     }
 
-    /// Moves every published entry into `out`, in the order written. Only one caller
-    /// at a time (the ledger's drain lock).
-    pub(super) fn take_into(&self, out: &mut Vec<Event>) {
+    /// Moves every published entry into `out`, in the order written, each with 0
+    /// (the times the drain looked at it before). Only one caller at a time (the
+    /// ledger's drain lock).
+    pub(super) fn take_into(&self, out: &mut Vec<(Event, u8)>) {
         let head = self.head.0.load(Acquire);
         let tail = self.tail.0.load(Relaxed);
         let mask = self.slots.len() as u64 - 1;
@@ -242,7 +243,7 @@ impl Journal {
             for (d, s) in w.iter_mut().zip(slot) {
                 *d = s.load(Relaxed);
             }
-            out.push(decode(w));
+            out.push((decode(w), 0));
             i = i.wrapping_add(1);
         }
         self.tail.0.store(head, Release);
@@ -317,7 +318,7 @@ mod tests {
         assert_eq!(j.pending(), 4);
         let mut out = Vec::new();
         j.take_into(&mut out);
-        assert_eq!(out, (0..4).map(|i| alloc(i, i)).collect::<Vec<_>>());
+        assert_eq!(out, (0..4).map(|i| (alloc(i, i), 0)).collect::<Vec<_>>());
         assert_eq!(j.pending(), 0);
         // Past the end of the ring, in order.
         for i in 10..13 {
@@ -325,7 +326,7 @@ mod tests {
         }
         out.clear();
         j.take_into(&mut out);
-        assert_eq!(out, (10..13).map(|i| alloc(i, i)).collect::<Vec<_>>());
+        assert_eq!(out, (10..13).map(|i| (alloc(i, i), 0)).collect::<Vec<_>>());
         j.release();
         let q = j.try_claim().expect("released");
         assert_eq!(q.head, p.head, "a new owner goes on where the last stopped");
@@ -353,7 +354,7 @@ mod tests {
         assert!(
             out.iter()
                 .enumerate()
-                .all(|(i, e)| *e == alloc(i as u64, i as u64))
+                .all(|(i, e)| e.0 == alloc(i as u64, i as u64))
         );
     }
 }

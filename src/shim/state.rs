@@ -99,6 +99,7 @@ fn activate() -> Option<&'static Books> {
         {
             if STATE.load(Acquire) == INERT {
                 quiet_panics();
+                super::sys::calibrate_clock();
                 BOOKS.store(Box::into_raw(Box::new(Books::new())), Release);
                 STATE.store(ACTIVE, Release);
                 fence(SeqCst);

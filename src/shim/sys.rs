@@ -1,19 +1,83 @@
 //! Small calls into the C library that need no state of gpuguard's.
 
 use std::ffi::c_void;
+use std::sync::atomic::{AtomicU64, Ordering::*};
 
-/// Monotonic nanoseconds (hooks stamp every record with it).
+/// Monotonic nanoseconds: every stamp gpuguard takes (records, journal entries,
+/// reports' ages) comes from here, so they all compare. The journals order
+/// allocations and frees of different threads by it, so it must be fine-grained
+/// (a coarse tick would make a free and the reuse of its address look simultaneous)
+/// and cheap: with the kernel's clock on the time-stamp counter it is the counter,
+/// scaled to CLOCK_MONOTONIC at activation (`calibrate_clock`); else CLOCK_MONOTONIC.
 #[inline]
 pub(crate) fn monotonic_ns() -> u64 {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let mult = TSC_MULT.load(Acquire);
+        if mult != 0 {
+            // SAFETY: rdtsc has no preconditions on x86-64.
+            let tsc = unsafe { core::arch::x86_64::_rdtsc() };
+            let since = tsc.saturating_sub(TSC_BASE.load(Relaxed));
+            return NS_BASE
+                .load(Relaxed)
+                .wrapping_add(((u128::from(since) * u128::from(mult)) >> 32) as u64);
+        }
+    }
+    clock_ns()
+}
+
+/// CLOCK_MONOTONIC through the C library.
+fn clock_ns() -> u64 {
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
     };
-    // SAFETY: valid out pointer. The fine clock (tens of ns through the vDSO): the
-    // journals order allocations and frees of different threads by it, and a coarse
-    // tick would make a free and the reuse of its address look simultaneous.
+    // SAFETY: valid out pointer.
     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// The counter's calibration: ns = NS_BASE + (tsc - TSC_BASE) * TSC_MULT / 2^32;
+/// TSC_MULT is 0 until calibrated (and stays 0 where the counter is not the kernel's
+/// clock: it may then differ between CPUs).
+static TSC_BASE: AtomicU64 = AtomicU64::new(0);
+static NS_BASE: AtomicU64 = AtomicU64::new(0);
+static TSC_MULT: AtomicU64 = AtomicU64::new(0);
+
+/// Scales the time-stamp counter to CLOCK_MONOTONIC over about a millisecond, once,
+/// at activation (the first CUDA call), if the kernel keeps its own clock on it.
+/// Stamps taken before keep comparing with later ones: the scale is anchored to
+/// the clock at the end of the measurement.
+#[cold]
+pub(crate) fn calibrate_clock() {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if TSC_MULT.load(Acquire) != 0 {
+            return;
+        }
+        let src = std::fs::read_to_string(
+            "/sys/devices/system/clocksource/clocksource0/current_clocksource",
+        )
+        .unwrap_or_default();
+        if src.trim() != "tsc" {
+            return;
+        }
+        // SAFETY: rdtsc has no preconditions on x86-64.
+        let tsc = || unsafe { core::arch::x86_64::_rdtsc() };
+        let (t0, n0) = (tsc(), clock_ns());
+        let (mut t1, mut n1) = (t0, n0);
+        while n1.saturating_sub(n0) < 1_000_000 {
+            (t1, n1) = (tsc(), clock_ns());
+        }
+        let (dt, dn) = (t1.saturating_sub(t0), n1 - n0);
+        if dt == 0 {
+            return;
+        }
+        let mult = ((u128::from(dn) << 32) / u128::from(dt)) as u64;
+        TSC_BASE.store(t1, Relaxed);
+        NS_BASE.store(n1, Relaxed);
+        TSC_MULT.store(mult.max(1), Release);
+    }
 }
 
 /// Writes all of `bytes` to stderr (fd 2), retrying after signals.

@@ -509,7 +509,16 @@ struct Drain {
     /// newer allocation at its address. A late free of one of them is its free, not
     /// an unknown one.
     replaced: std::collections::VecDeque<(Key, u64)>,
+    /// A round's allocations not freed yet in it, by a hash of their key (direct
+    /// mapped: one that loses its slot is applied to the map as usual).
+    open: Vec<(Key, usize)>,
+    /// Per entry of a round: made and freed within it (a free: its allocation's
+    /// index; an allocation: `usize::MAX`).
+    paired: Vec<Option<usize>>,
 }
+
+/// Slots of a drain round's table of open allocations (a power of two).
+const OPEN_SLOTS: usize = 1024;
 
 /// Replaced records remembered for late frees (a replacement is rare: a free not seen,
 /// or one published after the reuse of its address).
@@ -625,6 +634,8 @@ impl Ledger {
             events,
             late,
             replaced,
+            open,
+            paired,
         } = &mut *d;
         // Round 2 exists for the frees round 1 could not match; a free still unmatched
         // after a second look is final. Round 3 gives round 2's own new frees theirs.
@@ -644,8 +655,59 @@ impl Ledger {
             if !events.is_sorted_by_key(|e| e.0.t_ns()) {
                 events.sort_by_key(|e| e.0.t_ns());
             }
-            for &(e, tries) in events.iter() {
-                self.apply(e, tries, late, replaced);
+            // An allocation made and freed within the round (most, in a loop or a
+            // framework's step) never touches the map: only the counters see it.
+            const NONE: (Key, usize) = (
+                Key {
+                    space: Space::DevicePtr,
+                    value: 0,
+                },
+                usize::MAX,
+            );
+            open.clear();
+            open.resize(OPEN_SLOTS, NONE);
+            paired.clear();
+            paired.resize(events.len(), None);
+            let slot = |k: &Key| {
+                let h = (k.value ^ ((k.space as u64) << 61)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+                (h >> 54) as usize & (OPEN_SLOTS - 1)
+            };
+            for (i, (e, _)) in events.iter().enumerate() {
+                let (key, alloc, if_absent) = match *e {
+                    Event::Alloc { key, if_absent, .. } => (key, true, if_absent),
+                    Event::Free { key, .. } => (key, false, false),
+                };
+                let o = &mut open[slot(&key)];
+                match (alloc, if_absent) {
+                    (true, false) => *o = (key, i),
+                    (true, true) if o.0 == key => *o = NONE,
+                    (true, true) => {}
+                    (false, _) => {
+                        if o.0 == key && o.1 != usize::MAX {
+                            paired[i] = Some(o.1);
+                            paired[o.1] = Some(usize::MAX);
+                            *o = NONE;
+                        }
+                    }
+                }
+            }
+            for (i, &(e, tries)) in events.iter().enumerate() {
+                match (paired[i], e) {
+                    (Some(usize::MAX), Event::Alloc { rec, .. }) => {
+                        let c = self.counters_for(&rec);
+                        if c.capped() {
+                            c.charge.fetch_add(rec.bytes, Relaxed);
+                        }
+                        c.count_commit(&rec, Live::Exact);
+                    }
+                    (Some(j), Event::Free { .. }) => {
+                        if let (Event::Alloc { rec, .. }, _) = events[j] {
+                            self.counters_for(&rec).sub_live(Live::Exact, rec.bytes);
+                            self.confirm_free(&rec);
+                        }
+                    }
+                    _ => self.apply(e, tries, late, replaced),
+                }
             }
             if late.is_empty() {
                 break;

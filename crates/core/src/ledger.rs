@@ -518,7 +518,7 @@ struct Drain {
 }
 
 /// Slots of a drain round's table of open allocations (a power of two).
-const OPEN_SLOTS: usize = 512;
+const OPEN_SLOTS: usize = 1024;
 
 /// Replaced records remembered for late frees (a replacement is rare: a free not seen,
 /// or one published after the reuse of its address).

@@ -22,10 +22,8 @@ use super::{Key, Kind, Record, Space};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::*};
 
 /// Entries a thread's journal holds; when it is full the thread applies every
-/// journal itself (the helper thread also drains them every 20 ms). Small, so the
-/// ring (12 KiB) stays in the CPU's near caches: a ring the size of a few steps'
-/// allocations would stream through them and evict the program's own data.
-pub const JOURNAL_SLOTS: usize = 256;
+/// journal itself. The helper thread drains them well before (every 20 ms).
+pub const JOURNAL_SLOTS: usize = 4096;
 
 /// One journal entry.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

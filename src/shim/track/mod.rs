@@ -427,7 +427,7 @@ fn capture_site_at(books: &Books, t: &ThreadState, depth: usize) -> u32 {
         t.site_cache.clear();
         t.site_cache_books.set(here);
     }
-    let id = match t.site_cache.get(fp) {
+    match t.site_cache.get(fp) {
         Some(id) => id,
         None => {
             let (id, new) = books.sites.intern_new(&pcs[..n]);
@@ -438,8 +438,7 @@ fn capture_site_at(books: &Books, t: &ThreadState, depth: usize) -> u32 {
             t.site_cache.put(fp, id);
             id
         }
-    };
-    id
+    }
 }
 
 // ---- the hook bodies ---------------------------------------------------------------

@@ -200,6 +200,30 @@ fn threads_every_path_at_once() {
     assert!(live(&rep).is_empty(), "{rep:#}");
 }
 
+/// Threads that end right after allocating keep their allocations in the books (each
+/// records through its own journal, applied after it ended; later threads take the
+/// journals over): the exit report lists every block still held, the counters agree
+/// with the driver's.
+#[test]
+fn allocations_of_threads_that_ended_stay_in_the_books() {
+    let n = 60u64;
+    let r = gg_run("gg", &["short", &n.to_string()], &[]);
+    r.assert_ok();
+    let gg = r.gg(0).unwrap();
+    let sim = r.sim(0).unwrap();
+    assert_eq!(gg["current"], sim["live"], "{}", r.describe());
+    assert_eq!(
+        (gg["allocs"], gg["frees"]),
+        (2 * n + 1, n),
+        "{}",
+        r.describe()
+    );
+    let (_, rep) = exit_report(&r);
+    let held = outstanding_set(r.out());
+    assert_eq!(held.len() as u64, n + 1);
+    assert_eq!(live_set(&rep), held, "{rep:#}");
+}
+
 // ---- fork ----------------------------------------------------------------------------
 
 #[test]

@@ -520,6 +520,35 @@ static int mode_threads(int argc, char **argv)
     return 0;
 }
 
+/* ---- short [n]: n threads one after another, each keeping one allocation and
+ * freeing another before it ends, then one more allocation on the main thread: what
+ * a thread recorded must outlive it (its journal, applied after it ended; the next
+ * thread takes the journal over) ---- */
+static void *short_main(void *arg)
+{
+    (void)arg;
+    MUST(cudaSetDevice(0));
+    CUdeviceptr tmp = dev_alloc(4096, 0);
+    dev_alloc(65536 + 512 * (size_t)(intptr_t)arg, 0);
+    dev_free(tmp);
+    return NULL;
+}
+
+static int mode_short(int argc, char **argv)
+{
+    int n = argc > 1 ? atoi(argv[1]) : 50;
+    gg_setup(0);
+    for (int t = 0; t < n; t++) {
+        pthread_t th;
+        MUST(pthread_create(&th, NULL, short_main, (void *)(intptr_t)t));
+        pthread_join(th, NULL);
+    }
+    dev_alloc(3 * MiB, 0);
+    printf("SHORT n=%d\n", n);
+    finish();
+    return 0;
+}
+
 /* ---- fork [leak]: children with and without CUDA; with "leak" the parent
  * also leaks one allocation made before the forks and one made after ---- */
 static int mode_fork(int argc, char **argv)
@@ -827,6 +856,7 @@ static const struct gg_mode g_modes[] = {
     {"oom", mode_oom},
     {"leak", mode_leak},
     {"threads", mode_threads},
+    {"short", mode_short},
     {"fork", mode_fork},
     {"signal_before", mode_signal_before_},
     {"signal_after", mode_signal_after},

@@ -683,7 +683,12 @@ impl Ledger {
                     (true, true) if o.0 == key => *o = NONE,
                     (true, true) => {}
                     (false, _) => {
-                        if o.0 == key && o.1 != usize::MAX {
+                        // Not when the map still holds a record at the address (its
+                        // free was missed): the allocation must replace it there.
+                        if o.0 == key
+                            && o.1 != usize::MAX
+                            && !self.map(key.space).contains_key(&key.value)
+                        {
                             paired[i] = Some(o.1);
                             paired[o.1] = Some(usize::MAX);
                             *o = NONE;
@@ -1676,6 +1681,27 @@ mod tests {
         assert_eq!(
             (s.current, s.allocs, s.frees, s.unknown_frees),
             (30, 2, 1, 0)
+        );
+    }
+
+    #[test]
+    fn a_reuse_made_and_freed_within_a_round_still_drops_a_stale_record() {
+        let l = Ledger::new();
+        // A record whose free gpuguard never saw (an unhooked path).
+        let mut stale = rec(100, 0, Kind::Pool);
+        stale.t_ns = 1;
+        l.insert(Key::device(0x1000), stale);
+        let mut a = Writer::new(&l);
+        a.push(&l, jalloc(0x1000, 30, 5, 1));
+        a.push(&l, jfree(0x1000, 6));
+        assert!(
+            l.is_empty(),
+            "the driver handed the address out again: the stale record goes"
+        );
+        let s = l.device(0).snapshot();
+        assert_eq!(
+            (s.current, s.allocs, s.frees, s.unknown_frees),
+            (0, 2, 1, 0)
         );
     }
 

@@ -858,8 +858,14 @@ fn runtime_stamp(t: &ThreadState) -> Option<u64> {
 }
 
 /// The device a free is counted on if gpuguard never saw its allocation.
+/// The only device, or the one this thread's last context lookup found: a free asks
+/// the driver nothing.
 fn free_device(t: &ThreadState, books: &Books) -> i16 {
-    let d = call_device(t, books, None).1;
+    let d = if books.single_device() {
+        0
+    } else {
+        t.ctx_cache.get().1
+    };
     d.clamp(i16::MIN.into(), i16::MAX.into()) as i16
 }
 

@@ -154,6 +154,28 @@ fn claim_journal(t: &ThreadState, books: &Books) -> Option<&'static Journal> {
     Some(j)
 }
 
+/// An allocation into the books: the thread's journal, or the map when the books are
+/// direct (`if_absent`: only if its address has no record yet).
+#[inline]
+fn book_alloc(t: &ThreadState, books: &Books, key: Key, rec: Record, if_absent: bool) {
+    match journal_in(t, books) {
+        Some(j) => journal_push(
+            t,
+            books,
+            j,
+            Event::Alloc {
+                key,
+                rec,
+                if_absent,
+            },
+        ),
+        None if if_absent => {
+            books.ledger.insert_if_absent(key, rec);
+        }
+        None => books.ledger.commit(key, rec),
+    }
+}
+
 /// Writes an entry to the thread's journal.
 #[inline]
 fn journal_push(t: &ThreadState, books: &Books, j: &Journal, e: Event) {
@@ -515,19 +537,7 @@ fn record(
         api: label,
     };
     if reserved {
-        match journal_in(t, books) {
-            Some(j) => journal_push(
-                t,
-                books,
-                j,
-                Event::Alloc {
-                    key: made.key,
-                    rec,
-                    if_absent: false,
-                },
-            ),
-            None => books.ledger.commit(made.key, rec),
-        }
+        book_alloc(t, books, made.key, rec, false);
     } else {
         books.note_device(device);
         books.ledger.insert(made.key, rec);
@@ -989,21 +999,7 @@ pub(crate) fn runtime_alloc(
                 kind,
                 api,
             };
-            match journal_in(t, books) {
-                Some(j) => journal_push(
-                    t,
-                    books,
-                    j,
-                    Event::Alloc {
-                        key: m.key,
-                        rec,
-                        if_absent: true,
-                    },
-                ),
-                None => {
-                    books.ledger.insert_if_absent(m.key, rec);
-                }
-            }
+            book_alloc(t, books, m.key, rec, true);
             Some(())
         });
     }

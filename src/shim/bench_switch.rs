@@ -66,6 +66,17 @@ pub(crate) mod timing {
     }
     pub(crate) const N: usize = 10;
 
+    impl Phase {
+        /// The phase after a real call's (itself for any other phase).
+        pub(crate) fn post(self) -> Phase {
+            match self {
+                Phase::DrvAllocReal => Phase::DrvAllocPost,
+                Phase::DrvFreeReal => Phase::DrvFreePost,
+                p => p,
+            }
+        }
+    }
+
     #[cfg(feature = "hook-timing")]
     mod on {
         use super::{N, Phase};

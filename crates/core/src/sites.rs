@@ -111,10 +111,11 @@ pub fn fingerprint(stack: &[usize]) -> (u64, u64) {
 pub const SITE_CACHE_SLOTS: usize = 256;
 
 /// One thread's cache of the stacks it interned: fingerprint to site id, direct-mapped.
-/// Measured on the H200 (docs/performance.md): in PyTorch each allocation comes from a
-/// different stack than the last, and a lookup in the shared table (a shard lock, its
-/// control bytes, the slot, the stored frames) waited for ~4 cache lines the
-/// framework's own work had evicted; a hit here reads one line of the thread's own.
+/// In PyTorch each allocation comes from a different stack than the last, and a lookup
+/// in the shared table reads a chain of lines (a shard lock, its control bytes, the
+/// slot, the stored frames) that the framework's own work has evicted between two
+/// allocations; a hit here reads one line of the thread's own (docs/performance.md,
+/// "The books' cache traffic").
 pub struct SiteCache {
     slots: [Cell<(u64, u64, u32)>; SITE_CACHE_SLOTS],
 }

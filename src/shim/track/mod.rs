@@ -674,9 +674,7 @@ pub(crate) fn driver_alloc(
         Entry::Top(s) => s,
         Entry::Signal(t, f) => return signal_alloc(t, f, api, kind, &plan, call, made),
         Entry::Through => {
-            let rc = timed(Phase::DrvAllocPre, Phase::DrvAllocReal, &mark, call);
-            timing::charge(Phase::DrvAllocPost, mark.get());
-            return rc;
+            return timed_through(Phase::DrvAllocPre, Phase::DrvAllocReal, &mark, call);
         }
     };
     let t = scope.0;
@@ -694,6 +692,15 @@ fn timed(pre: Phase, real: Phase, mark: &Cell<u64>, call: impl FnOnce() -> c_int
     let t1 = timing::charge(pre, mark.get());
     let rc = call();
     mark.set(timing::charge(real, t1));
+    rc
+}
+
+/// `timed` for a hook passing straight through: its post phase (the one after `real`)
+/// is charged at once.
+#[inline(always)]
+fn timed_through(pre: Phase, real: Phase, mark: &Cell<u64>, call: impl FnOnce() -> c_int) -> c_int {
+    let rc = timed(pre, real, mark, call);
+    timing::charge(real.post(), mark.get());
     rc
 }
 
@@ -805,11 +812,7 @@ pub(crate) fn driver_free(key: Key, call: impl FnOnce() -> c_int) -> c_int {
     let scope = match enter_hook() {
         Entry::Top(s) => s,
         Entry::Signal(t, f) if key.value != 0 => return signal_free(t, f, key, call),
-        _ => {
-            let rc = timed(Phase::DrvFreePre, Phase::DrvFreeReal, &mark, call);
-            timing::charge(Phase::DrvFreePost, mark.get());
-            return rc;
-        }
+        _ => return timed_through(Phase::DrvFreePre, Phase::DrvFreeReal, &mark, call),
     };
     if key.value == 0 {
         return scope.real(call);

@@ -52,28 +52,32 @@ static void work(void)
 }
 
 /* A build with the hook-timing feature: gpuguard's own time per hook phase. */
-static uint64_t hook_base[41];
+#define PHASES 14
+#define HOOK_VALUES (2 * PHASES * 2 + 1)
+static uint64_t hook_base[HOOK_VALUES];
 
 static size_t read_hook_times(uint64_t *v)
 {
     size_t (*times)(uint64_t *, size_t) =
         (size_t (*)(uint64_t *, size_t))dlsym(RTLD_DEFAULT, "gpuguard_bench_hook_times");
-    return times ? times(v, 41) : 0;
+    if (!times || times(NULL, 0) != HOOK_VALUES) return 0;
+    return times(v, HOOK_VALUES);
 }
 
 static void print_hook_times(void)
 {
-    static const char *names[] = {"rt_alloc_pre", "rt_alloc_post", "drv_alloc_pre", "drv_alloc_real",
-                                  "drv_alloc_post", "rt_free_pre", "rt_free_post", "drv_free_pre",
-                                  "drv_free_real", "drv_free_post"};
-    uint64_t v[41] = {0};
-    if (read_hook_times(v) != 41 || v[40] == 0) return;
-    for (int i = 0; i < 40; i++) v[i] -= hook_base[i];
-    double per_ns = (double)v[40] / 1e6;
+    static const char *names[PHASES] = {"rt_alloc_pre", "rt_alloc_post", "drv_alloc_pre", "drv_alloc_real",
+                                        "drv_alloc_post", "rt_free_pre", "rt_free_post", "drv_free_pre",
+                                        "drv_free_real", "drv_free_post", "rec_python", "rec_native",
+                                        "rec_site", "rec_book"};
+    uint64_t v[HOOK_VALUES] = {0};
+    if (read_hook_times(v) != HOOK_VALUES || v[HOOK_VALUES - 1] == 0) return;
+    for (int i = 0; i < HOOK_VALUES - 1; i++) v[i] -= hook_base[i];
+    double per_ns = (double)v[HOOK_VALUES - 1] / 1e6;
     for (int p = 0; p < 2; p++) {
         printf("HOOKTIMES books=%s", p ? "paused" : "on");
-        for (int i = 0; i < 10; i++) {
-            uint64_t c = v[(p * 10 + i) * 2], n = v[(p * 10 + i) * 2 + 1];
+        for (int i = 0; i < PHASES; i++) {
+            uint64_t c = v[(p * PHASES + i) * 2], n = v[(p * PHASES + i) * 2 + 1];
             printf(" %s=%.1f", names[i], n ? (double)c / per_ns / (double)n : 0.0);
         }
         printf("\n");

@@ -185,32 +185,37 @@ class CpuCounters:
 
 HOOK_PHASES = ("rt_alloc_pre", "rt_alloc_post", "drv_alloc_pre", "drv_alloc_real",
                "drv_alloc_post", "rt_free_pre", "rt_free_post", "drv_free_pre",
-               "drv_free_real", "drv_free_post")
+               "drv_free_real", "drv_free_post", "rec_python", "rec_native", "rec_site",
+               "rec_book")
 
 
 def hook_times():
     """A diagnostic build's per-phase hook times (gpuguard_bench_hook_times, built with
-    --features hook-timing), as a list of 41 counts, or None."""
+    --features hook-timing), as a list of counts (the last: ticks per ms), or None."""
     try:
         fn = ctypes.CDLL(None).gpuguard_bench_hook_times
     except (OSError, AttributeError):
         return None
     fn.restype = ctypes.c_size_t
     fn.argtypes = [ctypes.POINTER(ctypes.c_uint64), ctypes.c_size_t]
-    buf = (ctypes.c_uint64 * 41)()
-    return list(buf) if fn(buf, 41) == 41 and buf[40] else None
+    n = fn(None, 0)
+    if n != 2 * len(HOOK_PHASES) * 2 + 1:
+        return None
+    buf = (ctypes.c_uint64 * n)()
+    return list(buf) if fn(buf, n) == n and buf[n - 1] else None
 
 
 def print_hook_times(name, base, end):
     """One HOOKTIMES line: ns per call of each phase, books on and paused."""
     if not base or not end:
         return
-    per_ns = end[40] / 1e6
+    per_ns = end[-1] / 1e6
+    np_ = len(HOOK_PHASES)
     out = {"record": "hook_times", "workload": name}
     for p, mode in enumerate(("on", "paused")):
         for i, ph in enumerate(HOOK_PHASES):
-            c = end[(p * 10 + i) * 2] - base[(p * 10 + i) * 2]
-            n = end[(p * 10 + i) * 2 + 1] - base[(p * 10 + i) * 2 + 1]
+            c = end[(p * np_ + i) * 2] - base[(p * np_ + i) * 2]
+            n = end[(p * np_ + i) * 2 + 1] - base[(p * np_ + i) * 2 + 1]
             out[f"{mode}.{ph}"] = round(c / per_ns / n, 1) if n else None
             out[f"{mode}.{ph}.calls"] = n
     print("HOOKTIMES " + json.dumps(out), flush=True)

@@ -63,8 +63,15 @@ pub(crate) mod timing {
         DrvFreePre,
         DrvFreeReal,
         DrvFreePost,
+        /// The parts of an allocation's record (inside `DrvAllocPost` or
+        /// `RtAllocPost`), charged by `lap`: the Python frames, the native walk, the
+        /// fingerprint and site lookup, then the stamp and the entry.
+        RecPython,
+        RecNative,
+        RecSite,
+        RecBook,
     }
-    pub(crate) const N: usize = 10;
+    pub(crate) const N: usize = 14;
 
     impl Phase {
         /// The phase after a real call's (itself for any other phase).
@@ -101,6 +108,30 @@ pub(crate) mod timing {
             now
         }
 
+        std::thread_local! {
+            /// Where the last `lap` (or `mark`) of this thread ended.
+            static MARK: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+        }
+
+        /// Starts a run of `lap`s on this thread.
+        #[inline(always)]
+        pub(crate) fn mark() {
+            MARK.with(|m| m.set(stamp()));
+        }
+
+        /// Charges `phase` with the time since this thread's last `lap` or `mark`.
+        #[inline(always)]
+        pub(crate) fn lap(phase: Phase) {
+            MARK.with(|m| m.set(charge(phase, m.get())));
+        }
+
+        /// Whether the capture hints are off (`GPUGUARD_BENCH_NO_HINTS` set: the
+        /// diagnostic build's way to time the capture without them).
+        pub(crate) fn hints_off() -> bool {
+            static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+            *OFF.get_or_init(|| std::env::var_os("GPUGUARD_BENCH_NO_HINTS").is_some())
+        }
+
         /// Time-stamp-counter ticks per millisecond, measured over 20 ms now.
         pub(crate) fn ticks_per_ms() -> u64 {
             let (c0, t0) = (stamp(), std::time::Instant::now());
@@ -123,7 +154,7 @@ pub(crate) mod timing {
         }
     }
     #[cfg(feature = "hook-timing")]
-    pub(crate) use on::{charge, read, stamp, ticks_per_ms};
+    pub(crate) use on::{charge, hints_off, lap, mark, read, stamp, ticks_per_ms};
 
     #[cfg(not(feature = "hook-timing"))]
     pub(crate) fn ticks_per_ms() -> u64 {
@@ -144,21 +175,39 @@ pub(crate) mod timing {
 
     #[cfg(not(feature = "hook-timing"))]
     pub(crate) fn read(_out: &mut [u64]) {}
+
+    #[cfg(not(feature = "hook-timing"))]
+    #[inline(always)]
+    pub(crate) fn mark() {}
+
+    #[cfg(not(feature = "hook-timing"))]
+    #[inline(always)]
+    pub(crate) fn hints_off() -> bool {
+        false
+    }
+
+    #[cfg(not(feature = "hook-timing"))]
+    #[inline(always)]
+    pub(crate) fn lap(_phase: Phase) {}
 }
 
 /// Diagnostic (see `timing`): fills `out` (room for `n` values) with the per-phase
 /// time-stamp-counter sums and counts, `[paused][phase][cycles, count]`, then the
 /// counter's ticks per millisecond (measured for 20 ms now), and returns how many
-/// values it wrote (0 in a build without the `hook-timing` feature).
+/// values it wrote (0 in a build without the `hook-timing` feature). With `out` null
+/// it returns how many values a full answer has (0 without the feature).
 ///
 /// # Safety
 /// `out` must point to `n` writable `u64`s (or be null, with `n` 0).
 #[cfg_attr(not(test), unsafe(no_mangle))]
 pub unsafe extern "C" fn gpuguard_bench_hook_times(out: *mut u64, n: usize) -> usize {
-    if !cfg!(feature = "hook-timing") || out.is_null() {
+    let total = 2 * timing::N * 2 + 1;
+    if !cfg!(feature = "hook-timing") {
         return 0;
     }
-    let total = 2 * timing::N * 2 + 1;
+    if out.is_null() {
+        return total;
+    }
     // SAFETY: the caller gives `n` writable values at `out`.
     let out = unsafe { std::slice::from_raw_parts_mut(out, n.min(total)) };
     timing::read(out);

@@ -121,3 +121,17 @@ pub(crate) fn argv() -> Vec<String> {
         })
         .unwrap_or_default()
 }
+
+/// Asks the CPU to bring the cache line holding `addr` near (a hint: no fault, no
+/// effect on what any load returns, whatever the address).
+#[inline(always)]
+pub(crate) fn prefetch(addr: usize) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: a prefetch never faults and changes no architectural state.
+    #[allow(unused_unsafe)]
+    unsafe {
+        core::arch::x86_64::_mm_prefetch::<{ core::arch::x86_64::_MM_HINT_T0 }>(addr as *const i8);
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = addr;
+}

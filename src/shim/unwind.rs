@@ -9,6 +9,7 @@
 //! frame. Every load is checked against the thread's stack bounds: a wrong distance (a
 //! frame of dynamic size) can cut a stack short or misname a frame, never fault.
 
+use std::cell::Cell;
 use std::ffi::{c_int, c_void};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
@@ -34,6 +35,46 @@ const OUTERMOST: u64 = 0xffff;
 fn slot(pc: usize) -> &'static AtomicU64 {
     let h = (pc as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
     &DISTANCES[(h >> 48) as usize & (SLOTS - 1)]
+}
+
+/// The return addresses of gpuguard's own frames a thread's last walk passed, so a
+/// hook can fetch their learned distances before its real call (`track::hints`).
+pub(crate) struct OwnFrames {
+    pcs: [Cell<usize>; OWN_FRAMES],
+}
+
+const OWN_FRAMES: usize = 8;
+
+impl OwnFrames {
+    pub(crate) const fn new() -> OwnFrames {
+        OwnFrames {
+            pcs: [const { Cell::new(0) }; OWN_FRAMES],
+        }
+    }
+
+    #[inline(always)]
+    fn note(&self, i: usize, pc: usize) {
+        if let Some(c) = self.pcs.get(i) {
+            c.set(pc);
+        }
+    }
+
+    /// Fetches the learned distances of the frames noted.
+    #[inline]
+    pub(crate) fn prefetch(&self) {
+        for c in &self.pcs {
+            let pc = c.get();
+            if pc != 0 {
+                prefetch_learned(pc);
+            }
+        }
+    }
+}
+
+/// Asks the CPU to bring near the slot the walk will read for return address `pc`.
+#[inline(always)]
+pub(crate) fn prefetch_learned(pc: usize) {
+    super::sys::prefetch(slot(pc) as *const AtomicU64 as usize);
 }
 
 fn learned(pc: usize) -> Option<u64> {
@@ -184,6 +225,7 @@ pub(crate) fn capture<F: Fn(usize) -> bool>(
     out: &mut [usize],
     bounds: (usize, usize),
     skip: F,
+    own: Option<&OwnFrames>,
 ) -> usize {
     let mut start = Start { cfa: 0, pc: 0 };
     // Without known stack bounds (or on a stack outside them, such as a signal's
@@ -191,7 +233,7 @@ pub(crate) fn capture<F: Fn(usize) -> bool>(
     if bounds.0 < bounds.1 {
         // SAFETY: probe only writes `start` (no `learn_fn`: its state is not read).
         unsafe { probe(&mut start, 0, std::ptr::null_mut()) };
-        if let Some(n) = walk(&start, out, bounds, &skip) {
+        if let Some(n) = walk(&start, out, bounds, &skip, own) {
             if counting() {
                 WALKS.fetch_add(1, Relaxed);
             }
@@ -232,6 +274,7 @@ fn walk<F: Fn(usize) -> bool>(
     out: &mut [usize],
     (lo, hi): (usize, usize),
     skip: &F,
+    own: Option<&OwnFrames>,
 ) -> Option<usize> {
     let (mut cfa, mut pc) = (start.cfa, start.pc);
     if cfa < lo || cfa > hi {
@@ -242,6 +285,7 @@ fn walk<F: Fn(usize) -> bool>(
     }
     // gpuguard's own frames are only at the top: left out, and once past them, no
     // more checks.
+    let mut skipped = 0;
     loop {
         if pc == 0 {
             return Some(0);
@@ -249,6 +293,10 @@ fn walk<F: Fn(usize) -> bool>(
         let units = learned_units(pc)?;
         if !skip(pc) {
             return walk_kept(cfa, pc, units, out, (lo, hi));
+        }
+        if let Some(o) = own {
+            o.note(skipped, pc);
+            skipped += 1;
         }
         if units == OUTERMOST {
             return Some(0);

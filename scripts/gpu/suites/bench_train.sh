@@ -32,7 +32,10 @@
 # (added ns a hooked pair costs, for the call-count bound; default 2000, or bench-micro's
 # figure), GGV_BENCH_TRAIN_PASSTHROUGH_NS (60: a paused pair, MICROBENCH_PAUSE=1),
 # GGV_BENCH_TRAIN_BLOCK_MS (150), GGV_BENCH_TRAIN_BLOCK_STEPS (steps a block, instead
-# of whole passes lasting BLOCK_MS; 1 pairs adjacent identical steps).
+# of whole passes lasting BLOCK_MS; 1 pairs adjacent identical steps), GGV_BENCH_TRAIN_ENV
+# (assignments given to every run, e.g. "GPUGUARD_STACK_DEPTH=0": validate.sh clears
+# every inherited GPUGUARD_* setting but GPUGUARD_LOG, so a setting to measure goes
+# here).
 
 suite_bench_train() {
   suite_begin bench-train 540
@@ -73,6 +76,8 @@ suite_bench_train() {
       [ -n "$conf" ] && export PYTORCH_CUDA_ALLOC_CONF=$conf
       [ -n "$lines" ] && export GPUGUARD_PYTHON=$lines
       [ -n "$preload" ] && export LD_PRELOAD=$preload
+      local kv
+      for kv in ${GGV_BENCH_TRAIN_ENV:-}; do export "${kv?}"; done
       export GPUGUARD_DIR=$d/reports
       exec timeout -k 5 "$((ab + 100 < left ? ab + 100 : left))" "$PY" "$ROOT/scripts/bench/train_bench.py" "$wl" \
         --warmup 32 --ab-blocks 1000000 --ab-seconds "$ab" --block-ms "${GGV_BENCH_TRAIN_BLOCK_MS:-150}" \

@@ -19,6 +19,7 @@
 use super::api::{api, lock};
 use super::layout::{self as read, Layout, builtin};
 use crate::shim::settings::{LogLevel, log, settings};
+use crate::shim::sys::prefetch;
 use gpuguard_core::pylines::{self, Format};
 use gpuguard_core::sites::SiteTable;
 use std::collections::HashMap;
@@ -589,6 +590,45 @@ pub(super) fn stop() {
 
 pub(crate) fn enabled() -> bool {
     STATE.load(Relaxed) == ON
+}
+
+/// This thread's innermost Python frame and where in its code it is (0s for a
+/// thread that runs no Python now): a cheap key of what a capture will find, read
+/// before it (see `track::hints`). The same reads as the first step of `walk`.
+#[inline]
+pub(crate) fn innermost(ts: usize) -> (usize, usize) {
+    if ts == 0 || WALK.load(Relaxed) == WALK_NONE {
+        return (0, 0);
+    }
+    let Some(l) = LAYOUT.get() else {
+        return (0, 0);
+    };
+    // SAFETY: the reads `walk` starts with, each base checked for null and alignment.
+    unsafe {
+        let mut frame = read::word(ts, l.ts_off);
+        if l.ts_deref >= 0 {
+            frame = read::word(frame, l.ts_deref);
+        }
+        (frame, read::word(frame, l.instr_off))
+    }
+}
+
+/// For a Python entry of a captured stack, asks the CPU to bring near the lines of
+/// its code object that `walk` reads (its type, its first line); false for a native
+/// frame. A hint only: nothing is read.
+#[inline]
+pub(crate) fn prefetch_code(entry: usize) -> bool {
+    if !is_python(entry) {
+        return false;
+    }
+    let code = entry & ADDR_MASK;
+    prefetch(code);
+    if let Some(l) = LAYOUT.get()
+        && l.co_firstlineno >= 0
+    {
+        prefetch(code + l.co_firstlineno as usize);
+    }
+    true
 }
 
 pub(crate) fn is_python(entry: usize) -> bool {

@@ -13,7 +13,7 @@ use super::python::frames;
 use super::real::{DRIVER, is_driver_code, own_code};
 use super::settings::config;
 use super::state::{active_books, books, shielded};
-use super::sys::monotonic_ns;
+use super::sys::{monotonic_ns, prefetch};
 use super::{capture, fault, tags, unwind};
 use gpuguard_core::ledger::{Event, Journal, Key, Kind, NO_SITE, Producer, Record};
 use gpuguard_core::sites::{SiteCache, fingerprint};
@@ -22,7 +22,9 @@ use std::ffi::{c_int, c_void};
 use std::mem::MaybeUninit;
 use std::sync::atomic::{AtomicU8, AtomicU64, AtomicUsize, Ordering::*, compiler_fence};
 
+mod hints;
 mod stash;
+use hints::Hints;
 use stash::{Frames, STASH_FRAMES, Stash, drain_stash, signal_alloc, signal_free};
 
 /// A runtime call in progress on this thread: the driver call beneath it takes its
@@ -82,6 +84,11 @@ struct ThreadState {
     /// allocating from the same places each step, skip the shared site table.
     site_cache: SiteCache,
     site_cache_books: Cell<usize>,
+    /// What captures from each place found (`hints`), and the key of the capture
+    /// the hook in progress will make (0: none).
+    hints: Hints,
+    hint_key: Cell<u64>,
+    own_frames: unwind::OwnFrames,
 }
 
 /// Room for the native and Python frames, and the thread's tag (`tags`).
@@ -104,6 +111,9 @@ thread_local! {
             producer: Cell::new(Producer::new()),
             site_cache: SiteCache::new(),
             site_cache_books: Cell::new(0),
+            hints: Hints::new(),
+            hint_key: Cell::new(0),
+            own_frames: unwind::OwnFrames::new(),
         }
     };
     /// Gives the thread's journal back when the thread ends (apart from `THREAD`,
@@ -283,7 +293,7 @@ fn nested(t: &'static ThreadState) -> Entry {
         n: 0,
     };
     if t.in_real.get() {
-        f.n = unwind::capture(&mut f.pcs, t.stack.get(), own_code()) as u8;
+        f.n = unwind::capture(&mut f.pcs, t.stack.get(), own_code(), None) as u8;
         // Unknown caller or unknown driver range: as before, straight through.
         match f.pcs[..f.n as usize].first() {
             Some(&pc) if is_driver_code(pc) == Some(false) => {}
@@ -420,12 +430,15 @@ fn capture_site_at(books: &Books, t: &ThreadState, depth: usize) -> u32 {
     } else {
         0
     };
+    timing::lap(Phase::RecPython);
     let native = if py_n > 0 { cut } else { depth };
     let mut n = unwind::capture(
         &mut pcs[..native.min(MAX_FRAMES)],
         stack_bounds(t),
         own_code(),
+        Some(&t.own_frames),
     );
+    timing::lap(Phase::RecNative);
     if py_n > 0 {
         if n < cut {
             pcs.copy_within(cut..cut + py_n, n);
@@ -441,15 +454,23 @@ fn capture_site_at(books: &Books, t: &ThreadState, depth: usize) -> u32 {
     if n == 0 {
         return NO_SITE;
     }
-    // The thread's cache of its stacks (by fingerprint) names most of them without
-    // the shared site table.
     let here = books as *const Books as usize;
-    let fp = fingerprint(&pcs[..n]);
     if t.site_cache_books.get() != here {
         t.site_cache.clear();
+        t.hints.clear();
         t.site_cache_books.set(here);
     }
-    match t.site_cache.get(fp) {
+    // The very stack the hook's hint holds: its site, with nothing more to read.
+    let key = t.hint_key.replace(0);
+    if key != 0
+        && let Some(id) = t.hints.site(key, &pcs[..n])
+    {
+        return id;
+    }
+    // The thread's cache of its stacks (by fingerprint) names most of them without
+    // the shared site table.
+    let fp = fingerprint(&pcs[..n]);
+    let id = match t.site_cache.get(fp) {
         Some(id) => id,
         None => {
             let (id, new) = books.sites.intern_new(&pcs[..n]);
@@ -460,6 +481,62 @@ fn capture_site_at(books: &Books, t: &ThreadState, depth: usize) -> u32 {
             t.site_cache.put(fp, id);
             id
         }
+    };
+    if key != 0 {
+        t.hints.put(key, &pcs[..n], id);
+    }
+    id
+}
+
+/// The key of a capture from this hook: its stack depth (the native path that
+/// reached it, mostly) and the innermost Python frame with its instruction.
+#[inline(always)]
+fn hint_key_here() -> u64 {
+    let here = 0u8;
+    let sp = std::hint::black_box(&here) as *const u8 as usize;
+    hints::key(sp, frames::innermost(frames::thread_state()))
+}
+
+/// A runtime allocation's first step: the key of the capture the driver hook beneath
+/// will make, and its hint fetched while the runtime works its way down.
+#[inline]
+fn hint_runtime(t: &ThreadState) {
+    if t.driver_depth.get() != 0
+        || bench_switch::paused()
+        || config().stack_depth == 0
+        || timing::hints_off()
+    {
+        return;
+    }
+    let key = hint_key_here();
+    t.hint_key.set(key);
+    t.hints.prefetch_hint(key);
+}
+
+/// Before an allocation's real call: the key of the capture that will follow it,
+/// and the lines the last capture from there read, fetched while the driver works
+/// (`hints`). Also the thread's next journal slot.
+#[inline]
+fn hint_ahead(t: &ThreadState) {
+    if config().stack_depth == 0 || timing::hints_off() {
+        return;
+    }
+    // Under a runtime call its hook made the key (and fetched the hint).
+    let key = match t.hint_key.get() {
+        k if k != 0 && t.runtime.get().active => k,
+        _ => {
+            let k = hint_key_here();
+            t.hint_key.set(k);
+            k
+        }
+    };
+    t.hints.prefetch(key);
+    t.own_frames.prefetch();
+    if let Some(j) = t.journal.get() {
+        // An entry may straddle two lines.
+        let slot = j.slot_addr(&t.producer.get());
+        prefetch(slot);
+        prefetch(slot + 47);
     }
 }
 
@@ -525,6 +602,7 @@ fn record(
     reserved: bool,
 ) {
     fault::point("record");
+    timing::mark();
     let label = claim_for_runtime(t, api);
     let rec = Record {
         bytes: made.bytes,
@@ -536,12 +614,14 @@ fn record(
         kind,
         api: label,
     };
+    timing::lap(Phase::RecSite);
     if reserved {
         book_alloc(t, books, made.key, rec, false);
     } else {
         books.note_device(device);
         books.ledger.insert(made.key, rec);
     }
+    timing::lap(Phase::RecBook);
 }
 
 /// Stream-ordered pools take memory from the driver in chunks of (at least) this size;
@@ -678,6 +758,7 @@ pub(crate) fn driver_alloc(
         }
     };
     let t = scope.0;
+    hint_ahead(t);
     let call = || scope.real(|| timed(Phase::DrvAllocPre, Phase::DrvAllocReal, &mark, call));
     let rc = driver_alloc_body(t, api, kind, plan, call, made);
     timing::charge(Phase::DrvAllocPost, mark.get());
@@ -981,9 +1062,10 @@ pub(crate) fn runtime_alloc(
     made: impl FnOnce() -> Option<Made>,
 ) -> c_int {
     let mark = Cell::new(timing::stamp());
+    let t = thread();
+    hint_runtime(t);
     let (rc, frame) =
         in_runtime_frame(api, None, 0, || timed_outer(Phase::RtAllocPre, &mark, call));
-    let t = thread();
     // Inside a hook (a signal handler's call) the books cannot be touched here.
     if rc == SUCCESS && !frame.seen && t.driver_depth.get() == 0 {
         let _busy = hold(t);

@@ -221,6 +221,13 @@ impl Journal {
         true
     }
 
+    /// Where the owner's next entry goes (an address, for a prefetch hint).
+    #[inline]
+    pub fn slot_addr(&self, p: &Producer) -> usize {
+        let mask = self.slots.len() as u64 - 1;
+        &self.slots[(p.head & mask) as usize] as *const [AtomicU64; WORDS] as usize
+    }
+
     /// Entries published and not yet applied.
     pub fn pending(&self) -> u64 {
         self.head

@@ -503,6 +503,7 @@ fn hint_key_here() -> u64 {
 fn hint_runtime(t: &ThreadState) {
     if t.driver_depth.get() != 0
         || bench_switch::paused()
+        || active_books().is_none()
         || config().stack_depth == 0
         || timing::hints_off()
     {
@@ -518,7 +519,8 @@ fn hint_runtime(t: &ThreadState) {
 /// (`hints`). Also the thread's next journal slot.
 #[inline]
 fn hint_ahead(t: &ThreadState) {
-    if config().stack_depth == 0 || timing::hints_off() {
+    // Not before activation: the settings and the Python side are read only after.
+    if active_books().is_none() || config().stack_depth == 0 || timing::hints_off() {
         return;
     }
     // Under a runtime call its hook made the key (and fetched the hint).

@@ -932,12 +932,20 @@ def _gg_in_hook():
 
 
 def _gg_timer(delay, fn):
+    """Runs fn on a daemon thread of gpuguard's after delay seconds. Whatever it
+    raises is dropped: gpuguard's own thread never prints a traceback into the
+    program (at interpreter shutdown the modules it uses may already be gone)."""
     import threading
+    import time
 
-    timer = threading.Timer(delay, fn)
-    timer.daemon = True
-    timer.name = "gpuguard-window"
-    timer.start()
+    def run():
+        try:
+            time.sleep(delay)
+            fn()
+        except BaseException:  # noqa: BLE001
+            pass
+
+    threading.Thread(target=run, name="gpuguard-window", daemon=True).start()
 
 
 def _gg_main_setup():

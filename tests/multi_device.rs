@@ -510,6 +510,10 @@ fn two_ranks_leak_on_rank_1_only() {
     let (p0, p1) = (r0.id(), r1.id());
     let o0 = wait_for_line(&mut r0, "WAITING");
     let o1 = wait_for_line(&mut r1, "WAITING");
+    // Rank 1 ends at once: its leak grew in every step, and snapshots taken while it
+    // waited (as long as the trim of rank 0 below takes) would show intervals
+    // without growth, as many as the wait is long.
+    drop(r1.stdin.take());
 
     let trim = Command::new(cli())
         .args(["trim", &p0.to_string(), "--timeout", "30"])
@@ -524,7 +528,6 @@ fn two_ranks_leak_on_rank_1_only() {
     assert!(trim_out.contains(&format!("process {p0}")), "{trim_out}");
 
     drop(r0.stdin.take());
-    drop(r1.stdin.take());
     let deadline = Instant::now() + Duration::from_secs(30);
     for c in [&mut r0, &mut r1] {
         while c.try_wait().unwrap().is_none() {

@@ -46,3 +46,38 @@ fn the_demo_s_leak_is_one_site() {
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("24.0 MiB in 3"), "{text}");
 }
+
+/// Two functions alike, called in turn from one loop, reach the runtime hook at the
+/// same stack depth: one key of the capture hints (`track::hints`), whose hint holds
+/// the other function's stack each time. Each function keeps a site of its own, with
+/// all of its allocations.
+#[test]
+fn twins_at_one_stack_depth_keep_their_own_sites() {
+    let n = 6u64;
+    let r = gg_run("gg", &["twins", &n.to_string()], &[]);
+    assert!(r.status.success(), "{}", r.describe());
+    let (_, rep) = exit_report(&r);
+    let site_of = |name: &str| -> Vec<serde_json::Value> {
+        rep["sites"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|s| {
+                s["frames"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .any(|f| f.as_str().unwrap().contains(name))
+            })
+            .cloned()
+            .collect()
+    };
+    let (a, b) = (site_of("twin_a"), site_of("twin_b"));
+    assert_eq!(a.len(), 1, "{a:#?}");
+    assert_eq!(b.len(), 1, "{b:#?}");
+    assert_ne!(a[0]["id"], b[0]["id"]);
+    assert_eq!(a[0]["live_count"], n);
+    assert_eq!(a[0]["live_bytes"], 2 * MIB * n);
+    assert_eq!(b[0]["live_count"], n);
+    assert_eq!(b[0]["live_bytes"], MIB * n);
+}

@@ -37,7 +37,8 @@
 # python3 with torch, jax, cupy; nvcc; nvidia-smi. No network, no cargo.
 #
 # Every run is under LD_PRELOAD=<repo>/target/release/libgpuguard.so and its own
-# GPUGUARD_DIR; no GPUGUARD_* setting but GPUGUARD_LOG is inherited.
+# GPUGUARD_DIR; no GPUGUARD_* setting but GPUGUARD_LOG is inherited (bench-train takes
+# the settings to measure through GGV_BENCH_TRAIN_ENV).
 #
 # Results in $OUT (default /tmp/ggv-out; 4 files, plus bench-micro's 2, bench-train's 1
 # and command's 2: at most 8 unless all three run in one call; each far below 16 MiB):

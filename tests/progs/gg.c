@@ -440,6 +440,37 @@ static int mode_leak(int argc, char **argv)
     return 0;
 }
 
+/* ---- twins N: N allocations each from two functions alike, called in turn from one
+ * loop, so the runtime hook finds the same stack depth for both (one capture hint's
+ * key): each keeps its own site ---- */
+__attribute__((noinline, noclone)) void *twin_a(size_t bytes)
+{
+    void *p = NULL;
+    MUST(cudaMalloc(&p, bytes));
+    __asm__ volatile("" ::: "memory");
+    return p;
+}
+
+__attribute__((noinline, noclone)) void *twin_b(size_t bytes)
+{
+    void *p = NULL;
+    MUST(cudaMalloc(&p, bytes));
+    __asm__ volatile("" ::: "memory");
+    return p;
+}
+
+static int mode_twins(int argc, char **argv)
+{
+    int n = argc > 1 ? atoi(argv[1]) : 4;
+    gg_setup(0);
+    for (int i = 0; i < 2 * n; i++) {
+        void *p = (i & 1) ? twin_b(MiB) : twin_a(2 * MiB);
+        alloc_line((uintptr_t)p, (i & 1) ? MiB : 2 * MiB, 0, "device");
+    }
+    finish();
+    return 0;
+}
+
 /* ---- threads N ITERS: concurrent allocation through every path ---- */
 typedef CUresult (*alloc_fn)(CUdeviceptr *, size_t);
 typedef CUresult (*free_fn)(CUdeviceptr);
@@ -855,6 +886,7 @@ static const struct gg_mode g_modes[] = {
     {"fail", mode_fail},
     {"oom", mode_oom},
     {"leak", mode_leak},
+    {"twins", mode_twins},
     {"threads", mode_threads},
     {"short", mode_short},
     {"fork", mode_fork},

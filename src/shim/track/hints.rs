@@ -168,7 +168,7 @@ mod tests {
         h.put(k, &long, 2);
         assert_eq!(h.site(k, &long), None);
         assert_eq!(h.site(k, &[5; 4]), None, "the old hint at that key is gone");
-        // Prefetching an empty or long-dropped hint reads nothing it must not.
+        // Fetching for a dropped hint does nothing (no stale stack is fetched for).
         h.prefetch(k);
     }
 

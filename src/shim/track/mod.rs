@@ -1068,6 +1068,9 @@ pub(crate) fn runtime_alloc(
     hint_runtime(t);
     let (rc, frame) =
         in_runtime_frame(api, None, 0, || timed_outer(Phase::RtAllocPre, &mark, call));
+    // A key the driver hook beneath did not use (its call failed) is not left for
+    // the next hook to find.
+    t.hint_key.set(0);
     // Inside a hook (a signal handler's call) the books cannot be touched here.
     if rc == SUCCESS && !frame.seen && t.driver_depth.get() == 0 {
         let _busy = hold(t);

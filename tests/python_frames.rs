@@ -233,3 +233,59 @@ fn a_thread_with_a_thread_state_but_no_python_keeps_its_native_frames() {
         );
     }
 }
+
+/// One allocating line reached three ways at one stack depth (so one memo key):
+/// each allocation is named by its own outer frames, and after the first of each
+/// way the capture is answered by its memo (`GPUGUARD_LOG=debug` counts them).
+#[test]
+fn stacks_that_differ_only_in_outer_frames_keep_their_own_sites() {
+    let s = "two_callers.py";
+    let line = |m: &str| format!("{s}:{} in ", marked_line(s, m));
+    let (leaf, a, b) = (line("LEAF-LINE"), line("A-LINE"), line("B-LINE"));
+    let (a1, bc, a3) = (line("A1-CALL"), line("B-CALL"), line("A3-CALL"));
+    let n = 40usize;
+    for py in pythons() {
+        let v = version(&py);
+        let r = run_python(
+            &py,
+            s,
+            &[&n.to_string()],
+            &[("GPUGUARD_LOG", "debug")],
+            true,
+        );
+        r.assert_ok();
+        let live = frames_by_size(&exit_report(&r));
+        assert_eq!(live.len(), 3 * n, "python {v}");
+        for (bytes, frames) in &live {
+            let want: [&str; 3] = match bytes / MIB {
+                1 => [&leaf, &a, &a1],
+                2 => [&leaf, &b, &bc],
+                _ => [&leaf, &a, &a3],
+            };
+            let py_frames: Vec<&String> = frames
+                .iter()
+                .filter(|f| f.starts_with("python: "))
+                .collect();
+            assert_eq!(py_frames.len(), 3, "python {v}: {frames:#?}");
+            for (f, w) in py_frames.iter().zip(want) {
+                assert!(
+                    f.contains(w),
+                    "python {v}: {bytes} bytes, {w:?}: {frames:#?}"
+                );
+            }
+        }
+        let remembered: usize = r
+            .stderr
+            .lines()
+            .find_map(|l| l.split("stack captures: ").nth(1))
+            .and_then(|t| t.split(' ').next())
+            .and_then(|t| t.parse().ok())
+            .unwrap_or_else(|| panic!("python {v}: no count\n{}", r.stderr));
+        // Each way's first capture walks (and the first few learn); all the
+        // others are answered by their memos.
+        assert!(
+            remembered >= 3 * n - 12,
+            "python {v}: {remembered} remembered"
+        );
+    }
+}

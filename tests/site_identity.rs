@@ -48,13 +48,18 @@ fn the_demo_s_leak_is_one_site() {
 }
 
 /// Two functions alike, called in turn from one loop, reach the runtime hook at the
-/// same stack depth: one key of the capture hints (`track::hints`), whose hint holds
-/// the other function's stack each time. Each function keeps a site of its own, with
-/// all of its allocations.
+/// same stack depth: one key of the capture memos (`track::memo`), which must tell
+/// the two stacks apart. Each function keeps a site of its own, with all of its
+/// allocations, and after the first few captures each is answered by its memo
+/// (`GPUGUARD_LOG=debug` counts them).
 #[test]
 fn twins_at_one_stack_depth_keep_their_own_sites() {
-    let n = 6u64;
-    let r = gg_run("gg", &["twins", &n.to_string()], &[]);
+    let n = 20u64;
+    let r = gg_run(
+        "gg",
+        &["twins", &n.to_string()],
+        &[("GPUGUARD_LOG", "debug")],
+    );
     assert!(r.status.success(), "{}", r.describe());
     let (_, rep) = exit_report(&r);
     let site_of = |name: &str| -> Vec<serde_json::Value> {
@@ -80,4 +85,16 @@ fn twins_at_one_stack_depth_keep_their_own_sites() {
     assert_eq!(a[0]["live_bytes"], 2 * MIB * n);
     assert_eq!(b[0]["live_count"], n);
     assert_eq!(b[0]["live_bytes"], MIB * n);
+    let remembered: u64 = r
+        .stderr
+        .lines()
+        .find_map(|l| l.split("stack captures: ").nth(1))
+        .and_then(|t| t.split(' ').next())
+        .and_then(|t| t.parse().ok())
+        .unwrap_or_else(|| panic!("no count\n{}", r.stderr));
+    assert!(
+        remembered >= 2 * n - 6,
+        "{remembered} remembered\n{}",
+        r.stderr
+    );
 }

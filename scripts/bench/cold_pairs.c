@@ -52,7 +52,7 @@ static void work(void)
 }
 
 /* A build with the hook-timing feature: gpuguard's own time per hook phase. */
-#define PHASES 14
+#define PHASES 15
 #define HOOK_VALUES (2 * PHASES * 2 + 1)
 static uint64_t hook_base[HOOK_VALUES];
 
@@ -69,7 +69,7 @@ static void print_hook_times(void)
     static const char *names[PHASES] = {"rt_alloc_pre", "rt_alloc_post", "drv_alloc_pre", "drv_alloc_real",
                                         "drv_alloc_post", "rt_free_pre", "rt_free_post", "drv_free_pre",
                                         "drv_free_real", "drv_free_post", "rec_python", "rec_native",
-                                        "rec_site", "rec_book"};
+                                        "rec_site", "rec_book", "rec_memo"};
     uint64_t v[HOOK_VALUES] = {0};
     if (read_hook_times(v) != HOOK_VALUES || v[HOOK_VALUES - 1] == 0) return;
     for (int i = 0; i < HOOK_VALUES - 1; i++) v[i] -= hook_base[i];

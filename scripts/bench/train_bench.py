@@ -186,7 +186,7 @@ class CpuCounters:
 HOOK_PHASES = ("rt_alloc_pre", "rt_alloc_post", "drv_alloc_pre", "drv_alloc_real",
                "drv_alloc_post", "rt_free_pre", "rt_free_post", "drv_free_pre",
                "drv_free_real", "drv_free_post", "rec_python", "rec_native", "rec_site",
-               "rec_book")
+               "rec_book", "rec_memo")
 
 
 def hook_times():

@@ -5,7 +5,7 @@
 # $OUT/async_split.tar.gz. Needs target/release/libgpuguard.so and
 # target/timing/release/libgpuguard.so (cargo build --release --features hook-timing
 # with CARGO_TARGET_DIR=target/timing).
-#   NO_HINTS_TOO=1 adds the timing build with its capture hints off; SKIP_STACKS_OFF=1
+#   NO_MEMOS_TOO=1 adds the timing build with its capture memos off; SKIP_STACKS_OFF=1
 #   leaves out the stacks-off runs.
 #   AB_S (60) seconds of A/B blocks for each full build's run; TM_S (30) for the timing build's.
 set -u
@@ -28,6 +28,6 @@ run default "$AB_S"
 [ -n "${SKIP_STACKS_OFF:-}" ] || run stacks_off "$AB_S" GGV_BENCH_TRAIN_ENV=GPUGUARD_STACK_DEPTH=0
 run timing "$TM_S" GGV_LIB="$TL"
 [ -n "${SKIP_STACKS_OFF:-}" ] || run timing_stacks_off "$((TM_S * 2 / 3))" GGV_LIB="$TL" GGV_BENCH_TRAIN_ENV=GPUGUARD_STACK_DEPTH=0
-# The same timing build with the capture hints off (a diagnostic switch of that build).
-[ -z "${NO_HINTS_TOO:-}" ] || run timing_no_hints "$TM_S" GGV_LIB="$TL" GGV_BENCH_TRAIN_ENV=GPUGUARD_BENCH_NO_HINTS=1
+# The same timing build with the capture memos off (a diagnostic switch of that build).
+[ -z "${NO_MEMOS_TOO:-}" ] || run timing_no_memos "$TM_S" GGV_LIB="$TL" GGV_BENCH_TRAIN_ENV=GPUGUARD_BENCH_NO_MEMOS=1
 tar czf "${OUT:-/tmp/ggv-out}/async_split.tar.gz" -C "$O/.." split

@@ -65,13 +65,15 @@ pub(crate) mod timing {
         DrvFreePost,
         /// The parts of an allocation's record (inside `DrvAllocPost` or
         /// `RtAllocPost`), charged by `lap`: the Python frames, the native walk, the
-        /// fingerprint and site lookup, then the stamp and the entry.
+        /// fingerprint and site lookup, then the stamp and the entry; or, for a
+        /// capture its memo answered (`track::memo`), the check of the memo.
         RecPython,
         RecNative,
         RecSite,
         RecBook,
+        RecMemo,
     }
-    pub(crate) const N: usize = 14;
+    pub(crate) const N: usize = 15;
 
     impl Phase {
         /// The phase after a real call's (itself for any other phase).
@@ -125,11 +127,11 @@ pub(crate) mod timing {
             MARK.with(|m| m.set(charge(phase, m.get())));
         }
 
-        /// Whether the capture hints are off (`GPUGUARD_BENCH_NO_HINTS` set: the
+        /// Whether the capture memos are off (`GPUGUARD_BENCH_NO_MEMOS` set: the
         /// diagnostic build's way to time the capture without them).
-        pub(crate) fn hints_off() -> bool {
+        pub(crate) fn memos_off() -> bool {
             static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-            *OFF.get_or_init(|| std::env::var_os("GPUGUARD_BENCH_NO_HINTS").is_some())
+            *OFF.get_or_init(|| std::env::var_os("GPUGUARD_BENCH_NO_MEMOS").is_some())
         }
 
         /// Time-stamp-counter ticks per millisecond, measured over 20 ms now.
@@ -154,7 +156,7 @@ pub(crate) mod timing {
         }
     }
     #[cfg(feature = "hook-timing")]
-    pub(crate) use on::{charge, hints_off, lap, mark, read, stamp, ticks_per_ms};
+    pub(crate) use on::{charge, lap, mark, memos_off, read, stamp, ticks_per_ms};
 
     #[cfg(not(feature = "hook-timing"))]
     pub(crate) fn ticks_per_ms() -> u64 {
@@ -182,7 +184,7 @@ pub(crate) mod timing {
 
     #[cfg(not(feature = "hook-timing"))]
     #[inline(always)]
-    pub(crate) fn hints_off() -> bool {
+    pub(crate) fn memos_off() -> bool {
         false
     }
 

@@ -98,7 +98,8 @@ extern "C" fn at_exit() {
         log(
             LogLevel::Debug,
             format_args!(
-                "stack captures: {} walked, {} full unwinds",
+                "stack captures: {} remembered, {} walked, {} full unwinds",
+                unwind::REMEMBERED.load(Relaxed),
                 unwind::WALKS.load(Relaxed),
                 unwind::FULL_UNWINDS.load(Relaxed)
             ),

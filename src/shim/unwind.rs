@@ -118,6 +118,46 @@ fn learn(pc: usize, distance: u64) {
 /// Captures that had to learn (full unwinds) and that walked, for `GPUGUARD_LOG=debug`.
 pub(crate) static FULL_UNWINDS: AtomicU64 = AtomicU64::new(0);
 pub(crate) static WALKS: AtomicU64 = AtomicU64::new(0);
+/// Captures a memo answered without a walk (`track::memo`), for the same log line.
+pub(crate) static REMEMBERED: AtomicU64 = AtomicU64::new(0);
+
+/// Most return addresses a walk notes where it read them (`StackReads`).
+pub(crate) const STACK_READS: usize = 32;
+
+/// Where a fast walk read each return address, and what it found there: with the
+/// table of learned distances (a property of the return addresses alone), these
+/// reads decide the whole walk, so a walk that would read the same values at the
+/// same addresses finds the same stack (`track::memo`). `ok` only after a fast walk
+/// that noted all its reads; never after a full unwind.
+pub(crate) struct StackReads {
+    pub(crate) at: [usize; STACK_READS],
+    pub(crate) val: [usize; STACK_READS],
+    pub(crate) n: usize,
+    pub(crate) ok: bool,
+}
+
+impl StackReads {
+    pub(crate) const fn new() -> StackReads {
+        StackReads {
+            at: [0; STACK_READS],
+            val: [0; STACK_READS],
+            n: 0,
+            ok: false,
+        }
+    }
+}
+
+/// Notes one read of the walk, if reads are noted.
+#[inline(always)]
+fn note_read(reads: &mut Option<&mut StackReads>, at: usize, val: usize) {
+    if let Some(r) = reads {
+        if let (Some(a), Some(v)) = (r.at.get_mut(r.n), r.val.get_mut(r.n)) {
+            *a = at;
+            *v = val;
+        }
+        r.n += 1;
+    }
+}
 
 /// Where a walk starts: the CFA of `probe`'s frame and its return address.
 #[repr(C)]
@@ -192,7 +232,7 @@ unsafe extern "C" fn each_frame(ctx: *mut c_void, arg: *mut c_void) -> c_int {
     0 // _URC_NO_REASON
 }
 
-fn counting() -> bool {
+pub(crate) fn counting() -> bool {
     super::settings::config().log >= gpuguard_core::config::LogLevel::Debug
 }
 
@@ -220,20 +260,30 @@ pub(crate) fn stack_bounds() -> (usize, usize) {
 /// out those `skip` rejects (gpuguard's own frames); returns how many. `bounds` is the
 /// thread's stack. Walks from what was learned; learns, with a full unwind, on a
 /// return address it has not met. Generic in `skip` so the fast walk tests it inline.
+/// `reads`, if given, gets the fast walk's reads (`StackReads`).
 #[inline(never)]
 pub(crate) fn capture<F: Fn(usize) -> bool>(
     out: &mut [usize],
     bounds: (usize, usize),
     skip: F,
     own: Option<&OwnFrames>,
+    reads: Option<&mut StackReads>,
 ) -> usize {
+    let mut reads = reads;
+    if let Some(r) = &mut reads {
+        r.n = 0;
+        r.ok = false;
+    }
     let mut start = Start { cfa: 0, pc: 0 };
     // Without known stack bounds (or on a stack outside them, such as a signal's
     // alternate stack) every capture is a full unwind.
     if bounds.0 < bounds.1 {
         // SAFETY: probe only writes `start` (no `learn_fn`: its state is not read).
         unsafe { probe(&mut start, 0, std::ptr::null_mut()) };
-        if let Some(n) = walk(&start, out, bounds, &skip, own) {
+        if let Some(n) = walk(&start, out, bounds, &skip, own, &mut reads) {
+            if let Some(r) = reads {
+                r.ok = r.n <= STACK_READS;
+            }
             if counting() {
                 WALKS.fetch_add(1, Relaxed);
             }
@@ -275,6 +325,7 @@ fn walk<F: Fn(usize) -> bool>(
     (lo, hi): (usize, usize),
     skip: &F,
     own: Option<&OwnFrames>,
+    reads: &mut Option<&mut StackReads>,
 ) -> Option<usize> {
     let (mut cfa, mut pc) = (start.cfa, start.pc);
     if cfa < lo || cfa > hi {
@@ -292,7 +343,7 @@ fn walk<F: Fn(usize) -> bool>(
         }
         let units = learned_units(pc)?;
         if !skip(pc) {
-            return walk_kept(cfa, pc, units, out, (lo, hi));
+            return walk_kept(cfa, pc, units, out, (lo, hi), reads);
         }
         if let Some(o) = own {
             o.note(skipped, pc);
@@ -308,6 +359,7 @@ fn walk<F: Fn(usize) -> bool>(
         }
         // SAFETY: cfa - 8 lies within this thread's stack (checked above).
         pc = unsafe { ((cfa - 8) as *const usize).read() };
+        note_read(reads, cfa - 8, pc);
     }
 }
 
@@ -320,6 +372,7 @@ fn walk_kept(
     mut units: u64,
     out: &mut [usize],
     (lo, hi): (usize, usize),
+    reads: &mut Option<&mut StackReads>,
 ) -> Option<usize> {
     let mut n = 0;
     loop {
@@ -335,6 +388,7 @@ fn walk_kept(
         }
         // SAFETY: cfa - 8 lies within this thread's stack (checked above).
         pc = unsafe { ((cfa - 8) as *const usize).read() };
+        note_read(reads, cfa - 8, pc);
         if pc == 0 {
             return Some(n);
         }

@@ -307,10 +307,76 @@ pub(crate) fn thread_state() -> usize {
     }
 }
 
+/// Frames a walk notes (`Visits`); a walk that visits more is not noted.
+pub(crate) const VISITS: usize = 24;
+/// What a walk made of a frame it skipped as the interpreter's entry frame (a code
+/// object's address is 8-aligned: never this).
+const SKIPPED_ENTRY: usize = 1;
+/// The caller of a walk's last frame when the walk stopped with its room full,
+/// before reading it (frames are 8-aligned: never this).
+const NOT_READ: usize = usize::MAX;
+
+/// The frames a walk visited and what it made of each, for a memo of the walk
+/// (`track::memo`): `same_walk` tells whether a walk now would find the same.
+#[derive(Clone)]
+pub(crate) struct Visits {
+    /// The word at the thread state's `ts_off`, where the layout dereferences it.
+    holder: usize,
+    /// The innermost frame (0: none).
+    first: usize,
+    frames: [usize; VISITS],
+    /// Per frame: its entry (kept); its code's address (skipped: code without a
+    /// source); `SKIPPED_ENTRY`.
+    made: [usize; VISITS],
+    n: usize,
+    /// What the last frame's caller link held when read (`NOT_READ`: not read).
+    end: usize,
+    /// The walk ended in a way `same_walk` can repeat, with every frame noted.
+    ok: bool,
+}
+
+impl Visits {
+    pub(crate) const fn new() -> Visits {
+        Visits {
+            holder: 0,
+            first: 0,
+            frames: [0; VISITS],
+            made: [0; VISITS],
+            n: 0,
+            end: NOT_READ,
+            ok: false,
+        }
+    }
+
+    pub(crate) fn ok(&self) -> bool {
+        self.ok
+    }
+
+    /// The frames visited (for fetching their lines ahead of a check).
+    pub(crate) fn frames(&self) -> &[usize] {
+        &self.frames[..self.n.min(VISITS)]
+    }
+
+    #[inline(always)]
+    fn visit(&mut self, frame: usize, made: usize) {
+        if let (Some(f), Some(m)) = (self.frames.get_mut(self.n), self.made.get_mut(self.n)) {
+            *f = frame;
+            *m = made;
+        }
+        self.n += 1;
+    }
+}
+
 /// Appends the Python frames of this thread's state `ts` (innermost first) to
-/// `out`; returns how many. No lock, no allocation, no call into Python.
+/// `out`; returns how many. No lock, no allocation, no call into Python. `visits`,
+/// if given, gets the frames visited (`Visits`).
 #[inline]
-pub(crate) fn walk(ts: usize, out: &mut [usize]) -> usize {
+pub(crate) fn walk(ts: usize, out: &mut [usize], visits: Option<&mut Visits>) -> usize {
+    let mut visits = visits;
+    if let Some(v) = &mut visits {
+        v.ok = false;
+        v.n = 0;
+    }
     if out.is_empty() || ts == 0 {
         return 0;
     }
@@ -324,28 +390,21 @@ pub(crate) fn walk(ts: usize, out: &mut [usize]) -> usize {
     // SAFETY: reads of this thread's own thread state at offsets known or measured
     // for this interpreter (`ts_off` not negative: `walk_kind`), each pointer
     // checked for null and alignment first.
-    let frame = unsafe {
-        let frame = read::word(ts, l.ts_off);
+    let (holder, frame) = unsafe {
+        let holder = read::word(ts, l.ts_off);
         if l.ts_deref >= 0 {
-            read::word(frame, l.ts_deref)
+            (holder, read::word(holder, l.ts_deref))
         } else {
-            frame
+            (holder, holder)
         }
     };
+    if let Some(v) = &mut visits {
+        v.holder = holder;
+        v.first = frame;
+    }
     // SAFETY: the offsets the specialised walks read at are not negative
     // (`walk_kind`: the frame offsets, and those its bits say).
-    let n = unsafe {
-        match kind {
-            7 => walk_from::<true, true, true>(frame, l, out),
-            3 => walk_from::<true, true, false>(frame, l, out),
-            5 => walk_from::<true, false, true>(frame, l, out),
-            1 => walk_from::<true, false, false>(frame, l, out),
-            6 => walk_from::<false, true, true>(frame, l, out),
-            2 => walk_from::<false, true, false>(frame, l, out),
-            4 => walk_from::<false, false, true>(frame, l, out),
-            _ => walk_from::<false, false, false>(frame, l, out),
-        }
-    };
+    let n = unsafe { walk_kind_from(kind, frame, l, out, &mut visits) };
     if n > 0 && !CONFIRMED.load(Relaxed) {
         CONFIRMED.store(true, Relaxed);
     }
@@ -362,25 +421,71 @@ pub(crate) fn walk(ts: usize, out: &mut [usize]) -> usize {
 /// # Safety
 /// `l` is the published layout, with the offsets above not negative; `frame` is what
 /// the thread state holds as its current frame; `out` is not empty.
+/// `walk_from` specialised as `kind` (`walk_kind`) says.
+///
+/// # Safety
+/// As `walk_from`'s, for the layout `kind` was made from.
+#[inline(always)]
+unsafe fn walk_kind_from(
+    kind: u8,
+    frame: usize,
+    l: &Layout,
+    out: &mut [usize],
+    visits: &mut Option<&mut Visits>,
+) -> usize {
+    // SAFETY: per the caller.
+    unsafe {
+        match kind {
+            7 => walk_from::<true, true, true>(frame, l, out, visits),
+            3 => walk_from::<true, true, false>(frame, l, out, visits),
+            5 => walk_from::<true, false, true>(frame, l, out, visits),
+            1 => walk_from::<true, false, false>(frame, l, out, visits),
+            6 => walk_from::<false, true, true>(frame, l, out, visits),
+            2 => walk_from::<false, true, false>(frame, l, out, visits),
+            4 => walk_from::<false, false, true>(frame, l, out, visits),
+            _ => walk_from::<false, false, false>(frame, l, out, visits),
+        }
+    }
+}
+
+/// A kept frame's entry: its code and where in it the frame is.
+///
+/// # Safety
+/// `frame` is a frame of the layout `l` (mode 1 if `MODE1`), `code` its code.
+#[inline(always)]
+unsafe fn entry_of<const MODE1: bool>(frame: usize, code: usize, l: &Layout) -> usize {
+    let offset = if MODE1 {
+        // SAFETY: per the caller.
+        let instr =
+            unsafe { std::ptr::read_volatile((frame + l.instr_off as usize) as *const usize) };
+        instr.wrapping_sub(code).wrapping_sub(l.base as usize)
+    } else {
+        // SAFETY: per the caller.
+        let lasti =
+            unsafe { std::ptr::read_volatile((frame + l.instr_off as usize) as *const i32) };
+        (lasti.max(0) as usize) * 2
+    };
+    PY_TAG | (offset.min(OFFSET_MAX) << 47) | code
+}
+
 #[inline(always)]
 unsafe fn walk_from<const MODE1: bool, const OWNER: bool, const FIRST: bool>(
     mut frame: usize,
     l: &Layout,
     out: &mut [usize],
+    visits: &mut Option<&mut Visits>,
 ) -> usize {
     let len = out.len();
     let out = out.as_mut_ptr();
-    let (code_off, prev_off, instr_off) = (
-        l.code_off as usize,
-        l.prev_off as usize,
-        l.instr_off as usize,
-    );
+    let (code_off, prev_off) = (l.code_off as usize, l.prev_off as usize);
     let (owner_off, cstack) = (l.owner_off as usize, l.cstack);
     let first_off = l.co_firstlineno as usize;
-    let (base, code_type) = (l.base as usize, l.code_type as usize);
+    let code_type = l.code_type as usize;
     let mut n = 0;
     // Frames visited, kept or skipped: at most four times the room.
     let mut budget = 4 * len;
+    // How the walk ended, for `visits`: the last caller link read, or `NOT_READ`.
+    let mut end = frame;
     // SAFETY: every frame pointer is checked for null and alignment before it is
     // read through, a code pointer also for the user address range, and its type
     // before anything else of it is read; `n < len` before every store.
@@ -392,13 +497,17 @@ unsafe fn walk_from<const MODE1: bool, const OWNER: bool, const FIRST: bool>(
                 if n == 0 && !CONFIRMED.load(Relaxed) {
                     STATE.store(OFF, Release);
                 }
-                break;
+                return n;
             }
             if OWNER
                 && i64::from(std::ptr::read_volatile((frame + owner_off) as *const u8)) == cstack
             {
                 // The interpreter's own entry frame: no code of the program's.
+                if let Some(v) = visits {
+                    v.visit(frame, SKIPPED_ENTRY);
+                }
                 frame = std::ptr::read_volatile((frame + prev_off) as *const usize);
+                end = frame;
                 continue;
             }
             let code = std::ptr::read_volatile((frame + code_off) as *const usize);
@@ -409,30 +518,110 @@ unsafe fn walk_from<const MODE1: bool, const OWNER: bool, const FIRST: bool>(
                     // Not code where the layout says: it is not this interpreter's.
                     STATE.store(OFF, Release);
                 }
-                break;
+                return n;
             }
             if FIRST && std::ptr::read_volatile((code + first_off) as *const i32) == 0 {
                 // Code the interpreter made, with no source (3.13's `__init__` shim
                 // between a class call and its `__init__`): not the program's frame.
+                if let Some(v) = visits {
+                    v.visit(frame, code);
+                }
                 frame = std::ptr::read_volatile((frame + prev_off) as *const usize);
+                end = frame;
                 continue;
             }
-            let offset = if MODE1 {
-                let instr = std::ptr::read_volatile((frame + instr_off) as *const usize);
-                instr.wrapping_sub(code).wrapping_sub(base)
-            } else {
-                let lasti = std::ptr::read_volatile((frame + instr_off) as *const i32);
-                (lasti.max(0) as usize) * 2
-            };
-            *out.add(n) = PY_TAG | (offset.min(OFFSET_MAX) << 47) | code;
+            let entry = entry_of::<MODE1>(frame, code, l);
+            *out.add(n) = entry;
             n += 1;
+            if let Some(v) = visits {
+                v.visit(frame, entry);
+            }
             if n == len {
+                end = NOT_READ;
                 break;
             }
             frame = std::ptr::read_volatile((frame + prev_off) as *const usize);
+            end = frame;
         }
     }
+    if let Some(v) = visits {
+        v.end = end;
+        v.ok = v.n <= VISITS;
+    }
     n
+}
+
+/// Whether a walk from the thread state `ts` now would visit the frames `v` noted
+/// and make the same of each, so find the same entries. What the walk decided on is
+/// read again, in its order, each frame only once its caller's link to it (or the
+/// thread state's) was found unchanged: only live frames and their code are read.
+/// Not read again: a code object's type (a live frame's code is code; the walk
+/// checks it only to reject a wrong layout).
+pub(crate) fn same_walk(ts: usize, v: &Visits) -> bool {
+    if !v.ok || ts == 0 || WALK.load(Relaxed) == WALK_NONE {
+        return false;
+    }
+    let Some(l) = LAYOUT.get() else {
+        return false;
+    };
+    let (code_off, prev_off) = (l.code_off as usize, l.prev_off as usize);
+    // SAFETY: the thread state is this thread's; each frame read is the one its
+    // caller's link (or the thread state) holds now, checked before; each code read
+    // is the one such a frame holds now, checked before (so alive, as its frame).
+    unsafe {
+        let mut frame = read::word(ts, l.ts_off);
+        if l.ts_deref >= 0 {
+            if frame != v.holder {
+                return false;
+            }
+            frame = read::word(frame, l.ts_deref);
+        }
+        if frame != v.first {
+            return false;
+        }
+        for (i, (&f, &made)) in v.frames[..v.n].iter().zip(&v.made[..v.n]).enumerate() {
+            if l.owner_off >= 0 {
+                let owner = std::ptr::read_volatile((f + l.owner_off as usize) as *const u8);
+                if (i64::from(owner) == l.cstack) != (made == SKIPPED_ENTRY) {
+                    return false;
+                }
+            }
+            if made != SKIPPED_ENTRY {
+                let kept = made & PY_TAG != 0;
+                let code = std::ptr::read_volatile((f + code_off) as *const usize);
+                if code != if kept { made & ADDR_MASK } else { made } {
+                    return false;
+                }
+                if l.co_firstlineno >= 0 {
+                    let first =
+                        std::ptr::read_volatile((code + l.co_firstlineno as usize) as *const i32);
+                    if (first == 0) == kept {
+                        return false;
+                    }
+                }
+                if kept {
+                    let entry = if l.mode == 1 {
+                        entry_of::<true>(f, code, l)
+                    } else {
+                        entry_of::<false>(f, code, l)
+                    };
+                    if entry != made {
+                        return false;
+                    }
+                }
+            }
+            let link = v
+                .frames
+                .get(i + 1)
+                .filter(|_| i + 1 < v.n)
+                .copied()
+                .unwrap_or(v.end);
+            if link != NOT_READ && std::ptr::read_volatile((f + prev_off) as *const usize) != link {
+                return false;
+            }
+        }
+        true
+    }
 }
 
 /// Whether `code` may be followed: non-null, 8-aligned, a user address (at most
@@ -613,22 +802,27 @@ pub(crate) fn innermost(ts: usize) -> (usize, usize) {
     }
 }
 
-/// For a Python entry of a captured stack, asks the CPU to bring near the lines of
-/// its code object that `walk` reads (its type, its first line); false for a native
-/// frame. A hint only: nothing is read.
+/// Asks the CPU to bring near what `same_walk` will read of the frames `v` noted:
+/// the lines of each frame's fields, and where the layout has one, each code's first
+/// line. A hint only: nothing is read.
 #[inline]
-pub(crate) fn prefetch_code(entry: usize) -> bool {
-    if !is_python(entry) {
-        return false;
+pub(crate) fn prefetch_visits(v: &Visits) {
+    let Some(l) = LAYOUT.get() else {
+        return;
+    };
+    let offs = [l.code_off, l.prev_off, l.instr_off, l.owner_off];
+    let lo = offs.iter().copied().filter(|o| *o >= 0).min().unwrap_or(0) as usize;
+    let hi = offs.iter().copied().max().unwrap_or(0).max(0) as usize + 8;
+    for (&f, &made) in v.frames().iter().zip(&v.made) {
+        let mut line = (f + lo) & !63;
+        while line < f + hi {
+            prefetch(line);
+            line += 64;
+        }
+        if l.co_firstlineno >= 0 && made != SKIPPED_ENTRY {
+            prefetch((made & ADDR_MASK) + l.co_firstlineno as usize);
+        }
     }
-    let code = entry & ADDR_MASK;
-    prefetch(code);
-    if let Some(l) = LAYOUT.get()
-        && l.co_firstlineno >= 0
-    {
-        prefetch(code + l.co_firstlineno as usize);
-    }
-    true
 }
 
 pub(crate) fn is_python(entry: usize) -> bool {
@@ -850,21 +1044,20 @@ mod tests {
                     let ts = fx.ts.as_ptr() as usize;
                     let na = walk_plain(ts, &l, &mut a);
                     let frame = fx.ts[1] as usize;
+                    let mut v = Visits::new();
                     // SAFETY: the fixture's frames and code objects, at the
                     // layout's offsets.
-                    let nb = unsafe {
-                        match bits {
-                            7 => walk_from::<true, true, true>(frame, &l, &mut b),
-                            3 => walk_from::<true, true, false>(frame, &l, &mut b),
-                            5 => walk_from::<true, false, true>(frame, &l, &mut b),
-                            1 => walk_from::<true, false, false>(frame, &l, &mut b),
-                            6 => walk_from::<false, true, true>(frame, &l, &mut b),
-                            2 => walk_from::<false, true, false>(frame, &l, &mut b),
-                            4 => walk_from::<false, false, true>(frame, &l, &mut b),
-                            _ => walk_from::<false, false, false>(frame, &l, &mut b),
-                        }
-                    };
+                    let nb = unsafe { walk_kind_from(bits, frame, &l, &mut b, &mut Some(&mut v)) };
                     assert_eq!((na, &a[..na]), (nb, &b[..nb]), "bits {bits} room {room}");
+                    // What the walk visited: the kept frames' entries among them.
+                    if v.ok {
+                        let kept: Vec<usize> = v.made[..v.n]
+                            .iter()
+                            .copied()
+                            .filter(|m| *m & PY_TAG != 0)
+                            .collect();
+                        assert_eq!(kept, &b[..nb], "bits {bits} room {room}");
+                    }
                     if kinds.len() == 20 {
                         assert_eq!(na, room); // the fixture is read as frames
                     }
@@ -876,5 +1069,80 @@ mod tests {
             ..Fixture::new(&[], None).layout(true, true, true)
         };
         assert_eq!(walk_kind(&neg), WALK_NONE);
+    }
+
+    /// The published layout for `same_walk`: the fixture's, once per test process.
+    fn publish_fixture_layout(l: Layout) -> &'static Layout {
+        let published = LAYOUT.get_or_init(|| l);
+        WALK.store(walk_kind(published), Relaxed);
+        published
+    }
+
+    #[test]
+    fn a_walk_is_the_same_only_while_every_frame_it_read_is() {
+        CONFIRMED.store(true, Relaxed);
+        use F::*;
+        // One layout for the whole test process (a OnceLock): all three bits on.
+        let kinds = [Code, Entry, Code, NoSource, Code, Code];
+        let mut fx = Fixture::new(&kinds, None);
+        let l = *publish_fixture_layout(fx.layout(true, true, true));
+        let ts = fx.ts.as_ptr() as usize;
+        let walk_now = |fx: &Fixture, room: usize| {
+            let mut out = vec![0usize; room];
+            let mut v = Visits::new();
+            let frame = fx.ts[1] as usize;
+            // As `walk` notes them (the fixture's layout does not dereference).
+            (v.holder, v.first) = (frame, frame);
+            // SAFETY: the fixture's frames and code objects, at the layout's offsets.
+            let n = unsafe { walk_kind_from(7, frame, &l, &mut out, &mut Some(&mut v)) };
+            (n, v)
+        };
+        for room in [2usize, 16] {
+            let (n, v) = walk_now(&fx, room);
+            assert!(v.ok && n > 0);
+            assert!(same_walk(ts, &v), "unchanged: the same walk (room {room})");
+            // Each change the walk would see makes it another walk.
+            let changes: [(usize, usize, u64); 5] = [
+                (0, 7, 2),       // the innermost frame's instruction
+                (2, 0, 8),       // a frame's code
+                (1, 8, 3 << 48), // an entry frame no longer one
+                (0, 1, 8),       // a caller link
+                (4, 7, 2),       // an outer frame's instruction
+            ];
+            for (f, word, delta) in changes {
+                if f >= v.n {
+                    continue;
+                }
+                let before = fx.frames[f][word];
+                fx.frames[f][word] = before ^ delta;
+                let (_, again) = walk_now(&fx, room);
+                let same_entries = again.made[..again.n.min(VISITS)] == v.made[..v.n]
+                    && again.frames[..again.n.min(VISITS)] == v.frames[..v.n];
+                assert!(!same_entries, "frame {f} word {word}: the walk changed");
+                assert!(!same_walk(ts, &v), "frame {f} word {word} room {room}");
+                fx.frames[f][word] = before;
+            }
+            // A code object that lost its source: skipped now, kept before.
+            let first = fx.codes[2][8];
+            fx.codes[2][8] = 0;
+            assert!(!same_walk(ts, &v));
+            fx.codes[2][8] = first;
+            // Another innermost frame in the thread state.
+            let head = fx.ts[1];
+            fx.ts[1] = fx.frames[2].as_ptr() as u64;
+            assert!(!same_walk(ts, &v));
+            fx.ts[1] = head;
+            assert!(same_walk(ts, &v));
+            // No thread state: nothing the same.
+            assert!(!same_walk(0, &v));
+        }
+        // A walk that visits more frames than noted is never the same.
+        let long = Fixture::new(&[Code; VISITS + 4], None);
+        let mut out = vec![0usize; VISITS + 4];
+        let mut v = Visits::new();
+        // SAFETY: the fixture's frames and code objects, at the layout's offsets.
+        unsafe { walk_kind_from(7, long.ts[1] as usize, &l, &mut out, &mut Some(&mut v)) };
+        assert!(!v.ok);
+        assert!(!same_walk(long.ts.as_ptr() as usize, &v));
     }
 }

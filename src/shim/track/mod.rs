@@ -22,9 +22,9 @@ use std::ffi::{c_int, c_void};
 use std::mem::MaybeUninit;
 use std::sync::atomic::{AtomicU8, AtomicU64, AtomicUsize, Ordering::*, compiler_fence};
 
-mod hints;
+mod memo;
 mod stash;
-use hints::Hints;
+use memo::Memos;
 use stash::{Frames, STASH_FRAMES, Stash, drain_stash, signal_alloc, signal_free};
 
 /// A runtime call in progress on this thread: the driver call beneath it takes its
@@ -84,10 +84,11 @@ struct ThreadState {
     /// allocating from the same places each step, skip the shared site table.
     site_cache: SiteCache,
     site_cache_books: Cell<usize>,
-    /// What captures from each place found (`hints`), and the key of the capture
-    /// the hook in progress will make (0: none).
-    hints: Hints,
-    hint_key: Cell<u64>,
+    /// What captures from each place found (`memo`; made at the thread's first
+    /// capture, freed when it ends), and the key of the capture the hook in
+    /// progress will make (0: none).
+    memos: Cell<Option<std::ptr::NonNull<Memos>>>,
+    memo_key: Cell<u64>,
     own_frames: unwind::OwnFrames,
 }
 
@@ -111,14 +112,51 @@ thread_local! {
             producer: Cell::new(Producer::new()),
             site_cache: SiteCache::new(),
             site_cache_books: Cell::new(0),
-            hints: Hints::new(),
-            hint_key: Cell::new(0),
+            memos: Cell::new(None),
+            memo_key: Cell::new(0),
             own_frames: unwind::OwnFrames::new(),
         }
     };
     /// Gives the thread's journal back when the thread ends (apart from `THREAD`,
     /// which has no destructor).
     static JOURNAL_RELEASE: JournalRelease = const { JournalRelease(Cell::new(None)) };
+    /// Frees the thread's memos when the thread ends.
+    static MEMO_RELEASE: MemoRelease = const { MemoRelease(Cell::new(false)) };
+}
+
+/// Whether this thread's memos are to be freed when it ends (its destructor is
+/// registered at the first use).
+struct MemoRelease(Cell<bool>);
+
+impl Drop for MemoRelease {
+    fn drop(&mut self) {
+        if self.0.get()
+            && let Some(m) = thread().memos.take()
+        {
+            // SAFETY: made by `Box::into_raw` in `memos`, and taken out of the thread
+            // state: no hook of this thread reaches it again.
+            drop(unsafe { Box::from_raw(m.as_ptr()) });
+        }
+    }
+}
+
+/// This thread's memos, made at the first call (none while the thread ends).
+#[inline]
+fn memos(t: &ThreadState) -> Option<std::ptr::NonNull<Memos>> {
+    match t.memos.get() {
+        Some(p) => Some(p),
+        None => make_memos(t),
+    }
+}
+
+#[cold]
+#[inline(never)]
+fn make_memos(t: &ThreadState) -> Option<std::ptr::NonNull<Memos>> {
+    // Only where the thread can still free them: not during its own teardown.
+    MEMO_RELEASE.try_with(|r| r.0.set(true)).ok()?;
+    let p = std::ptr::NonNull::from(Box::leak(Memos::boxed()));
+    t.memos.set(Some(p));
+    Some(p)
 }
 
 struct JournalRelease(Cell<Option<&'static Journal>>);
@@ -293,7 +331,7 @@ fn nested(t: &'static ThreadState) -> Entry {
         n: 0,
     };
     if t.in_real.get() {
-        f.n = unwind::capture(&mut f.pcs, t.stack.get(), own_code(), None) as u8;
+        f.n = unwind::capture(&mut f.pcs, t.stack.get(), own_code(), None, None) as u8;
         // Unknown caller or unknown driver range: as before, straight through.
         match f.pcs[..f.n as usize].first() {
             Some(&pc) if is_driver_code(pc) == Some(false) => {}
@@ -413,6 +451,37 @@ fn capture_site_in(books: &Books, t: &ThreadState) -> u32 {
 /// `capture_site_in` with stacks on, out of line (it saves many registers).
 #[inline(never)]
 fn capture_site_at(books: &Books, t: &ThreadState, depth: usize) -> u32 {
+    let here = books as *const Books as usize;
+    let key = t.memo_key.replace(0);
+    // SAFETY: the box lives until the thread's `MemoRelease` frees it, and this is
+    // the one reference to it: a hook never runs inside another on the same thread
+    // (a signal handler's hook takes the stash path, which reads no memo).
+    let mut memos = if key != 0 {
+        memos(t).map(|p| unsafe { &mut *p.as_ptr() })
+    } else {
+        None
+    };
+    if t.site_cache_books.get() != here {
+        t.site_cache.clear();
+        if let Some(m) = &mut memos {
+            m.clear();
+        }
+        t.site_cache_books.set(here);
+    }
+    // Where this function's frame is: a memo's stack addresses are measured from it.
+    let anchor_slot = 0u8;
+    let anchor = std::hint::black_box(&anchor_slot) as *const u8 as usize;
+    let py = frames::thread_state();
+    let tag = t.tag.get();
+    if let Some(m) = &memos
+        && let Some(id) = m.find(key, anchor, py, tag)
+    {
+        timing::lap(Phase::RecMemo);
+        if unwind::counting() {
+            unwind::REMEMBERED.fetch_add(1, Relaxed);
+        }
+        return id;
+    }
     // SAFETY: this thread's own buffers; a hook never runs inside another on the
     // same thread (the driver guard), so nothing else holds them now.
     let pcs = unsafe { &mut *t.scratch.get() };
@@ -423,10 +492,10 @@ fn capture_site_at(books: &Books, t: &ThreadState, depth: usize) -> u32 {
     // PyTorch's autograd threads) keeps its whole native stack.
     // They are read to where they go when the native frames fill their share (most
     // often), and moved down only when there are fewer.
-    let py = frames::thread_state();
     let cut = depth.min(PY_THREAD_NATIVE);
     let py_n = if py != 0 {
-        frames::walk(py, &mut pcs[cut..cut + PY_FRAMES])
+        let visits = memos.as_deref_mut().map(|m| &mut m.visits);
+        frames::walk(py, &mut pcs[cut..cut + PY_FRAMES], visits)
     } else {
         0
     };
@@ -437,6 +506,7 @@ fn capture_site_at(books: &Books, t: &ThreadState, depth: usize) -> u32 {
         stack_bounds(t),
         own_code(),
         Some(&t.own_frames),
+        memos.as_deref_mut().map(|m| &mut m.reads),
     );
     timing::lap(Phase::RecNative);
     if py_n > 0 {
@@ -446,44 +516,31 @@ fn capture_site_at(books: &Books, t: &ThreadState, depth: usize) -> u32 {
         n += py_n;
     }
     // The thread's phase label (`gpuguard_push_tag`), as the outermost frame.
-    let tag = t.tag.get();
     if tag != 0 {
         pcs[n] = tags::entry(tag);
         n += 1;
     }
-    if n == 0 {
-        return NO_SITE;
-    }
-    let here = books as *const Books as usize;
-    if t.site_cache_books.get() != here {
-        t.site_cache.clear();
-        t.hints.clear();
-        t.site_cache_books.set(here);
-    }
-    // The very stack the hook's hint holds: its site, with nothing more to read.
-    let key = t.hint_key.replace(0);
-    if key != 0
-        && let Some(id) = t.hints.site(key, &pcs[..n])
-    {
-        return id;
-    }
-    // The thread's cache of its stacks (by fingerprint) names most of them without
-    // the shared site table.
-    let fp = fingerprint(&pcs[..n]);
-    let id = match t.site_cache.get(fp) {
-        Some(id) => id,
-        None => {
-            let (id, new) = books.sites.intern_new(&pcs[..n]);
-            if new && py_n > 0 {
-                // Its Python code is running now: the time to copy what names it.
-                frames::remember(&pcs[..n]);
+    let id = if n == 0 {
+        NO_SITE
+    } else {
+        // The thread's cache of its stacks (by fingerprint) names most of them
+        // without the shared site table.
+        let fp = fingerprint(&pcs[..n]);
+        match t.site_cache.get(fp) {
+            Some(id) => id,
+            None => {
+                let (id, new) = books.sites.intern_new(&pcs[..n]);
+                if new && py_n > 0 {
+                    // Its Python code is running now: the time to copy what names it.
+                    frames::remember(&pcs[..n]);
+                }
+                t.site_cache.put(fp, id);
+                id
             }
-            t.site_cache.put(fp, id);
-            id
         }
     };
-    if key != 0 {
-        t.hints.put(key, &pcs[..n], id);
+    if let Some(m) = memos {
+        m.put(key, anchor, py, tag, id);
     }
     id
 }
@@ -491,54 +548,64 @@ fn capture_site_at(books: &Books, t: &ThreadState, depth: usize) -> u32 {
 /// The key of a capture from this hook: its stack depth (the native path that
 /// reached it, mostly) and the innermost Python frame with its instruction.
 #[inline(always)]
-fn hint_key_here() -> u64 {
+fn memo_key_here() -> u64 {
     let here = 0u8;
     let sp = std::hint::black_box(&here) as *const u8 as usize;
-    hints::key(sp, frames::innermost(frames::thread_state()))
+    memo::key(sp, frames::innermost(frames::thread_state()))
 }
 
 /// A runtime allocation's first step: the key of the capture the driver hook beneath
-/// will make, and its hint fetched while the runtime works its way down.
+/// will make, and its memo fetched while the runtime works its way down.
 #[inline]
-fn hint_runtime(t: &ThreadState) {
+fn memo_runtime(t: &ThreadState) {
     if t.driver_depth.get() != 0
         || bench_switch::paused()
         || active_books().is_none()
         || config().stack_depth == 0
-        || timing::hints_off()
+        || timing::memos_off()
     {
         return;
     }
-    let key = hint_key_here();
-    t.hint_key.set(key);
-    t.hints.prefetch_hint(key);
+    let key = memo_key_here();
+    t.memo_key.set(key);
+    if let Some(m) = t.memos.get() {
+        // SAFETY: as in `memos` (read only, nothing else holds it now).
+        unsafe { m.as_ref() }.prefetch_memo(key);
+    }
 }
 
 /// Before an allocation's real call: the key of the capture that will follow it,
-/// and the lines the last capture from there read, fetched while the driver works
-/// (`hints`). Also the thread's next journal slot.
+/// and the lines checking its memo will read (or, with no memo there, the learned
+/// distances of gpuguard's own frames, which the walk will read), fetched while
+/// the driver works. Also the thread's next journal slot.
 #[inline]
-fn hint_ahead(t: &ThreadState) {
+fn memo_ahead(t: &ThreadState) {
     // Not before activation: the settings and the Python side are read only after.
-    if active_books().is_none() || config().stack_depth == 0 || timing::hints_off() {
+    if active_books().is_none() {
         return;
     }
-    // Under a runtime call its hook made the key (and fetched the hint).
-    let key = match t.hint_key.get() {
-        k if k != 0 && t.runtime.get().active => k,
-        _ => {
-            let k = hint_key_here();
-            t.hint_key.set(k);
-            k
-        }
-    };
-    t.hints.prefetch(key);
-    t.own_frames.prefetch();
     if let Some(j) = t.journal.get() {
         // An entry may straddle two lines.
         let slot = j.slot_addr(&t.producer.get());
         prefetch(slot);
         prefetch(slot + 47);
+    }
+    if config().stack_depth == 0 || timing::memos_off() {
+        return;
+    }
+    // Under a runtime call its hook made the key (and fetched the memo).
+    let key = match t.memo_key.get() {
+        k if k != 0 && t.runtime.get().active => k,
+        _ => {
+            let k = memo_key_here();
+            t.memo_key.set(k);
+            k
+        }
+    };
+    match t.memos.get() {
+        // SAFETY: as in `memos` (read only, nothing else holds it now).
+        Some(m) if unsafe { m.as_ref() }.prefetch(key) => {}
+        _ => t.own_frames.prefetch(),
     }
 }
 
@@ -760,7 +827,7 @@ pub(crate) fn driver_alloc(
         }
     };
     let t = scope.0;
-    hint_ahead(t);
+    memo_ahead(t);
     let call = || scope.real(|| timed(Phase::DrvAllocPre, Phase::DrvAllocReal, &mark, call));
     let rc = driver_alloc_body(t, api, kind, plan, call, made);
     timing::charge(Phase::DrvAllocPost, mark.get());
@@ -1065,12 +1132,12 @@ pub(crate) fn runtime_alloc(
 ) -> c_int {
     let mark = Cell::new(timing::stamp());
     let t = thread();
-    hint_runtime(t);
+    memo_runtime(t);
     let (rc, frame) =
         in_runtime_frame(api, None, 0, || timed_outer(Phase::RtAllocPre, &mark, call));
     // A key the driver hook beneath did not use (its call failed) is not left for
     // the next hook to find.
-    t.hint_key.set(0);
+    t.memo_key.set(0);
     // Inside a hook (a signal handler's call) the books cannot be touched here.
     if rc == SUCCESS && !frame.seen && t.driver_depth.get() == 0 {
         let _busy = hold(t);

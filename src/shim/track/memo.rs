@@ -1,0 +1,366 @@
+//! What a thread's last capture from each place found, remembered with everything
+//! that capture read, so a capture that would read the same takes its site without
+//! walking the stack.
+//!
+//! Measured on the H200 (docs/performance.md, "The stack capture's cold lines"):
+//! inside PyTorch's training step the capture of an allocation's stack cost ~900 ns,
+//! against ~125 ns in a tight loop. The walk is a chain of loads, each waiting for
+//! the last (each native frame's learned distance, then the next return address;
+//! each Python frame's link to its caller), and between two allocations the
+//! framework's own work has pushed those lines out of the near caches.
+//!
+//! A memo is keyed by where a hook is (its stack depth, the innermost Python frame
+//! and its instruction) and holds, besides the site: the capture's anchor (an
+//! address in its own frame), the return addresses the native walk read with the
+//! stack addresses it read them at (`unwind::StackReads`), and the Python frames it
+//! visited with what it made of each (`frames::Visits`). A later capture with the
+//! same anchor reads the same stack addresses again and the same frames' fields:
+//! loads whose addresses are known in advance, so they overlap instead of queueing,
+//! and are fetched during the real call. If every value is the one remembered, the
+//! walk would find the very same stack (the learned distances are a property of the
+//! return addresses), and the memo's site is taken. Any difference, and the capture
+//! walks as before and remembers anew: a memo never names a stack it was not made
+//! from.
+
+use super::frames::{self, Visits};
+use super::prefetch;
+use super::unwind::StackReads;
+
+/// Memos a thread keeps: sets of `WAYS` by key, so a few stacks met at one key (a
+/// function called from several places at one stack depth) keep a memo each.
+const SLOTS: usize = 128;
+const WAYS: usize = 4;
+const SETS: usize = SLOTS / WAYS;
+/// Stack reads a memo holds (above its anchor); a walk that read more is not
+/// remembered.
+const READS: usize = 28;
+
+struct Memo {
+    /// 0: empty.
+    key: u64,
+    site: u32,
+    /// The thread's phase label when it was made (`tags`).
+    tag: u32,
+    /// An address in the capturing function's frame: where the stack addresses
+    /// below are measured from.
+    anchor: usize,
+    /// The thread's Python state (0: none; then no Python frames were read).
+    ts: usize,
+    n: u32,
+    /// Stack addresses (bytes above `anchor`) and the return addresses read there.
+    at: [u32; READS],
+    val: [usize; READS],
+    py: Visits,
+}
+
+/// One thread's memos, for one site table (cleared with the thread's site cache),
+/// and the scratch a capture notes its reads into.
+pub(super) struct Memos {
+    /// `SLOTS` of them, set after set.
+    slots: Box<[Memo]>,
+    /// Per set, the way the next new memo replaces once all are taken (in turn).
+    next: [u8; SETS],
+    pub(super) reads: StackReads,
+    pub(super) visits: Visits,
+}
+
+/// The key of a capture about to be made: the stack depth of the hook and the
+/// innermost Python frame with its instruction (0s outside Python). Never 0.
+#[inline]
+pub(super) fn key(sp: usize, py: (usize, usize)) -> u64 {
+    let k = (sp as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15)
+        ^ (py.0 as u64)
+            .rotate_left(17)
+            .wrapping_mul(0xC2B2_AE3D_27D4_EB4F)
+        ^ (py.1 as u64).rotate_left(41);
+    k | 1
+}
+
+/// Fetches the lines of `len` bytes at `at`.
+#[inline(always)]
+fn prefetch_bytes(at: usize, len: usize) {
+    let mut line = at & !63;
+    while line < at + len {
+        prefetch(line);
+        line += 64;
+    }
+}
+
+impl Memo {
+    /// Fetches what checking this memo will read: its own lines, the stack
+    /// addresses and the Python frames (and their code) it remembers.
+    #[inline]
+    fn prefetch(&self) {
+        prefetch_bytes(self as *const Memo as usize, std::mem::offset_of!(Memo, py));
+        let n = (self.n as usize).min(READS);
+        for &at in &self.at[..n] {
+            prefetch(self.anchor + at as usize);
+        }
+        if self.ts != 0 {
+            prefetch_bytes(
+                &self.py as *const Visits as usize,
+                std::mem::size_of::<Visits>(),
+            );
+            frames::prefetch_visits(&self.py);
+        }
+    }
+
+    /// Whether a capture anchored at `anchor`, with the Python state `ts` and the
+    /// label `tag`, would find the stack this memo was made from.
+    #[inline]
+    fn holds(&self, anchor: usize, ts: usize, tag: u32) -> bool {
+        if self.anchor != anchor || self.ts != ts || self.tag != tag {
+            return false;
+        }
+        let n = (self.n as usize).min(READS);
+        // Above the anchor, below the stack's top (checked by the walk that made
+        // the memo): the live part of this thread's stack.
+        let same_stack = self.at[..n].iter().zip(&self.val[..n]).all(|(&at, &val)| {
+            // SAFETY: see above.
+            unsafe { std::ptr::read_volatile((anchor + at as usize) as *const usize) == val }
+        });
+        same_stack && (ts == 0 || frames::same_walk(ts, &self.py))
+    }
+}
+
+impl Memos {
+    /// Memos on the heap (about 100 KiB: only threads that capture have them).
+    pub(super) fn boxed() -> Box<Memos> {
+        let slots = (0..SLOTS)
+            .map(|_| Memo {
+                key: 0,
+                site: 0,
+                tag: 0,
+                anchor: 0,
+                ts: 0,
+                n: 0,
+                at: [0; READS],
+                val: [0; READS],
+                py: Visits::new(),
+            })
+            .collect();
+        Box::new(Memos {
+            slots,
+            next: [0; SETS],
+            reads: StackReads::new(),
+            visits: Visits::new(),
+        })
+    }
+
+    #[inline]
+    fn set_of(key: u64) -> usize {
+        ((key >> 32) as usize ^ key as usize) % SETS
+    }
+
+    #[inline]
+    fn set(&self, key: u64) -> &[Memo] {
+        let s = Self::set_of(key) * WAYS;
+        &self.slots[s..s + WAYS]
+    }
+
+    /// Fetches the keys of the memos `key` may have (an outer hook's first step: by
+    /// the time the hook beneath reads them, they are near).
+    #[inline]
+    pub(super) fn prefetch_memo(&self, key: u64) {
+        for m in self.set(key) {
+            prefetch(m as *const Memo as usize);
+        }
+    }
+
+    /// Fetches what checking the memos at `key` will read. False when there is
+    /// none at `key`.
+    #[inline]
+    pub(super) fn prefetch(&self, key: u64) -> bool {
+        let mut any = false;
+        for m in self.set(key).iter().filter(|m| m.key == key) {
+            m.prefetch();
+            any = true;
+        }
+        any
+    }
+
+    /// The site of a memo at `key` if a capture here now (anchored at `anchor`,
+    /// with the Python state `ts` and the label `tag`) would find the stack it was
+    /// made from.
+    #[inline]
+    pub(super) fn find(&self, key: u64, anchor: usize, ts: usize, tag: u32) -> Option<u32> {
+        self.set(key)
+            .iter()
+            .find(|m| m.key == key && m.holds(anchor, ts, tag))
+            .map(|m| m.site)
+    }
+
+    /// Remembers the capture just made at `key` (its reads in `self.reads` and, with
+    /// a Python state `ts`, `self.visits`) and its site; a capture whose reads were
+    /// not all noted is forgotten instead.
+    pub(super) fn put(&mut self, key: u64, anchor: usize, ts: usize, tag: u32, site: u32) {
+        if !self.reads.ok || (ts != 0 && !self.visits.ok()) {
+            return;
+        }
+        // Reads below the anchor are of gpuguard's own frames beneath the capturing
+        // function: the same code, the same values, every time.
+        let r = &self.reads;
+        let above = || {
+            r.at[..r.n]
+                .iter()
+                .zip(&r.val[..r.n])
+                .filter(|(at, _)| **at > anchor)
+        };
+        if above().count() > READS || above().any(|(at, _)| at - anchor > u32::MAX as usize) {
+            return;
+        }
+        let set = Self::set_of(key);
+        let ways = &mut self.slots[set * WAYS..(set + 1) * WAYS];
+        let way = match ways.iter().position(|m| m.key == 0) {
+            Some(w) => w,
+            None => {
+                let w = usize::from(self.next[set]) % WAYS;
+                self.next[set] = ((w + 1) % WAYS) as u8;
+                w
+            }
+        };
+        let m = &mut ways[way];
+        let mut n = 0;
+        for (i, (&at, &val)) in above().enumerate() {
+            m.at[i] = (at - anchor) as u32;
+            m.val[i] = val;
+            n += 1;
+        }
+        m.n = n as u32;
+        m.anchor = anchor;
+        m.ts = ts;
+        m.tag = tag;
+        m.site = site;
+        if ts != 0 {
+            m.py.clone_from(&self.visits);
+        }
+        m.key = key;
+    }
+
+    /// Forgets every memo (the site ids of another site table).
+    pub(super) fn clear(&mut self) {
+        for m in self.slots.iter_mut() {
+            m.key = 0;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A fake stack: `words` as the memory a walk read, the anchor at its start.
+    fn noted(m: &mut Memos, words: &[usize], below: usize) {
+        let base = words.as_ptr() as usize;
+        m.reads.n = 0;
+        // A read below the anchor (gpuguard's own frame), then one per word.
+        m.reads.at[0] = base - 8;
+        m.reads.val[0] = below;
+        for (i, w) in words.iter().enumerate() {
+            m.reads.at[i + 1] = base + 8 * i;
+            m.reads.val[i + 1] = *w;
+        }
+        m.reads.n = words.len() + 1;
+        m.reads.ok = true;
+    }
+
+    #[test]
+    fn a_memo_names_only_the_stack_it_read() {
+        let mut m = Memos::boxed();
+        let stack = vec![0x40_1000usize, 0x40_2000, 0x40_3000, 0];
+        let anchor = stack.as_ptr() as usize - 4;
+        let k = key(0x7ffd_0000_1000, (0, 0));
+        assert_ne!(k, 0);
+        assert_eq!(m.find(k, anchor, 0, 0), None);
+        noted(&mut m, &stack, 0x1234);
+        m.put(k, anchor, 0, 0, 7);
+        assert!(m.prefetch(k));
+        assert_eq!(m.find(k, anchor, 0, 0), Some(7));
+        // Another anchor, label, Python state or key: not this memo.
+        assert_eq!(m.find(k, anchor + 16, 0, 0), None);
+        assert_eq!(m.find(k, anchor, 0, 3), None);
+        assert_eq!(m.find(k, anchor, 0x5555_0000, 0), None);
+        let other = key(0x7ffd_0000_1010, (0, 0));
+        assert_eq!(m.find(other, anchor, 0, 0), None);
+        assert!(!m.prefetch(other));
+        // Any return address changed: another stack.
+        let mut stack = stack;
+        // By index: the memo reads the words through their addresses in between.
+        #[allow(clippy::needless_range_loop)]
+        for i in 0..stack.len() {
+            stack[i] ^= 0x10;
+            assert_eq!(m.find(k, anchor, 0, 0), None, "word {i}");
+            stack[i] ^= 0x10;
+        }
+        assert_eq!(m.find(k, anchor, 0, 0), Some(7));
+        m.clear();
+        assert_eq!(m.find(k, anchor, 0, 0), None);
+    }
+
+    #[test]
+    fn captures_not_wholly_noted_are_not_remembered() {
+        let mut m = Memos::boxed();
+        let stack = vec![0x40_1000usize; 8];
+        let anchor = stack.as_ptr() as usize - 8;
+        let k = key(0x7ffd_0000_2000, (0, 0));
+        noted(&mut m, &stack, 0);
+        m.put(k, anchor, 0, 0, 1);
+        assert_eq!(m.find(k, anchor, 0, 0), Some(1));
+        // A full unwind (reads not noted): not remembered (the memo of the stack
+        // before is kept: it still names only its own stack).
+        m.reads.ok = false;
+        m.put(k, anchor, 0, 0, 2);
+        assert_eq!(m.find(k, anchor, 0, 0), Some(1));
+        m.clear();
+        // More reads above the anchor than a memo holds.
+        let long = vec![0x40_1000usize; READS + 1];
+        noted(&mut m, &long, 0);
+        m.put(k, long.as_ptr() as usize - 8, 0, 0, 3);
+        assert_eq!(m.find(k, long.as_ptr() as usize - 8, 0, 0), None);
+        // A Python state whose frames were not all noted.
+        noted(&mut m, &stack, 0);
+        m.put(k, anchor, 0x5555_0000, 0, 4);
+        assert_eq!(m.find(k, anchor, 0x5555_0000, 0), None);
+    }
+
+    #[test]
+    fn a_few_stacks_at_one_key_keep_a_memo_each() {
+        let mut m = Memos::boxed();
+        let k = key(0x7ffd_0000_3000, (0, 0));
+        let stacks: Vec<Vec<usize>> = (0..WAYS + 1).map(|i| vec![0x40_0000 + i, 0]).collect();
+        // One anchor for all: the stacks in turn at the same place.
+        let mut place = vec![0usize; 2];
+        let anchor = place.as_ptr() as usize - 8;
+        for (i, st) in stacks.iter().enumerate().take(WAYS) {
+            place.copy_from_slice(st);
+            noted(&mut m, &place, 0);
+            m.put(k, anchor, 0, 0, i as u32);
+        }
+        for (i, st) in stacks.iter().enumerate().take(WAYS) {
+            place.copy_from_slice(st);
+            assert_eq!(m.find(k, anchor, 0, 0), Some(i as u32));
+        }
+        // One more: it replaces one of them, and only its own stack names it.
+        place.copy_from_slice(&stacks[WAYS]);
+        noted(&mut m, &place, 0);
+        m.put(k, anchor, 0, 0, 99);
+        assert_eq!(m.find(k, anchor, 0, 0), Some(99));
+        let kept = stacks[..WAYS]
+            .iter()
+            .enumerate()
+            .filter(|(i, st)| {
+                place.copy_from_slice(st);
+                m.find(k, anchor, 0, 0) == Some(*i as u32)
+            })
+            .count();
+        assert_eq!(kept, WAYS - 1);
+    }
+
+    #[test]
+    fn keys_differ_by_depth_and_by_python_position() {
+        let base = key(0x7ffd_0000_2000, (0x1000, 0x1100));
+        assert_ne!(base, key(0x7ffd_0000_2040, (0x1000, 0x1100)));
+        assert_ne!(base, key(0x7ffd_0000_2000, (0x1000, 0x1102)));
+        assert_ne!(base, key(0x7ffd_0000_2000, (0x1080, 0x1100)));
+    }
+}

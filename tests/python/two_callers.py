@@ -1,0 +1,36 @@
+"""gpuguard's memo test: one function allocates at one line, called through two
+callers and from two lines of one caller, in turn, so every capture is made at the
+same stack depth and innermost frame and instruction (one memo key); only the outer
+frames tell the three apart.
+
+  two_callers.py N   (N allocations of each kind, kept)
+"""
+import ctypes
+import sys
+
+lib = ctypes.CDLL("libcudart.so.13")
+lib.cudaMalloc.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t]
+KEEP = []
+MiB = 1 << 20
+
+
+def leaf(n):
+    p = ctypes.c_void_p(0)
+    if lib.cudaMalloc(ctypes.byref(p), n) != 0:  # LEAF-LINE
+        raise MemoryError(n)
+    return p.value
+
+
+def from_a(n):
+    return leaf(n)  # A-LINE
+
+
+def from_b(n):
+    return leaf(n)  # B-LINE
+
+
+for i in range(int(sys.argv[1])):
+    KEEP.append(from_a(MiB))  # A1-CALL
+    KEEP.append(from_b(2 * MiB))  # B-CALL
+    KEEP.append(from_a(3 * MiB))  # A3-CALL
+print("OK", flush=True)

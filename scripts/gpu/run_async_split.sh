@@ -6,7 +6,7 @@
 # target/timing/release/libgpuguard.so (cargo build --release --features hook-timing
 # with CARGO_TARGET_DIR=target/timing).
 #   NO_MEMOS_TOO=1 adds the timing build with its capture memos off; SKIP_STACKS_OFF=1
-#   leaves out the stacks-off runs.
+#   leaves out the stacks-off runs, SKIP_TIMING_STACKS_OFF=1 only the timing build's.
 #   AB_S (60) seconds of A/B blocks for each full build's run; TM_S (30) for the timing build's.
 set -u
 cd "$(dirname "$0")/../.." || exit 2
@@ -27,7 +27,7 @@ TL=$PWD/target/timing/release/libgpuguard.so
 run default "$AB_S"
 [ -n "${SKIP_STACKS_OFF:-}" ] || run stacks_off "$AB_S" GGV_BENCH_TRAIN_ENV=GPUGUARD_STACK_DEPTH=0
 run timing "$TM_S" GGV_LIB="$TL"
-[ -n "${SKIP_STACKS_OFF:-}" ] || run timing_stacks_off "$((TM_S * 2 / 3))" GGV_LIB="$TL" GGV_BENCH_TRAIN_ENV=GPUGUARD_STACK_DEPTH=0
+[ -n "${SKIP_STACKS_OFF:-}${SKIP_TIMING_STACKS_OFF:-}" ] || run timing_stacks_off "$((TM_S * 2 / 3))" GGV_LIB="$TL" GGV_BENCH_TRAIN_ENV=GPUGUARD_STACK_DEPTH=0
 # The same timing build with the capture memos off (a diagnostic switch of that build).
 [ -z "${NO_MEMOS_TOO:-}" ] || run timing_no_memos "$TM_S" GGV_LIB="$TL" GGV_BENCH_TRAIN_ENV=GPUGUARD_BENCH_NO_MEMOS=1
 tar czf "${OUT:-/tmp/ggv-out}/async_split.tar.gz" -C "$O/.." split

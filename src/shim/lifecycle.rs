@@ -98,9 +98,12 @@ extern "C" fn at_exit() {
         log(
             LogLevel::Debug,
             format_args!(
-                "stack captures: {} remembered, {} walked, {} full unwinds",
+                "stack captures: {} remembered, {} walked ({} with a memo at their key \
+                 that no longer held, {} not remembered), {} full unwinds",
                 unwind::REMEMBERED.load(Relaxed),
                 unwind::WALKS.load(Relaxed),
+                unwind::MEMO_STALE.load(Relaxed),
+                unwind::MEMO_UNKEPT.load(Relaxed),
                 unwind::FULL_UNWINDS.load(Relaxed)
             ),
         );

@@ -118,8 +118,12 @@ fn learn(pc: usize, distance: u64) {
 /// Captures that had to learn (full unwinds) and that walked, for `GPUGUARD_LOG=debug`.
 pub(crate) static FULL_UNWINDS: AtomicU64 = AtomicU64::new(0);
 pub(crate) static WALKS: AtomicU64 = AtomicU64::new(0);
-/// Captures a memo answered without a walk (`track::memo`), for the same log line.
+/// Captures a memo answered without a walk (`track::memo`), and of those that
+/// walked: with a memo at their key that no longer held, and not remembered (a
+/// walk that could not note all it read), for the same log line.
 pub(crate) static REMEMBERED: AtomicU64 = AtomicU64::new(0);
+pub(crate) static MEMO_STALE: AtomicU64 = AtomicU64::new(0);
+pub(crate) static MEMO_UNKEPT: AtomicU64 = AtomicU64::new(0);
 
 /// Most return addresses a walk notes where it read them (`StackReads`).
 pub(crate) const STACK_READS: usize = 32;

@@ -307,8 +307,10 @@ pub(crate) fn thread_state() -> usize {
     }
 }
 
-/// Frames a walk notes (`Visits`); a walk that visits more is not noted.
-pub(crate) const VISITS: usize = 24;
+/// Frames a walk notes (`Visits`); a walk that visits more is not noted. Room for
+/// the 16 frames kept and an entry frame of the interpreter's between most of them
+/// (3.12+: one per call through C, such as each `nn.Module.__call__`).
+pub(crate) const VISITS: usize = 32;
 /// What a walk made of a frame it skipped as the interpreter's entry frame (a code
 /// object's address is 8-aligned: never this).
 const SKIPPED_ENTRY: usize = 1;

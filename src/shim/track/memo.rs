@@ -58,8 +58,10 @@ struct Memo {
 pub(super) struct Memos {
     /// `SLOTS` of them, set after set.
     slots: Box<[Memo]>,
-    /// Per set, the way the next new memo replaces once all are taken (in turn).
+    /// Per set, the way the next new memo replaces once all are taken (in turn),
+    /// and the way last found or made (checked and fetched first).
     next: [u8; SETS],
+    last: [u8; SETS],
     pub(super) reads: StackReads,
     pub(super) visits: Visits,
 }
@@ -142,6 +144,7 @@ impl Memos {
         Box::new(Memos {
             slots,
             next: [0; SETS],
+            last: [0; SETS],
             reads: StackReads::new(),
             visits: Visits::new(),
         })
@@ -167,35 +170,55 @@ impl Memos {
         }
     }
 
-    /// Fetches what checking the memos at `key` will read. False when there is
-    /// none at `key`.
+    /// The ways of `key`'s set, the one last found or made there first.
+    #[inline]
+    fn ways(&self, key: u64) -> impl Iterator<Item = &Memo> {
+        let set = Self::set_of(key);
+        let last = usize::from(self.last[set]) % WAYS;
+        let ways = &self.slots[set * WAYS..(set + 1) * WAYS];
+        (0..WAYS).map(move |i| &ways[(last + i) % WAYS])
+    }
+
+    /// Fetches what checking the memo at `key` that will most likely hold reads
+    /// (the one last found or made in its set, else the first). False when there
+    /// is none at `key`.
     #[inline]
     pub(super) fn prefetch(&self, key: u64) -> bool {
-        let mut any = false;
-        for m in self.set(key).iter().filter(|m| m.key == key) {
-            m.prefetch();
-            any = true;
+        match self.ways(key).find(|m| m.key == key) {
+            Some(m) => {
+                m.prefetch();
+                true
+            }
+            None => false,
         }
-        any
+    }
+
+    /// Whether some memo is at `key` (for the debug log's counts).
+    pub(super) fn has(&self, key: u64) -> bool {
+        self.set(key).iter().any(|m| m.key == key)
     }
 
     /// The site of a memo at `key` if a capture here now (anchored at `anchor`,
     /// with the Python state `ts` and the label `tag`) would find the stack it was
     /// made from.
     #[inline]
-    pub(super) fn find(&self, key: u64, anchor: usize, ts: usize, tag: u32) -> Option<u32> {
-        self.set(key)
-            .iter()
-            .find(|m| m.key == key && m.holds(anchor, ts, tag))
-            .map(|m| m.site)
+    pub(super) fn find(&mut self, key: u64, anchor: usize, ts: usize, tag: u32) -> Option<u32> {
+        let set = Self::set_of(key);
+        let last = usize::from(self.last[set]) % WAYS;
+        let way = (0..WAYS).map(|i| (last + i) % WAYS).find(|&w| {
+            let m = &self.slots[set * WAYS + w];
+            m.key == key && m.holds(anchor, ts, tag)
+        })?;
+        self.last[set] = way as u8;
+        Some(self.slots[set * WAYS + way].site)
     }
 
     /// Remembers the capture just made at `key` (its reads in `self.reads` and, with
-    /// a Python state `ts`, `self.visits`) and its site; a capture whose reads were
-    /// not all noted is forgotten instead.
-    pub(super) fn put(&mut self, key: u64, anchor: usize, ts: usize, tag: u32, site: u32) {
+    /// a Python state `ts`, `self.visits`) and its site; false for a capture whose
+    /// reads were not all noted (not remembered).
+    pub(super) fn put(&mut self, key: u64, anchor: usize, ts: usize, tag: u32, site: u32) -> bool {
         if !self.reads.ok || (ts != 0 && !self.visits.ok()) {
-            return;
+            return false;
         }
         // Reads below the anchor are of gpuguard's own frames beneath the capturing
         // function: the same code, the same values, every time.
@@ -207,7 +230,7 @@ impl Memos {
                 .filter(|(at, _)| **at > anchor)
         };
         if above().count() > READS || above().any(|(at, _)| at - anchor > u32::MAX as usize) {
-            return;
+            return false;
         }
         let set = Self::set_of(key);
         let ways = &mut self.slots[set * WAYS..(set + 1) * WAYS];
@@ -219,6 +242,7 @@ impl Memos {
                 w
             }
         };
+        self.last[set] = way as u8;
         let m = &mut ways[way];
         let mut n = 0;
         for (i, (&at, &val)) in above().enumerate() {
@@ -235,6 +259,7 @@ impl Memos {
             m.py.clone_from(&self.visits);
         }
         m.key = key;
+        true
     }
 
     /// Forgets every memo (the site ids of another site table).

@@ -473,14 +473,17 @@ fn capture_site_at(books: &Books, t: &ThreadState, depth: usize) -> u32 {
     let anchor = std::hint::black_box(&anchor_slot) as *const u8 as usize;
     let py = frames::thread_state();
     let tag = t.tag.get();
-    if let Some(m) = &memos
-        && let Some(id) = m.find(key, anchor, py, tag)
-    {
-        timing::lap(Phase::RecMemo);
-        if unwind::counting() {
-            unwind::REMEMBERED.fetch_add(1, Relaxed);
+    if let Some(m) = &mut memos {
+        if let Some(id) = m.find(key, anchor, py, tag) {
+            timing::lap(Phase::RecMemo);
+            if unwind::counting() {
+                unwind::REMEMBERED.fetch_add(1, Relaxed);
+            }
+            return id;
         }
-        return id;
+        if unwind::counting() && m.has(key) {
+            unwind::MEMO_STALE.fetch_add(1, Relaxed);
+        }
     }
     // SAFETY: this thread's own buffers; a hook never runs inside another on the
     // same thread (the driver guard), so nothing else holds them now.
@@ -539,8 +542,11 @@ fn capture_site_at(books: &Books, t: &ThreadState, depth: usize) -> u32 {
             }
         }
     };
-    if let Some(m) = memos {
-        m.put(key, anchor, py, tag, id);
+    if let Some(m) = memos
+        && !m.put(key, anchor, py, tag, id)
+        && unwind::counting()
+    {
+        unwind::MEMO_UNKEPT.fetch_add(1, Relaxed);
     }
     id
 }
@@ -568,6 +574,9 @@ fn memo_runtime(t: &ThreadState) {
     }
     let key = memo_key_here();
     t.memo_key.set(key);
+    if timing::prefetch_off() {
+        return;
+    }
     if let Some(m) = t.memos.get() {
         // SAFETY: as in `memos` (read only, nothing else holds it now).
         unsafe { m.as_ref() }.prefetch_memo(key);
@@ -602,6 +611,9 @@ fn memo_ahead(t: &ThreadState) {
             k
         }
     };
+    if timing::prefetch_off() {
+        return;
+    }
     match t.memos.get() {
         // SAFETY: as in `memos` (read only, nothing else holds it now).
         Some(m) if unsafe { m.as_ref() }.prefetch(key) => {}

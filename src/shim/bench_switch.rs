@@ -134,13 +134,6 @@ pub(crate) mod timing {
             *OFF.get_or_init(|| std::env::var_os("GPUGUARD_BENCH_NO_MEMOS").is_some())
         }
 
-        /// Whether the memos' lines are not fetched ahead of the real call
-        /// (`GPUGUARD_BENCH_NO_PREFETCH` set: to time what the fetching gains).
-        pub(crate) fn prefetch_off() -> bool {
-            static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-            *OFF.get_or_init(|| std::env::var_os("GPUGUARD_BENCH_NO_PREFETCH").is_some())
-        }
-
         /// Time-stamp-counter ticks per millisecond, measured over 20 ms now.
         pub(crate) fn ticks_per_ms() -> u64 {
             let (c0, t0) = (stamp(), std::time::Instant::now());
@@ -163,7 +156,7 @@ pub(crate) mod timing {
         }
     }
     #[cfg(feature = "hook-timing")]
-    pub(crate) use on::{charge, lap, mark, memos_off, prefetch_off, read, stamp, ticks_per_ms};
+    pub(crate) use on::{charge, lap, mark, memos_off, read, stamp, ticks_per_ms};
 
     #[cfg(not(feature = "hook-timing"))]
     pub(crate) fn ticks_per_ms() -> u64 {
@@ -192,12 +185,6 @@ pub(crate) mod timing {
     #[cfg(not(feature = "hook-timing"))]
     #[inline(always)]
     pub(crate) fn memos_off() -> bool {
-        false
-    }
-
-    #[cfg(not(feature = "hook-timing"))]
-    #[inline(always)]
-    pub(crate) fn prefetch_off() -> bool {
         false
     }
 

@@ -9,7 +9,6 @@
 //! frame. Every load is checked against the thread's stack bounds: a wrong distance (a
 //! frame of dynamic size) can cut a stack short or misname a frame, never fault.
 
-use std::cell::Cell;
 use std::ffi::{c_int, c_void};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
@@ -35,46 +34,6 @@ const OUTERMOST: u64 = 0xffff;
 fn slot(pc: usize) -> &'static AtomicU64 {
     let h = (pc as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
     &DISTANCES[(h >> 48) as usize & (SLOTS - 1)]
-}
-
-/// The return addresses of gpuguard's own frames a thread's last walk passed, so a
-/// hook can fetch their learned distances before its real call (`track::hints`).
-pub(crate) struct OwnFrames {
-    pcs: [Cell<usize>; OWN_FRAMES],
-}
-
-const OWN_FRAMES: usize = 8;
-
-impl OwnFrames {
-    pub(crate) const fn new() -> OwnFrames {
-        OwnFrames {
-            pcs: [const { Cell::new(0) }; OWN_FRAMES],
-        }
-    }
-
-    #[inline(always)]
-    fn note(&self, i: usize, pc: usize) {
-        if let Some(c) = self.pcs.get(i) {
-            c.set(pc);
-        }
-    }
-
-    /// Fetches the learned distances of the frames noted.
-    #[inline]
-    pub(crate) fn prefetch(&self) {
-        for c in &self.pcs {
-            let pc = c.get();
-            if pc != 0 {
-                prefetch_learned(pc);
-            }
-        }
-    }
-}
-
-/// Asks the CPU to bring near the slot the walk will read for return address `pc`.
-#[inline(always)]
-pub(crate) fn prefetch_learned(pc: usize) {
-    super::sys::prefetch(slot(pc) as *const AtomicU64 as usize);
 }
 
 fn learned(pc: usize) -> Option<u64> {
@@ -270,7 +229,6 @@ pub(crate) fn capture<F: Fn(usize) -> bool>(
     out: &mut [usize],
     bounds: (usize, usize),
     skip: F,
-    own: Option<&OwnFrames>,
     reads: Option<&mut StackReads>,
 ) -> usize {
     let mut reads = reads;
@@ -284,7 +242,7 @@ pub(crate) fn capture<F: Fn(usize) -> bool>(
     if bounds.0 < bounds.1 {
         // SAFETY: probe only writes `start` (no `learn_fn`: its state is not read).
         unsafe { probe(&mut start, 0, std::ptr::null_mut()) };
-        if let Some(n) = walk(&start, out, bounds, &skip, own, &mut reads) {
+        if let Some(n) = walk(&start, out, bounds, &skip, &mut reads) {
             if let Some(r) = reads {
                 r.ok = r.n <= STACK_READS;
             }
@@ -328,7 +286,6 @@ fn walk<F: Fn(usize) -> bool>(
     out: &mut [usize],
     (lo, hi): (usize, usize),
     skip: &F,
-    own: Option<&OwnFrames>,
     reads: &mut Option<&mut StackReads>,
 ) -> Option<usize> {
     let (mut cfa, mut pc) = (start.cfa, start.pc);
@@ -340,7 +297,6 @@ fn walk<F: Fn(usize) -> bool>(
     }
     // gpuguard's own frames are only at the top: left out, and once past them, no
     // more checks.
-    let mut skipped = 0;
     loop {
         if pc == 0 {
             return Some(0);
@@ -348,10 +304,6 @@ fn walk<F: Fn(usize) -> bool>(
         let units = learned_units(pc)?;
         if !skip(pc) {
             return walk_kept(cfa, pc, units, out, (lo, hi), reads);
-        }
-        if let Some(o) = own {
-            o.note(skipped, pc);
-            skipped += 1;
         }
         if units == OUTERMOST {
             return Some(0);

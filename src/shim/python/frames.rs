@@ -19,7 +19,6 @@
 use super::api::{api, lock};
 use super::layout::{self as read, Layout, builtin};
 use crate::shim::settings::{LogLevel, log, settings};
-use crate::shim::sys::prefetch;
 use gpuguard_core::pylines::{self, Format};
 use gpuguard_core::sites::SiteTable;
 use std::collections::HashMap;
@@ -151,7 +150,8 @@ fn walk_kind(l: &Layout) -> u8 {
     if l.ts_off < 0 || l.code_off < 0 || l.prev_off < 0 || l.instr_off < 0 {
         return WALK_NONE;
     }
-    u8::from(l.mode == 1) | u8::from(l.owner_off >= 0) << 1 | u8::from(l.co_firstlineno >= 0) << 2
+    let first = l.co_firstlineno >= 0 && l.no_source_frames;
+    u8::from(l.mode == 1) | u8::from(l.owner_off >= 0) << 1 | u8::from(first) << 2
 }
 
 #[derive(serde::Deserialize)]
@@ -352,11 +352,6 @@ impl Visits {
 
     pub(crate) fn ok(&self) -> bool {
         self.ok
-    }
-
-    /// The frames visited (for fetching their lines ahead of a check).
-    pub(crate) fn frames(&self) -> &[usize] {
-        &self.frames[..self.n.min(VISITS)]
     }
 
     #[inline(always)]
@@ -560,9 +555,12 @@ unsafe fn walk_from<const MODE1: bool, const OWNER: bool, const FIRST: bool>(
 /// Not read again: a code object's type (a live frame's code is code; the walk
 /// checks it only to reject a wrong layout).
 pub(crate) fn same_walk(ts: usize, v: &Visits) -> bool {
-    if !v.ok || ts == 0 || WALK.load(Relaxed) == WALK_NONE {
+    let kind = WALK.load(Relaxed);
+    if !v.ok || ts == 0 || kind == WALK_NONE {
         return false;
     }
+    // What the walk's specialisation reads (`walk_kind`).
+    let (mode1, owner, first) = (kind & 1 != 0, kind & 2 != 0, kind & 4 != 0);
     let Some(l) = LAYOUT.get() else {
         return false;
     };
@@ -582,7 +580,7 @@ pub(crate) fn same_walk(ts: usize, v: &Visits) -> bool {
             return false;
         }
         for (i, (&f, &made)) in v.frames[..v.n].iter().zip(&v.made[..v.n]).enumerate() {
-            if l.owner_off >= 0 {
+            if owner {
                 let owner = std::ptr::read_volatile((f + l.owner_off as usize) as *const u8);
                 if (i64::from(owner) == l.cstack) != (made == SKIPPED_ENTRY) {
                     return false;
@@ -594,15 +592,15 @@ pub(crate) fn same_walk(ts: usize, v: &Visits) -> bool {
                 if code != if kept { made & ADDR_MASK } else { made } {
                     return false;
                 }
-                if l.co_firstlineno >= 0 {
-                    let first =
+                if first {
+                    let line =
                         std::ptr::read_volatile((code + l.co_firstlineno as usize) as *const i32);
-                    if (first == 0) == kept {
+                    if (line == 0) == kept {
                         return false;
                     }
                 }
                 if kept {
-                    let entry = if l.mode == 1 {
+                    let entry = if mode1 {
                         entry_of::<true>(f, code, l)
                     } else {
                         entry_of::<false>(f, code, l)
@@ -670,6 +668,7 @@ fn walk_plain(ts: usize, l: &Layout, out: &mut [usize]) -> usize {
                 break;
             }
             if first_line_off >= 0
+                && l.no_source_frames
                 && std::ptr::read_volatile((code + first_line_off as usize) as *const i32) == 0
             {
                 // Code the interpreter made, with no source: not the program's frame.
@@ -801,29 +800,6 @@ pub(crate) fn innermost(ts: usize) -> (usize, usize) {
             frame = read::word(frame, l.ts_deref);
         }
         (frame, read::word(frame, l.instr_off))
-    }
-}
-
-/// Asks the CPU to bring near what `same_walk` will read of the frames `v` noted:
-/// the lines of each frame's fields, and where the layout has one, each code's first
-/// line. A hint only: nothing is read.
-#[inline]
-pub(crate) fn prefetch_visits(v: &Visits) {
-    let Some(l) = LAYOUT.get() else {
-        return;
-    };
-    let offs = [l.code_off, l.prev_off, l.instr_off, l.owner_off];
-    let lo = offs.iter().copied().filter(|o| *o >= 0).min().unwrap_or(0) as usize;
-    let hi = offs.iter().copied().max().unwrap_or(0).max(0) as usize + 8;
-    for (&f, &made) in v.frames().iter().zip(&v.made) {
-        let mut line = (f + lo) & !63;
-        while line < f + hi {
-            prefetch(line);
-            line += 64;
-        }
-        if l.co_firstlineno >= 0 && made != SKIPPED_ENTRY {
-            prefetch((made & ADDR_MASK) + l.co_firstlineno as usize);
-        }
     }
 }
 
@@ -992,6 +968,7 @@ mod tests {
                 owner_off: if owner { 70 } else { -1 },
                 cstack: 3,
                 co_firstlineno: if first { 68 } else { -1 },
+                no_source_frames: first,
                 code_type: &CODE_TYPE as *const u64 as i64,
                 ..Layout::default()
             }

@@ -43,6 +43,10 @@ pub(crate) struct Layout {
     pub co_firstlineno: i64,
     pub co_linetable: i64,
     pub lines_format: i64,
+    /// The interpreter puts frames of code of its own making, with no source
+    /// (first line 0), in the chain (3.13: the shim between a class call and its
+    /// `__init__`): a walk reads each code's first line to skip them. Not before.
+    pub no_source_frames: bool,
     /// Where a compact ASCII `str`'s characters start, and a compact non-ASCII one's.
     pub str_ascii: i64,
     pub str_compact: i64,
@@ -192,6 +196,7 @@ unsafe fn debug_offsets(runtime: *const u64, version: u64) -> Option<Layout> {
             co_name: o(36),
             co_qualname: o(37),
             co_firstlineno: o(39),
+            no_source_frames: true,
             co_linetable: o(38),
             lines_format: 2,
             str_ascii: o(70),

@@ -9,21 +9,23 @@
 //! each Python frame's link to its caller), and between two allocations the
 //! framework's own work has pushed those lines out of the near caches.
 //!
-//! A memo is keyed by where a hook is (its stack depth, the innermost Python frame
-//! and its instruction) and holds, besides the site: the capture's anchor (an
-//! address in its own frame), the return addresses the native walk read with the
-//! stack addresses it read them at (`unwind::StackReads`), and the Python frames it
-//! visited with what it made of each (`frames::Visits`). A later capture with the
-//! same anchor reads the same stack addresses again and the same frames' fields:
-//! loads whose addresses are known in advance, so they overlap instead of queueing,
-//! and are fetched during the real call. If every value is the one remembered, the
-//! walk would find the very same stack (the learned distances are a property of the
-//! return addresses), and the memo's site is taken. Any difference, and the capture
-//! walks as before and remembers anew: a memo never names a stack it was not made
-//! from.
+//! A memo is keyed by where the capture is made (its stack depth, the innermost
+//! Python frame and its instruction) and holds, besides the site: the capture's
+//! anchor (an address in its own frame), the return addresses the native walk read
+//! with the stack addresses it read them at (`unwind::StackReads`), and the Python
+//! frames it visited with what it made of each (`frames::Visits`). A later capture
+//! with the same anchor reads the same stack addresses again and the same frames'
+//! fields: loads whose addresses are known in advance, so they overlap instead of
+//! queueing behind each other. If every value is the one remembered, the walk would
+//! find the very same stack (the learned distances are a property of the return
+//! addresses), and the memo's site is taken. Any difference, and the capture walks
+//! as before and remembers anew: a memo never names a stack it was not made from.
+//!
+//! Fetching a memo's lines ahead, during the real call, was measured and dropped:
+//! on the H200 it cost 135 ns before the call and saved 70 after (run 31 in
+//! docs/validation.md).
 
 use super::frames::{self, Visits};
-use super::prefetch;
 use super::unwind::StackReads;
 
 /// Memos a thread keeps: sets of `WAYS` by key, so a few stacks met at one key (a
@@ -78,35 +80,7 @@ pub(super) fn key(sp: usize, py: (usize, usize)) -> u64 {
     k | 1
 }
 
-/// Fetches the lines of `len` bytes at `at`.
-#[inline(always)]
-fn prefetch_bytes(at: usize, len: usize) {
-    let mut line = at & !63;
-    while line < at + len {
-        prefetch(line);
-        line += 64;
-    }
-}
-
 impl Memo {
-    /// Fetches what checking this memo will read: its own lines, the stack
-    /// addresses and the Python frames (and their code) it remembers.
-    #[inline]
-    fn prefetch(&self) {
-        prefetch_bytes(self as *const Memo as usize, std::mem::offset_of!(Memo, py));
-        let n = (self.n as usize).min(READS);
-        for &at in &self.at[..n] {
-            prefetch(self.anchor + at as usize);
-        }
-        if self.ts != 0 {
-            prefetch_bytes(
-                &self.py as *const Visits as usize,
-                std::mem::size_of::<Visits>(),
-            );
-            frames::prefetch_visits(&self.py);
-        }
-    }
-
     /// Whether a capture anchored at `anchor`, with the Python state `ts` and the
     /// label `tag`, would find the stack this memo was made from.
     #[inline]
@@ -126,7 +100,7 @@ impl Memo {
 }
 
 impl Memos {
-    /// Memos on the heap (about 100 KiB: only threads that capture have them).
+    /// Memos on the heap (about 115 KiB: only threads that capture have them).
     pub(super) fn boxed() -> Box<Memos> {
         let slots = (0..SLOTS)
             .map(|_| Memo {
@@ -159,38 +133,6 @@ impl Memos {
     fn set(&self, key: u64) -> &[Memo] {
         let s = Self::set_of(key) * WAYS;
         &self.slots[s..s + WAYS]
-    }
-
-    /// Fetches the keys of the memos `key` may have (an outer hook's first step: by
-    /// the time the hook beneath reads them, they are near).
-    #[inline]
-    pub(super) fn prefetch_memo(&self, key: u64) {
-        for m in self.set(key) {
-            prefetch(m as *const Memo as usize);
-        }
-    }
-
-    /// The ways of `key`'s set, the one last found or made there first.
-    #[inline]
-    fn ways(&self, key: u64) -> impl Iterator<Item = &Memo> {
-        let set = Self::set_of(key);
-        let last = usize::from(self.last[set]) % WAYS;
-        let ways = &self.slots[set * WAYS..(set + 1) * WAYS];
-        (0..WAYS).map(move |i| &ways[(last + i) % WAYS])
-    }
-
-    /// Fetches what checking the memo at `key` that will most likely hold reads
-    /// (the one last found or made in its set, else the first). False when there
-    /// is none at `key`.
-    #[inline]
-    pub(super) fn prefetch(&self, key: u64) -> bool {
-        match self.ways(key).find(|m| m.key == key) {
-            Some(m) => {
-                m.prefetch();
-                true
-            }
-            None => false,
-        }
     }
 
     /// Whether some memo is at `key` (for the debug log's counts).
@@ -299,7 +241,6 @@ mod tests {
         assert_eq!(m.find(k, anchor, 0, 0), None);
         noted(&mut m, &stack, 0x1234);
         m.put(k, anchor, 0, 0, 7);
-        assert!(m.prefetch(k));
         assert_eq!(m.find(k, anchor, 0, 0), Some(7));
         // Another anchor, label, Python state or key: not this memo.
         assert_eq!(m.find(k, anchor + 16, 0, 0), None);
@@ -307,7 +248,6 @@ mod tests {
         assert_eq!(m.find(k, anchor, 0x5555_0000, 0), None);
         let other = key(0x7ffd_0000_1010, (0, 0));
         assert_eq!(m.find(other, anchor, 0, 0), None);
-        assert!(!m.prefetch(other));
         // Any return address changed: another stack.
         let mut stack = stack;
         // By index: the memo reads the words through their addresses in between.

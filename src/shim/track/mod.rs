@@ -85,11 +85,8 @@ struct ThreadState {
     site_cache: SiteCache,
     site_cache_books: Cell<usize>,
     /// What captures from each place found (`memo`; made at the thread's first
-    /// capture, freed when it ends), and the key of the capture the hook in
-    /// progress will make (0: none).
+    /// capture, freed when it ends).
     memos: Cell<Option<std::ptr::NonNull<Memos>>>,
-    memo_key: Cell<u64>,
-    own_frames: unwind::OwnFrames,
 }
 
 /// Room for the native and Python frames, and the thread's tag (`tags`).
@@ -113,8 +110,6 @@ thread_local! {
             site_cache: SiteCache::new(),
             site_cache_books: Cell::new(0),
             memos: Cell::new(None),
-            memo_key: Cell::new(0),
-            own_frames: unwind::OwnFrames::new(),
         }
     };
     /// Gives the thread's journal back when the thread ends (apart from `THREAD`,
@@ -331,7 +326,7 @@ fn nested(t: &'static ThreadState) -> Entry {
         n: 0,
     };
     if t.in_real.get() {
-        f.n = unwind::capture(&mut f.pcs, t.stack.get(), own_code(), None, None) as u8;
+        f.n = unwind::capture(&mut f.pcs, t.stack.get(), own_code(), None) as u8;
         // Unknown caller or unknown driver range: as before, straight through.
         match f.pcs[..f.n as usize].first() {
             Some(&pc) if is_driver_code(pc) == Some(false) => {}
@@ -452,14 +447,13 @@ fn capture_site_in(books: &Books, t: &ThreadState) -> u32 {
 #[inline(never)]
 fn capture_site_at(books: &Books, t: &ThreadState, depth: usize) -> u32 {
     let here = books as *const Books as usize;
-    let key = t.memo_key.replace(0);
     // SAFETY: the box lives until the thread's `MemoRelease` frees it, and this is
     // the one reference to it: a hook never runs inside another on the same thread
     // (a signal handler's hook takes the stash path, which reads no memo).
-    let mut memos = if key != 0 {
-        memos(t).map(|p| unsafe { &mut *p.as_ptr() })
-    } else {
+    let mut memos = if timing::memos_off() {
         None
+    } else {
+        memos(t).map(|p| unsafe { &mut *p.as_ptr() })
     };
     if t.site_cache_books.get() != here {
         t.site_cache.clear();
@@ -473,6 +467,9 @@ fn capture_site_at(books: &Books, t: &ThreadState, depth: usize) -> u32 {
     let anchor = std::hint::black_box(&anchor_slot) as *const u8 as usize;
     let py = frames::thread_state();
     let tag = t.tag.get();
+    // Where the capture is made: how deep the stack is here (the native path that
+    // reached it, mostly) and the innermost Python frame with its instruction.
+    let key = memo::key(anchor, frames::innermost(py));
     if let Some(m) = &mut memos {
         if let Some(id) = m.find(key, anchor, py, tag) {
             timing::lap(Phase::RecMemo);
@@ -508,7 +505,6 @@ fn capture_site_at(books: &Books, t: &ThreadState, depth: usize) -> u32 {
         &mut pcs[..native.min(MAX_FRAMES)],
         stack_bounds(t),
         own_code(),
-        Some(&t.own_frames),
         memos.as_deref_mut().map(|m| &mut m.reads),
     );
     timing::lap(Phase::RecNative);
@@ -551,73 +547,15 @@ fn capture_site_at(books: &Books, t: &ThreadState, depth: usize) -> u32 {
     id
 }
 
-/// The key of a capture from this hook: its stack depth (the native path that
-/// reached it, mostly) and the innermost Python frame with its instruction.
-#[inline(always)]
-fn memo_key_here() -> u64 {
-    let here = 0u8;
-    let sp = std::hint::black_box(&here) as *const u8 as usize;
-    memo::key(sp, frames::innermost(frames::thread_state()))
-}
-
-/// A runtime allocation's first step: the key of the capture the driver hook beneath
-/// will make, and its memo fetched while the runtime works its way down.
+/// Before an allocation's real call: the thread's next journal slot fetched while
+/// the driver works (the record after the call writes it).
 #[inline]
-fn memo_runtime(t: &ThreadState) {
-    if t.driver_depth.get() != 0
-        || bench_switch::paused()
-        || active_books().is_none()
-        || config().stack_depth == 0
-        || timing::memos_off()
-    {
-        return;
-    }
-    let key = memo_key_here();
-    t.memo_key.set(key);
-    if timing::prefetch_off() {
-        return;
-    }
-    if let Some(m) = t.memos.get() {
-        // SAFETY: as in `memos` (read only, nothing else holds it now).
-        unsafe { m.as_ref() }.prefetch_memo(key);
-    }
-}
-
-/// Before an allocation's real call: the key of the capture that will follow it,
-/// and the lines checking its memo will read (or, with no memo there, the learned
-/// distances of gpuguard's own frames, which the walk will read), fetched while
-/// the driver works. Also the thread's next journal slot.
-#[inline]
-fn memo_ahead(t: &ThreadState) {
-    // Not before activation: the settings and the Python side are read only after.
-    if active_books().is_none() {
-        return;
-    }
+fn journal_ahead(t: &ThreadState) {
     if let Some(j) = t.journal.get() {
         // An entry may straddle two lines.
         let slot = j.slot_addr(&t.producer.get());
         prefetch(slot);
         prefetch(slot + 47);
-    }
-    if config().stack_depth == 0 || timing::memos_off() {
-        return;
-    }
-    // Under a runtime call its hook made the key (and fetched the memo).
-    let key = match t.memo_key.get() {
-        k if k != 0 && t.runtime.get().active => k,
-        _ => {
-            let k = memo_key_here();
-            t.memo_key.set(k);
-            k
-        }
-    };
-    if timing::prefetch_off() {
-        return;
-    }
-    match t.memos.get() {
-        // SAFETY: as in `memos` (read only, nothing else holds it now).
-        Some(m) if unsafe { m.as_ref() }.prefetch(key) => {}
-        _ => t.own_frames.prefetch(),
     }
 }
 
@@ -839,7 +777,7 @@ pub(crate) fn driver_alloc(
         }
     };
     let t = scope.0;
-    memo_ahead(t);
+    journal_ahead(t);
     let call = || scope.real(|| timed(Phase::DrvAllocPre, Phase::DrvAllocReal, &mark, call));
     let rc = driver_alloc_body(t, api, kind, plan, call, made);
     timing::charge(Phase::DrvAllocPost, mark.get());
@@ -1144,12 +1082,8 @@ pub(crate) fn runtime_alloc(
 ) -> c_int {
     let mark = Cell::new(timing::stamp());
     let t = thread();
-    memo_runtime(t);
     let (rc, frame) =
         in_runtime_frame(api, None, 0, || timed_outer(Phase::RtAllocPre, &mark, call));
-    // A key the driver hook beneath did not use (its call failed) is not left for
-    // the next hook to find.
-    t.memo_key.set(0);
     // Inside a hook (a signal handler's call) the books cannot be touched here.
     if rc == SUCCESS && !frame.seen && t.driver_depth.get() == 0 {
         let _busy = hold(t);

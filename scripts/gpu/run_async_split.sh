@@ -7,7 +7,9 @@
 # with CARGO_TARGET_DIR=target/timing).
 #   NO_MEMOS_TOO=1 adds the timing build with its capture memos off; SKIP_STACKS_OFF=1
 #   leaves out the stacks-off runs, SKIP_TIMING_STACKS_OFF=1 only the timing build's.
-#   AB_S (60) seconds of A/B blocks for each full build's run; TM_S (30) for the timing build's.
+#   AB_S (60) seconds of A/B blocks for each full build's run (OFF_S, default AB_S, for
+#   its stacks-off run); TM_S (30) for the timing build's; TIMING_ENV: settings for the
+#   timing build's first run (e.g. GPUGUARD_LOG=debug, which logs the capture counts).
 set -u
 cd "$(dirname "$0")/../.." || exit 2
 O=${OUT:-/tmp/ggv-out}/split
@@ -25,8 +27,9 @@ run() { # name, ab seconds, extra env...
 }
 TL=$PWD/target/timing/release/libgpuguard.so
 run default "$AB_S"
-[ -n "${SKIP_STACKS_OFF:-}" ] || run stacks_off "$AB_S" GGV_BENCH_TRAIN_ENV=GPUGUARD_STACK_DEPTH=0
-run timing "$TM_S" GGV_LIB="$TL"
+[ -n "${SKIP_STACKS_OFF:-}" ] || run stacks_off "${OFF_S:-$AB_S}" GGV_BENCH_TRAIN_ENV=GPUGUARD_STACK_DEPTH=0
+run timing "$TM_S" GGV_LIB="$TL" ${TIMING_ENV:+GGV_BENCH_TRAIN_ENV="$TIMING_ENV"}
+grep -rh "stack captures" "$O/timing" 2>/dev/null | head -1 | sed "s/^/timing: /"
 [ -n "${SKIP_STACKS_OFF:-}${SKIP_TIMING_STACKS_OFF:-}" ] || run timing_stacks_off "$((TM_S * 2 / 3))" GGV_LIB="$TL" GGV_BENCH_TRAIN_ENV=GPUGUARD_STACK_DEPTH=0
 # The same timing build with the capture memos off (a diagnostic switch of that build).
 [ -z "${NO_MEMOS_TOO:-}" ] || run timing_no_memos "$TM_S" GGV_LIB="$TL" GGV_BENCH_TRAIN_ENV=GPUGUARD_BENCH_NO_MEMOS=1

@@ -783,8 +783,8 @@ pub(crate) fn enabled() -> bool {
 }
 
 /// This thread's innermost Python frame and where in its code it is (0s for a
-/// thread that runs no Python now): a cheap key of what a capture will find, read
-/// before it (see `track::hints`). The same reads as the first step of `walk`.
+/// thread that runs no Python now): part of the key of a capture's memo (see
+/// `track::memo`). The same reads as the first step of `walk`.
 #[inline]
 pub(crate) fn innermost(ts: usize) -> (usize, usize) {
     if ts == 0 || WALK.load(Relaxed) == WALK_NONE {

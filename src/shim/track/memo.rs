@@ -100,28 +100,41 @@ impl Memo {
 }
 
 impl Memos {
-    /// Memos on the heap (about 115 KiB: only threads that capture have them).
-    pub(super) fn boxed() -> Box<Memos> {
-        let slots = (0..SLOTS)
-            .map(|_| Memo {
-                key: 0,
-                site: 0,
-                tag: 0,
-                anchor: 0,
-                ts: 0,
-                n: 0,
-                at: [0; READS],
-                val: [0; READS],
-                py: Visits::new(),
-            })
-            .collect();
-        Box::new(Memos {
-            slots,
+    /// Memos on the heap (about 115 KiB: only threads that capture have them);
+    /// `None` if the memory cannot be had (the captures then walk, as without).
+    pub(super) fn boxed() -> Option<Box<Memos>> {
+        let mut slots = Vec::new();
+        slots.try_reserve_exact(SLOTS).ok()?;
+        slots.extend((0..SLOTS).map(|_| Memo {
+            key: 0,
+            site: 0,
+            tag: 0,
+            anchor: 0,
+            ts: 0,
+            n: 0,
+            at: [0; READS],
+            val: [0; READS],
+            py: Visits::new(),
+        }));
+        let memos = Memos {
+            slots: slots.into_boxed_slice(),
             next: [0; SETS],
             last: [0; SETS],
             reads: StackReads::new(),
             visits: Visits::new(),
-        })
+        };
+        let layout = std::alloc::Layout::new::<Memos>();
+        // SAFETY: `Memos` is not zero-sized; the allocation, if made, has its
+        // layout, is written whole before the box owns it, and is freed by the box
+        // (the global allocator's, as `Box::from_raw` requires).
+        unsafe {
+            let p = std::alloc::alloc(layout) as *mut Memos;
+            if p.is_null() {
+                return None;
+            }
+            p.write(memos);
+            Some(Box::from_raw(p))
+        }
     }
 
     #[inline]
@@ -233,7 +246,7 @@ mod tests {
 
     #[test]
     fn a_memo_names_only_the_stack_it_read() {
-        let mut m = Memos::boxed();
+        let mut m = Memos::boxed().unwrap();
         let stack = vec![0x40_1000usize, 0x40_2000, 0x40_3000, 0];
         let anchor = stack.as_ptr() as usize - 4;
         let k = key(0x7ffd_0000_1000, (0, 0));
@@ -264,7 +277,7 @@ mod tests {
 
     #[test]
     fn captures_not_wholly_noted_are_not_remembered() {
-        let mut m = Memos::boxed();
+        let mut m = Memos::boxed().unwrap();
         let stack = vec![0x40_1000usize; 8];
         let anchor = stack.as_ptr() as usize - 8;
         let k = key(0x7ffd_0000_2000, (0, 0));
@@ -290,7 +303,7 @@ mod tests {
 
     #[test]
     fn a_few_stacks_at_one_key_keep_a_memo_each() {
-        let mut m = Memos::boxed();
+        let mut m = Memos::boxed().unwrap();
         let k = key(0x7ffd_0000_3000, (0, 0));
         let stacks: Vec<Vec<usize>> = (0..WAYS + 1).map(|i| vec![0x40_0000 + i, 0]).collect();
         // One anchor for all: the stacks in turn at the same place.

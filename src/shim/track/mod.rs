@@ -149,7 +149,7 @@ fn memos(t: &ThreadState) -> Option<std::ptr::NonNull<Memos>> {
 fn make_memos(t: &ThreadState) -> Option<std::ptr::NonNull<Memos>> {
     // Only where the thread can still free them: not during its own teardown.
     MEMO_RELEASE.try_with(|r| r.0.set(true)).ok()?;
-    let p = std::ptr::NonNull::from(Box::leak(Memos::boxed()));
+    let p = std::ptr::NonNull::from(Box::leak(Memos::boxed()?));
     t.memos.set(Some(p));
     Some(p)
 }

@@ -599,12 +599,16 @@ impl Ledger {
     }
 
     /// Writes an entry to the calling thread's journal; when the journal is full,
-    /// every journal is applied first (by this thread).
+    /// every journal is applied first (by this thread). True when the entry
+    /// completed another half of the journal: the caller should have the helper
+    /// drain now (`Journal::half_written`).
     #[inline]
-    pub fn journal(&self, j: &Journal, p: &mut Producer, e: &Event) {
+    pub fn journal(&self, j: &Journal, p: &mut Producer, e: &Event) -> bool {
         if !j.push(p, e) {
             self.journal_full(j, p, e);
+            return false;
         }
+        j.half_written(p)
     }
 
     #[cold]

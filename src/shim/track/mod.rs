@@ -14,7 +14,7 @@ use super::real::{DRIVER, is_driver_code, own_code};
 use super::settings::config;
 use super::state::{active_books, books, shielded};
 use super::sys::{monotonic_ns, prefetch};
-use super::{capture, fault, tags, unwind};
+use super::{capture, fault, tags, unwind, wake};
 use gpuguard_core::ledger::{Event, Journal, Key, Kind, NO_SITE, Producer, Record};
 use gpuguard_core::sites::{SiteCache, fingerprint};
 use std::cell::{Cell, UnsafeCell};
@@ -223,8 +223,14 @@ fn book_alloc(t: &ThreadState, books: &Books, key: Key, rec: Record, if_absent: 
 #[inline]
 fn journal_push(t: &ThreadState, books: &Books, j: &Journal, e: Event) {
     let mut p = t.producer.get();
-    books.ledger.journal(j, &mut p, &e);
+    let half = books.ledger.journal(j, &mut p, &e);
     t.producer.set(p);
+    if half {
+        // A thread writing faster than the helper's period (a tight loop) would
+        // fill its journal and apply every journal itself, under the drain's lock:
+        // the helper is rung at each half instead (one write to its eventfd).
+        wake::ring();
+    }
 }
 
 /// This thread's state. It has no destructor, so it lives as long as the thread.

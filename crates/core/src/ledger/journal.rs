@@ -221,6 +221,14 @@ impl Journal {
         true
     }
 
+    /// Whether the owner's last entry completed another half of the ring: the time
+    /// to ask for a drain, so a thread writing faster than the drains come does not
+    /// fill its ring and have to apply it itself.
+    #[inline]
+    pub fn half_written(&self, p: &Producer) -> bool {
+        p.head % (self.slots.len() as u64 / 2) == 0
+    }
+
     /// Where the owner's next entry goes (an address, for a prefetch hint).
     #[inline]
     pub fn slot_addr(&self, p: &Producer) -> usize {
@@ -337,6 +345,26 @@ mod tests {
         j.release();
         let q = j.try_claim().expect("released");
         assert_eq!(q.head, p.head, "a new owner goes on where the last stopped");
+    }
+
+    #[test]
+    fn each_half_of_the_ring_written_asks_for_a_drain_once() {
+        let j = Journal::new(8);
+        let mut p = j.try_claim().unwrap();
+        let mut asked = Vec::new();
+        let mut out = Vec::new();
+        for i in 0..20 {
+            assert!(j.push(&mut p, &alloc(i, i)));
+            if j.half_written(&p) {
+                asked.push(i);
+            }
+            // Drained now and then, as the helper does: the asks follow the
+            // entries written, not the entries waiting.
+            if i % 3 == 2 {
+                j.take_into(&mut out);
+            }
+        }
+        assert_eq!(asked, vec![3, 7, 11, 15, 19]);
     }
 
     #[test]

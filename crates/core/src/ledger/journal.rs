@@ -226,7 +226,7 @@ impl Journal {
     /// fill its ring and have to apply it itself.
     #[inline]
     pub fn half_written(&self, p: &Producer) -> bool {
-        p.head % (self.slots.len() as u64 / 2) == 0
+        p.head.is_multiple_of(self.slots.len() as u64 / 2)
     }
 
     /// Where the owner's next entry goes (an address, for a prefetch hint).

@@ -208,11 +208,11 @@ pub(super) fn after_fork_in_child() {
 /// so a framework imported later still gets its recorder.
 /// How often the helper thread applies the hooks' journals while any exist: a thread's
 /// journal (4,096 entries) lasts ~60 ms of PyTorch's busiest allocation rate seen
-/// (cudaMallocAsync: 1,289 entries a ~20 ms step, over two threads) before its thread
-/// would have to apply them itself.
+/// (cudaMallocAsync: 1,289 entries a ~20 ms step, over two threads). A thread that
+/// writes faster rings the doorbell at each half journal (`track::journal_push`).
 const JOURNAL_DRAIN_MS: u64 = 20;
-/// ... and once a drain found nothing (a thread whose journal fills meanwhile applies
-/// it itself, and the helper is back to `JOURNAL_DRAIN_MS`).
+/// ... and once a drain found nothing (a thread that writes again rings at its next
+/// half journal, and the helper is back to `JOURNAL_DRAIN_MS`).
 const JOURNAL_IDLE_MS: u64 = 250;
 
 const INSTALL_AFTER_MS: [u64; 10] = [

@@ -128,8 +128,8 @@ impl Drop for MemoRelease {
         if self.0.get()
             && let Some(m) = thread().memos.take()
         {
-            // SAFETY: made by `Box::into_raw` in `memos`, and taken out of the thread
-            // state: no hook of this thread reaches it again.
+            // SAFETY: made by `Box::leak` in `make_memos`, and taken out of the
+            // thread state: no hook of this thread reaches it again.
             drop(unsafe { Box::from_raw(m.as_ptr()) });
         }
     }

@@ -379,8 +379,6 @@ fn swapped_devices_keep_caps_on_their_ordinals() {
 
 /// A cap named by UUID applies to that physical GPU whatever ordinal it has.
 #[test]
-#[ignore = "defect: GPUGUARD_CAP names devices by CUDA ordinal only; a UUID-named cap \
-            (GPU-...:4GiB) is refused as malformed (crates/core/src/cap.rs CapSpec::parse)"]
 fn uuid_named_cap_follows_the_physical_gpu() {
     let phys = physical_uuids();
     let cap = format!("{}:4GiB", phys[1]);
@@ -400,6 +398,37 @@ fn uuid_named_cap_follows_the_physical_gpu() {
         assert_views(&r, ord, 4 * GIB, 4 * GIB);
         assert_eq!(nvml_of(&r, "NVML2", &phys[0]).0, 16 * GIB);
     }
+    // It refuses there, and only there: 3 GiB then 2 GiB on that GPU (ordinal 1
+    // with both visible in order), 6 GiB on the other.
+    let r = multi(
+        &["caps", "1:3072", "1:2048", "0:6144"],
+        &[
+            ("CUDA_VISIBLE_DEVICES", "0,1"),
+            ("GPUGUARD_CAP", cap.as_str()),
+        ],
+    );
+    r.assert_ok();
+    assert_eq!(tries(&r), [0, 2, 0], "{}", r.describe());
+    assert_counters_match_books(&r);
+    // A UUID the process does not see: one warning, nothing capped.
+    let r = multi(
+        &["view"],
+        &[
+            ("CUDA_VISIBLE_DEVICES", "0"),
+            ("GPUGUARD_CAP", cap.as_str()),
+        ],
+    );
+    r.assert_ok();
+    assert_eq!(
+        r.stderr
+            .matches("no device this process sees has that UUID")
+            .count(),
+        1,
+        "{}",
+        r.describe()
+    );
+    assert_eq!(line_of(&r, "MEMINFO", "dev", 0)["total"], 16 * GIB);
+    assert_eq!(line_of(&r, "TOTALMEM", "dev", 0)["bytes"], 16 * GIB);
 }
 
 // ---- processes side by side ---------------------------------------------------------

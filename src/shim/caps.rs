@@ -58,7 +58,13 @@ impl Books {
 
     fn resolve_cap(&self, device: i32, total: u64) {
         let cfg = &settings().cfg;
-        let Some(limit) = cfg.cap.limit_for(device as u32) else {
+        // A UUID named in the cap: asked of the driver once, at the device's first use.
+        let uuid = if cfg.cap.per_uuid.is_empty() {
+            None
+        } else {
+            super::real::DRIVER.device_uuid(device)
+        };
+        let Some(limit) = cfg.cap.limit_for_gpu(device as u32, uuid.as_deref()) else {
             return;
         };
         let Some(mut cap) = limit.resolve(total) else {
@@ -98,12 +104,26 @@ impl Books {
     /// At activation: devices the cap names that this process does not have.
     pub fn check_cap_devices(&self) {
         let spec = &settings().cfg.cap;
-        if spec.per_device.is_empty() {
+        if spec.per_device.is_empty() && spec.per_uuid.is_empty() {
             return;
         }
         let Some(count) = super::real::DRIVER.device_count() else {
             return;
         };
+        let uuids: Vec<String> = (0..count)
+            .filter_map(|d| super::real::DRIVER.device_uuid(d))
+            .map(|u| u.to_ascii_lowercase())
+            .collect();
+        for name in spec.per_uuid.keys() {
+            if !uuids.iter().any(|u| u.starts_with(name.as_str())) {
+                log(
+                    LogLevel::Warn,
+                    format_args!(
+                        "GPUGUARD_CAP names {name}, but no device this process sees has that UUID; ignored"
+                    ),
+                );
+            }
+        }
         for &d in spec.per_device.keys() {
             if d as i64 >= i64::from(count) {
                 log(

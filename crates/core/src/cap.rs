@@ -2,7 +2,10 @@
 //!
 //! Forms: one size for every device (`20GiB`, `512MiB`, `1.5GB`, plain bytes), a
 //! fraction of each device's memory (`0.5`), or per device (`0:20GiB,1:0.25`; devices
-//! not named are uncapped; a bare value among them is the default for the rest).
+//! not named are uncapped; a bare value among them is the default for the rest). A
+//! device is named by its CUDA ordinal (as the process sees it, after
+//! `CUDA_VISIBLE_DEVICES`) or by its UUID (`GPU-3b…:4GiB`, the physical GPU whatever
+//! its ordinal; a prefix names every GPU whose UUID begins with it).
 //! Pure parsing and arithmetic; enforcement lives with the ledger's counters.
 
 use std::collections::BTreeMap;
@@ -42,9 +45,11 @@ pub struct CapSpec {
     /// For devices not named.
     pub default: Option<Limit>,
     pub per_device: BTreeMap<u32, Limit>,
+    /// By UUID or a prefix of one (`gpu-…`, lower case); ahead of the ordinals.
+    pub per_uuid: BTreeMap<String, Limit>,
 }
 
-pub const ACCEPTED: &str = "a size (20GiB, 512MiB, 1.5GB, bytes), a fraction of device memory in (0, 1] (0.5), or per device (0:20GiB,1:0.25)";
+pub const ACCEPTED: &str = "a size (20GiB, 512MiB, 1.5GB, bytes), a fraction of device memory in (0, 1] (0.5), or per device by ordinal or UUID (0:20GiB,1:0.25,GPU-3b2f…:8GiB)";
 
 impl CapSpec {
     pub fn parse(text: &str) -> Option<CapSpec> {
@@ -56,9 +61,18 @@ impl CapSpec {
         for part in text.split(',').map(str::trim) {
             match part.split_once(':') {
                 Some((dev, value)) => {
-                    let dev: u32 = dev.trim().parse().ok()?;
+                    let dev = dev.trim();
                     let limit = parse_limit(value.trim())?;
-                    if spec.per_device.insert(dev, limit).is_some() {
+                    let again = if let Ok(d) = dev.parse::<u32>() {
+                        spec.per_device.insert(d, limit).is_some()
+                    } else if uuid_name(dev) {
+                        spec.per_uuid
+                            .insert(dev.to_ascii_lowercase(), limit)
+                            .is_some()
+                    } else {
+                        return None;
+                    };
+                    if again {
                         return None; // the same device twice
                     }
                 }
@@ -72,13 +86,40 @@ impl CapSpec {
         Some(spec)
     }
 
+    /// The limit of the device with this ordinal, by ordinal or the default.
     pub fn limit_for(&self, device: u32) -> Option<Limit> {
         self.per_device.get(&device).copied().or(self.default)
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.default.is_none() && self.per_device.is_empty()
+    /// The limit of the device with this ordinal and UUID (`GPU-…`, as
+    /// `uuid_string` writes it; `None` if unknown): a UUID named first, then as
+    /// `limit_for`.
+    pub fn limit_for_gpu(&self, device: u32, uuid: Option<&str>) -> Option<Limit> {
+        uuid.and_then(|u| self.uuid_limit(u))
+            .or_else(|| self.limit_for(device))
     }
+
+    /// The limit a UUID named here gives the GPU with this UUID (the longest name
+    /// it begins with).
+    pub fn uuid_limit(&self, uuid: &str) -> Option<Limit> {
+        let u = uuid.to_ascii_lowercase();
+        self.per_uuid
+            .iter()
+            .filter(|(name, _)| u.starts_with(name.as_str()))
+            .max_by_key(|(name, _)| name.len())
+            .map(|(_, l)| *l)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.default.is_none() && self.per_device.is_empty() && self.per_uuid.is_empty()
+    }
+}
+
+/// `GPU-` and hex digits or dashes: a device UUID or a prefix of one.
+fn uuid_name(s: &str) -> bool {
+    s.len() > 4
+        && s[..4].eq_ignore_ascii_case("gpu-")
+        && s[4..].bytes().all(|c| c.is_ascii_hexdigit() || c == b'-')
 }
 
 /// The text form `CapSpec::parse` reads back to the same spec: the default first, then
@@ -98,6 +139,10 @@ impl std::fmt::Display for CapSpec {
         for (dev, limit) in &self.per_device {
             sep(f)?;
             write!(f, "{dev}:{limit}")?;
+        }
+        for (uuid, limit) in &self.per_uuid {
+            sep(f)?;
+            write!(f, "{uuid}:{limit}")?;
         }
         Ok(())
     }
@@ -249,6 +294,47 @@ mod tests {
             "0:1GiB,0:2GiB",
             "1GiB,2GiB",
             "0:1.5",
+        ] {
+            assert_eq!(CapSpec::parse(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn per_uuid() {
+        let u1 = "GPU-3b000000-0000-0000-0000-0000000000a7";
+        let u0 = "GPU-11000000-0000-0000-0000-000000000001";
+        let s = CapSpec::parse(&format!("{u1}:4GiB, 0:8GiB")).unwrap();
+        // The UUID's GPU, whatever its ordinal; the ordinal for the others.
+        assert_eq!(s.limit_for_gpu(0, Some(u1)), Some(Limit::Bytes(4 << 30)));
+        assert_eq!(s.limit_for_gpu(1, Some(u1)), Some(Limit::Bytes(4 << 30)));
+        assert_eq!(s.limit_for_gpu(0, Some(u0)), Some(Limit::Bytes(8 << 30)));
+        assert_eq!(s.limit_for_gpu(1, Some(u0)), None);
+        assert_eq!(s.limit_for_gpu(0, None), Some(Limit::Bytes(8 << 30)));
+        // Any case; a prefix names every GPU it begins.
+        let s = CapSpec::parse("gpu-3B:0.5").unwrap();
+        assert_eq!(s.limit_for_gpu(5, Some(u1)), Some(Limit::Fraction(0.5)));
+        assert_eq!(s.limit_for_gpu(5, Some(u0)), None);
+        assert!(!s.is_empty());
+        // The longest name a UUID begins with.
+        let s = CapSpec::parse(&format!("gpu-3b:1GiB,{u1}:2GiB,gpu-3b0000:3GiB")).unwrap();
+        assert_eq!(s.uuid_limit(u1), Some(Limit::Bytes(2 << 30)));
+        assert_eq!(
+            s.uuid_limit("GPU-3b000011-0000-0000-0000-000000000000"),
+            Some(Limit::Bytes(3 << 30))
+        );
+        assert_eq!(
+            s.uuid_limit("GPU-3b110000-0000-0000-0000-000000000000"),
+            Some(Limit::Bytes(1 << 30))
+        );
+        // Reads back from its text.
+        let s = CapSpec::parse(&format!("1GiB,{u1}:4GiB,2:0.25")).unwrap();
+        assert_eq!(CapSpec::parse(&s.to_string()), Some(s));
+        for bad in [
+            "GPU-:1GiB",
+            "GPU-xyz:1GiB",
+            "MIG-3b:1GiB",
+            &format!("{u1}:1GiB,{}:2GiB", u1.to_lowercase()),
+            &format!("{u1}:"),
         ] {
             assert_eq!(CapSpec::parse(bad), None, "{bad}");
         }

@@ -96,7 +96,7 @@ proptest! {
         default in proptest::option::of(limit()),
         devices in proptest::collection::btree_map(0u32..16, limit(), 0..4),
     ) {
-        let spec = CapSpec { default, per_device: devices };
+        let spec = CapSpec { default, per_device: devices, per_uuid: Default::default() };
         prop_assume!(!spec.is_empty());
         let text = spec.to_string();
         prop_assert_eq!(CapSpec::parse(&text), Some(spec), "{}", text);

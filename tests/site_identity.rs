@@ -9,12 +9,9 @@ use core_support::*;
 
 const MIB: u64 = 1 << 20;
 
-#[test]
-fn the_demo_s_leak_is_one_site() {
-    let r = gg_run("hello_gpu", &["9"], &[]);
-    assert!(r.status.success(), "{}", r.describe());
-    let (path, rep) = exit_report(&r);
-    let sites: Vec<&serde_json::Value> = rep["sites"]
+/// The report's sites with a frame naming `name`.
+fn sites_naming(rep: &serde_json::Value, name: &str) -> Vec<serde_json::Value> {
+    rep["sites"]
         .as_array()
         .unwrap()
         .iter()
@@ -23,9 +20,18 @@ fn the_demo_s_leak_is_one_site() {
                 .as_array()
                 .unwrap()
                 .iter()
-                .any(|f| f.as_str().unwrap().contains("remember_batch_stats"))
+                .any(|f| f.as_str().unwrap().contains(name))
         })
-        .collect();
+        .cloned()
+        .collect()
+}
+
+#[test]
+fn the_demo_s_leak_is_one_site() {
+    let r = gg_run("hello_gpu", &["9"], &[]);
+    assert!(r.status.success(), "{}", r.describe());
+    let (path, rep) = exit_report(&r);
+    let sites = sites_naming(&rep, "remember_batch_stats");
     assert_eq!(sites.len(), 1, "{sites:#?}");
     assert_eq!(sites[0]["live_count"], 3);
     assert_eq!(sites[0]["live_bytes"], 24 * MIB);
@@ -62,22 +68,7 @@ fn twins_at_one_stack_depth_keep_their_own_sites() {
     );
     assert!(r.status.success(), "{}", r.describe());
     let (_, rep) = exit_report(&r);
-    let site_of = |name: &str| -> Vec<serde_json::Value> {
-        rep["sites"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter(|s| {
-                s["frames"]
-                    .as_array()
-                    .unwrap()
-                    .iter()
-                    .any(|f| f.as_str().unwrap().contains(name))
-            })
-            .cloned()
-            .collect()
-    };
-    let (a, b) = (site_of("twin_a"), site_of("twin_b"));
+    let (a, b) = (sites_naming(&rep, "twin_a"), sites_naming(&rep, "twin_b"));
     assert_eq!(a.len(), 1, "{a:#?}");
     assert_eq!(b.len(), 1, "{b:#?}");
     assert_ne!(a[0]["id"], b[0]["id"]);
@@ -85,13 +76,7 @@ fn twins_at_one_stack_depth_keep_their_own_sites() {
     assert_eq!(a[0]["live_bytes"], 2 * MIB * n);
     assert_eq!(b[0]["live_count"], n);
     assert_eq!(b[0]["live_bytes"], MIB * n);
-    let remembered: u64 = r
-        .stderr
-        .lines()
-        .find_map(|l| l.split("stack captures: ").nth(1))
-        .and_then(|t| t.split(' ').next())
-        .and_then(|t| t.parse().ok())
-        .unwrap_or_else(|| panic!("no count\n{}", r.stderr));
+    let remembered = common::remembered_captures(&r);
     assert!(
         remembered >= 2 * n - 6,
         "{remembered} remembered\n{}",

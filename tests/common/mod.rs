@@ -818,3 +818,14 @@ pub fn expected_device_books(out: Out<'_>) -> HashMap<i32, (u64, u64)> {
     }
     m
 }
+
+/// How many stack captures a run's memos answered (`GPUGUARD_LOG=debug`'s
+/// "stack captures: N remembered, …" line at exit).
+pub fn remembered_captures(r: &Run) -> u64 {
+    r.stderr
+        .lines()
+        .find_map(|l| l.split("stack captures: ").nth(1))
+        .and_then(|t| t.split(' ').next())
+        .and_then(|t| t.parse().ok())
+        .unwrap_or_else(|| panic!("no count of stack captures\n{}", r.stderr))
+}

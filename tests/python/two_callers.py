@@ -5,20 +5,16 @@ frames tell the three apart.
 
   two_callers.py N   (N allocations of each kind, kept)
 """
-import ctypes
 import sys
 
-lib = ctypes.CDLL("libcudart.so.13")
-lib.cudaMalloc.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t]
+from simrt import malloc
+
 KEEP = []
 MiB = 1 << 20
 
 
 def leaf(n):
-    p = ctypes.c_void_p(0)
-    if lib.cudaMalloc(ctypes.byref(p), n) != 0:  # LEAF-LINE
-        raise MemoryError(n)
-    return p.value
+    return malloc(n)  # LEAF-LINE
 
 
 def from_a(n):

@@ -17,6 +17,9 @@
 //! judged reports, or per interval without times). A site that held nothing in the
 //! first reports is judged from the report before it first held memory, over at
 //! least two intervals: one that appears in the last report only is not a suspect.
+//! A framework's own lines are judged only over the reports that framework answered
+//! for (a report taken while it could not answer, such as at interpreter teardown,
+//! says nothing of them, rather than that they held nothing).
 
 use crate::report::Report;
 use std::collections::BTreeMap;
@@ -100,6 +103,23 @@ pub fn site_map(r: &Report) -> BTreeMap<SiteKey, (u64, u64)> {
     m
 }
 
+/// Whether `r` has figures for the site `k`: the hooks' own sites always; a
+/// framework's lines where that framework answered for the report (it is classified
+/// there, or the report has lines of it).
+fn has_figures(r: &Report, k: &SiteKey) -> bool {
+    let Some(fw) = k.framework.as_deref() else {
+        return true;
+    };
+    if fw == crate::classify::FROM_STACK {
+        return true;
+    }
+    let base = fw.strip_suffix(crate::classify::SAMPLED).unwrap_or(fw);
+    r.classification
+        .iter()
+        .any(|c| c.framework == base && c.status == "classified")
+        || r.python_sites.iter().any(|s| s.framework == fw)
+}
+
 /// The judgment on one series of live bytes: (rose, intervals, growth, first
 /// report judged) if a suspect. A site that holds nothing in the first reports is
 /// judged from the report before it first held memory, and needs two intervals
@@ -136,8 +156,13 @@ pub fn suspects(reports: &[&Report]) -> Vec<Suspect> {
                 .iter()
                 .map(|m| m.get(k).copied().unwrap_or_default())
                 .collect();
-            let bytes: Vec<u64> = live.iter().map(|l| l.0).collect();
+            // The reports with figures for this site, and its bytes in each.
+            let with: Vec<usize> = (0..series.len())
+                .filter(|&i| has_figures(series[i], k))
+                .collect();
+            let bytes: Vec<u64> = with.iter().map(|&i| live[i].0).collect();
             let n = bytes.len();
+            let ends_at_exit = ends_at_exit && with.last() == Some(&(series.len() - 1));
             // A drop in the exit report is the program's teardown (its lists freed as
             // it returned): the judgment is on the series before it whenever that one
             // is a suspect, even where the whole series (which ends lower, but maybe
@@ -151,7 +176,7 @@ pub fn suspects(reports: &[&Report]) -> Vec<Suspect> {
             };
             let (rose, intervals, growth, first) = judged?;
             let last = if exit_drop_ignored { n - 2 } else { n - 1 };
-            let secs = series[last].uptime_s - series[first].uptime_s;
+            let secs = series[with[last]].uptime_s - series[with[first]].uptime_s;
             Some(Suspect {
                 key: k.clone(),
                 live,
@@ -176,7 +201,7 @@ pub fn suspects(reports: &[&Report]) -> Vec<Suspect> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::report::{PythonSite, Site};
+    use crate::report::{Classification, PythonSite, Site};
 
     fn rep(seq: u64, reason: &str, t: f64, sites: &[(&str, u64)]) -> Report {
         Report {
@@ -343,6 +368,52 @@ mod tests {
         let s = suspects(&refs);
         assert_eq!(names(&s), ["t.py:29 in train", "t.py:28 in train"]);
         assert_eq!((s[0].precision(), s[1].precision()), (2, 1));
+    }
+
+    #[test]
+    fn a_report_the_framework_did_not_answer_says_nothing_of_its_lines() {
+        // A sampled line grows in every report CuPy answered; one report in the
+        // middle was taken while it could not (no classification, no lines): the
+        // line still rose in every interval judged, as steadily as the stack's.
+        let site = |framework: &str, line: &str, bytes: u64| PythonSite {
+            id: 0,
+            framework: framework.into(),
+            frames: vec![line.into()],
+            live_bytes: bytes,
+            live_count: 1,
+        };
+        let rs: Vec<Report> = (0..6u64)
+            .map(|i| {
+                let mut r = rep(i + 1, "snapshot", i as f64, &[]);
+                r.python_sites = vec![site(
+                    crate::classify::FROM_STACK,
+                    "t.py:28 in train",
+                    1000 * (i + 1),
+                )];
+                if i != 3 {
+                    r.python_sites
+                        .push(site("cupy-sampled", "t.py:29 in train", 10 * (i + 1)));
+                    r.classification = vec![Classification {
+                        framework: "cupy".into(),
+                        status: "classified".into(),
+                        detail: None,
+                    }];
+                }
+                r
+            })
+            .collect();
+        let refs: Vec<&Report> = rs.iter().collect();
+        let s = suspects(&refs);
+        assert_eq!(names(&s), ["t.py:29 in train", "t.py:28 in train"]);
+        assert_eq!((s[0].rose, s[0].intervals), (4, 4));
+        assert_eq!((s[1].rose, s[1].intervals), (5, 5));
+        // Answered, with nothing left: that is a fall.
+        let mut rs = rs;
+        rs[3].classification = rs[0].classification.clone();
+        let refs: Vec<&Report> = rs.iter().collect();
+        let s = suspects(&refs);
+        assert_eq!(names(&s), ["t.py:28 in train", "t.py:29 in train"]);
+        assert_eq!((s[1].rose, s[1].intervals), (4, 5));
     }
 
     #[test]

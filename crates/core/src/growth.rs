@@ -248,6 +248,17 @@ mod tests {
         assert_eq!(s[0].growth, 8704 << 10);
     }
 
+    /// A Python site of `framework` at one line.
+    fn site(framework: &str, line: &str, bytes: u64) -> PythonSite {
+        PythonSite {
+            id: 0,
+            framework: framework.into(),
+            frames: vec![line.into()],
+            live_bytes: bytes,
+            live_count: 1,
+        }
+    }
+
     fn names(s: &[Suspect]) -> Vec<&str> {
         s.iter().map(|s| s.key.frames[0].as_str()).collect()
     }
@@ -343,13 +354,6 @@ mod tests {
     fn sampled_block_lines_rank_above_the_stack_s_line_of_the_pool_s_growth() {
         // CuPy's pool grows at the temporaries' line (a stack site, fast) while the
         // windows sample the kept array's line (slower: only some of its blocks).
-        let site = |framework: &str, line: &str, bytes: u64| PythonSite {
-            id: 0,
-            framework: framework.into(),
-            frames: vec![line.into()],
-            live_bytes: bytes,
-            live_count: 1,
-        };
         let rs: Vec<Report> = (0..4u64)
             .map(|i| {
                 let mut r = rep(i + 1, "snapshot", i as f64, &[]);
@@ -375,13 +379,6 @@ mod tests {
         // A sampled line grows in every report CuPy answered; one report in the
         // middle was taken while it could not (no classification, no lines): the
         // line still rose in every interval judged, as steadily as the stack's.
-        let site = |framework: &str, line: &str, bytes: u64| PythonSite {
-            id: 0,
-            framework: framework.into(),
-            frames: vec![line.into()],
-            live_bytes: bytes,
-            live_count: 1,
-        };
         let rs: Vec<Report> = (0..6u64)
             .map(|i| {
                 let mut r = rep(i + 1, "snapshot", i as f64, &[]);

@@ -581,8 +581,8 @@ pub(crate) fn same_walk(ts: usize, v: &Visits) -> bool {
         }
         for (i, (&f, &made)) in v.frames[..v.n].iter().zip(&v.made[..v.n]).enumerate() {
             if owner {
-                let owner = std::ptr::read_volatile((f + l.owner_off as usize) as *const u8);
-                if (i64::from(owner) == l.cstack) != (made == SKIPPED_ENTRY) {
+                let byte = std::ptr::read_volatile((f + l.owner_off as usize) as *const u8);
+                if (i64::from(byte) == l.cstack) != (made == SKIPPED_ENTRY) {
                     return false;
                 }
             }

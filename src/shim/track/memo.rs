@@ -61,18 +61,18 @@ pub(super) struct Memos {
     /// `SLOTS` of them, set after set.
     slots: Box<[Memo]>,
     /// Per set, the way the next new memo replaces once all are taken (in turn),
-    /// and the way last found or made (checked and fetched first).
+    /// and the way last found or made (checked first).
     next: [u8; SETS],
     last: [u8; SETS],
     pub(super) reads: StackReads,
     pub(super) visits: Visits,
 }
 
-/// The key of a capture about to be made: the stack depth of the hook and the
-/// innermost Python frame with its instruction (0s outside Python). Never 0.
+/// The key of a capture about to be made: its anchor (how deep the stack is there)
+/// and the innermost Python frame with its instruction (0s outside Python). Never 0.
 #[inline]
-pub(super) fn key(sp: usize, py: (usize, usize)) -> u64 {
-    let k = (sp as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15)
+pub(super) fn key(anchor: usize, py: (usize, usize)) -> u64 {
+    let k = (anchor as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15)
         ^ (py.0 as u64)
             .rotate_left(17)
             .wrapping_mul(0xC2B2_AE3D_27D4_EB4F)

@@ -537,12 +537,14 @@ fn two_ranks_leak_on_rank_1_only() {
     let mut r0 = start_rank(0, 0, &dir);
     let mut r1 = start_rank(1, 2, &dir);
     let (p0, p1) = (r0.id(), r1.id());
-    let o0 = wait_for_line(&mut r0, "WAITING");
+    // Rank 1 ends as soon as its steps are done: its leak grew in every step, and
+    // snapshots taken while it waited (for rank 0 to start, or for the trim of rank
+    // 0 below) would show intervals without growth, as many as the wait is long. So
+    // it is waited for first (a slow start of rank 0 on a loaded machine made its
+    // leak no suspect in CI).
     let o1 = wait_for_line(&mut r1, "WAITING");
-    // Rank 1 ends at once: its leak grew in every step, and snapshots taken while it
-    // waited (as long as the trim of rank 0 below takes) would show intervals
-    // without growth, as many as the wait is long.
     drop(r1.stdin.take());
+    let o0 = wait_for_line(&mut r0, "WAITING");
 
     let trim = Command::new(cli())
         .args(["trim", &p0.to_string(), "--timeout", "30"])

@@ -376,7 +376,7 @@ fn render_suspected(out: &mut String, reports: &[&Report], top: usize) {
         for g in grown.iter().take(top) {
             put!(
                 out,
-                "    rose in {} of {}: +{}{}{}",
+                "    rose in {} of {}: +{}{}{}{}",
                 g.rose,
                 count(g.intervals as u64, "interval"),
                 human_bytes(g.growth),
@@ -386,6 +386,13 @@ fn render_suspected(out: &mut String, reports: &[&Report], top: usize) {
                     ", then fell at exit (judged before that drop)"
                 } else {
                     ""
+                },
+                match g.idle_left_out {
+                    0 => String::new(),
+                    n => format!(
+                        " ({} taken after no allocation or free left out)",
+                        count(n as u64, "report")
+                    ),
                 }
             );
             render_trend_rows(out, &suspect_trend(g), &labels);
@@ -696,6 +703,8 @@ struct JsonLeak {
     bytes_per_second: Option<f64>,
     /// The exit report's drop was left out of the judgment.
     exit_drop_ignored: bool,
+    /// Reports left out: taken after no allocation or free since the one before.
+    idle_reports_left_out: usize,
 }
 
 #[derive(Serialize)]
@@ -792,6 +801,7 @@ fn json_summary<'a>(named: &'a [(String, &'a Report)], args: &ShowArgs) -> JsonS
                     intervals: g.intervals,
                     bytes_per_second: g.per_second,
                     exit_drop_ignored: g.exit_drop_ignored,
+                    idle_reports_left_out: g.idle_left_out,
                 })
                 .collect(),
         })

@@ -70,14 +70,16 @@ pub(super) struct Memos {
 
 /// The key of a capture about to be made: its anchor (how deep the stack is there)
 /// and the innermost Python frame with its instruction (0s outside Python). Never 0.
+/// Each part is multiplied by its own odd constant (its low bits then reach every
+/// bit above them) and the halves folded, so any part's change moves the set
+/// (`Memos::set_of`): the lines of one function, which differ only in their
+/// instruction, must not all fall in one set and evict each other.
 #[inline]
 pub(super) fn key(anchor: usize, py: (usize, usize)) -> u64 {
     let k = (anchor as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15)
-        ^ (py.0 as u64)
-            .rotate_left(17)
-            .wrapping_mul(0xC2B2_AE3D_27D4_EB4F)
-        ^ (py.1 as u64).rotate_left(41);
-    k | 1
+        ^ (py.0 as u64).wrapping_mul(0xC2B2_AE3D_27D4_EB4F)
+        ^ (py.1 as u64).wrapping_mul(0x1656_67B1_9E37_79F9);
+    (k ^ (k >> 29)) | 1
 }
 
 impl Memo {
@@ -139,7 +141,8 @@ impl Memos {
 
     #[inline]
     fn set_of(key: u64) -> usize {
-        ((key >> 32) as usize ^ key as usize) % SETS
+        // Bits 1-5 of the key, whose bit 0 is always set.
+        (key as usize >> 1) % SETS
     }
 
     #[inline]
@@ -332,6 +335,36 @@ mod tests {
             })
             .count();
         assert_eq!(kept, WAYS - 1);
+    }
+
+    #[test]
+    fn the_lines_of_one_function_spread_over_the_sets() {
+        // Eight allocating lines of one function (one frame, one anchor; the
+        // instructions 2 to 40 bytes apart): each keeps its memo.
+        let mut m = Memos::boxed().unwrap();
+        let stack = vec![0x40_1000usize, 0];
+        let anchor = stack.as_ptr() as usize - 8;
+        let frame = 0x7f00_1234_5678usize;
+        let keys: Vec<u64> = [2usize, 6, 10, 14, 20, 26, 32, 40]
+            .iter()
+            .map(|d| key(0x7ffd_0000_4000, (frame, frame + 0x100 + d)))
+            .collect();
+        for (i, k) in keys.iter().enumerate() {
+            noted(&mut m, &stack, 0);
+            assert!(m.put(*k, anchor, 0, 0, i as u32));
+        }
+        for (i, k) in keys.iter().enumerate() {
+            assert_eq!(m.find(*k, anchor, 0, 0), Some(i as u32), "line {i}");
+        }
+        // And so do the same line at sixteen stack depths, and sixteen frames.
+        let sets = |f: &dyn Fn(usize) -> u64| {
+            (0..16)
+                .map(|i| Memos::set_of(f(i)))
+                .collect::<std::collections::BTreeSet<_>>()
+                .len()
+        };
+        assert!(sets(&|i| key(0x7ffd_0000_4000 + 0x60 * i, (frame, frame + 0x100))) >= 8);
+        assert!(sets(&|i| key(0x7ffd_0000_4000, (frame + 0x50 * i, frame + 0x100))) >= 8);
     }
 
     #[test]

@@ -24,7 +24,7 @@ use std::time::Duration;
 const REPORT_CASES: u32 = 120;
 const TRACE_CASES: u32 = 50;
 const STATUS_CASES: u32 = 50;
-const LIMIT: Duration = Duration::from_secs(5);
+const LIMIT: Duration = Duration::from_secs(30);
 
 fn cli() -> &'static str {
     env!("CARGO_BIN_EXE_gpuguard")

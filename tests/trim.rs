@@ -410,7 +410,7 @@ fn gpuguard_trim_refuses_what_it_cannot_trim() {
     let _ = child.kill();
     let _ = child.wait();
     assert_eq!(out.status.code(), Some(2));
-    assert!(t0.elapsed() < Duration::from_secs(10));
+    assert!(t0.elapsed() < Duration::from_secs(30));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("wrote no trim report"), "{err}");
     let _ = std::fs::remove_dir_all(dir);

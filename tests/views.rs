@@ -565,7 +565,7 @@ fn ps_watch_refreshes_and_stops_when_stdout_closes() {
             break st;
         }
         assert!(
-            start.elapsed() < Duration::from_secs(10),
+            start.elapsed() < Duration::from_secs(60),
             "still running after its stdout closed"
         );
         std::thread::sleep(Duration::from_millis(20));

@@ -13,7 +13,7 @@ use super::load::{load_all_keeping, shown};
 use super::output::print;
 use super::text::{clean, count, frames, human_byte_counts, readable_frames};
 use super::{Failure, Outcome};
-use gpuguard_core::growth::{Suspect, suspects};
+use gpuguard_core::growth::{LeftOut, Suspect, suspects};
 use gpuguard_core::report::{self, Report, human_bytes};
 use serde::Serialize;
 use std::path::PathBuf;
@@ -300,14 +300,38 @@ pub fn render_trend(out: &mut String, t: &SiteTrend, labels: &[String], sign: ch
 
 /// A site's live figures in each report, its framework and its frames.
 fn render_trend_rows(out: &mut String, t: &SiteTrend, labels: &[String]) {
+    render_rows_left_out(out, t, labels, &[]);
+}
+
+/// `render_trend_rows`, each report left out of a suspect's judgment marked (and,
+/// where the framework did not answer, no figure: it is unknown, not 0).
+fn render_rows_left_out(
+    out: &mut String,
+    t: &SiteTrend,
+    labels: &[String],
+    left_out: &[Option<LeftOut>],
+) {
     let unit = unit(t.key.python.as_deref());
-    for (label, live) in labels.iter().zip(&t.live) {
-        put!(
-            out,
-            "      {label:<10} {:>11} in {}",
-            human_bytes(live.bytes),
-            count(live.count, unit)
-        );
+    for (i, (label, live)) in labels.iter().zip(&t.live).enumerate() {
+        match left_out.get(i).copied().flatten() {
+            Some(LeftOut::Unanswered) => put!(
+                out,
+                "      {label:<10} {:>11}    (the framework did not answer: left out)",
+                "-"
+            ),
+            Some(LeftOut::Idle) => put!(
+                out,
+                "      {label:<10} {:>11} in {} (no allocation or free since the last: left out)",
+                human_bytes(live.bytes),
+                count(live.count, unit)
+            ),
+            None => put!(
+                out,
+                "      {label:<10} {:>11} in {}",
+                human_bytes(live.bytes),
+                count(live.count, unit)
+            ),
+        }
     }
     match t.key.python.as_deref() {
         Some(PYTHON_STACK) => put!(out, "        [allocations, Python stack]"),
@@ -395,7 +419,7 @@ fn render_suspected(out: &mut String, reports: &[&Report], top: usize) {
                     ),
                 }
             );
-            render_trend_rows(out, &suspect_trend(g), &labels);
+            render_rows_left_out(out, &suspect_trend(g), &labels, &g.left_out);
         }
         if grown.len() > top {
             put!(
@@ -705,6 +729,16 @@ struct JsonLeak {
     exit_drop_ignored: bool,
     /// Reports left out: taken after no allocation or free since the one before.
     idle_reports_left_out: usize,
+    /// Each report left out of the judgment, and why: `idle` (as above) or
+    /// `unanswered` (the framework did not answer for it: its figure is unknown).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    left_out: Vec<JsonLeftOut>,
+}
+
+#[derive(Serialize)]
+struct JsonLeftOut {
+    seq: u64,
+    why: &'static str,
 }
 
 #[derive(Serialize)]
@@ -802,6 +836,17 @@ fn json_summary<'a>(named: &'a [(String, &'a Report)], args: &ShowArgs) -> JsonS
                     bytes_per_second: g.per_second,
                     exit_drop_ignored: g.exit_drop_ignored,
                     idle_reports_left_out: g.idle_left_out,
+                    left_out: group
+                        .iter()
+                        .zip(&g.left_out)
+                        .filter_map(|(r, why)| {
+                            let why = match (*why)? {
+                                LeftOut::Idle => "idle",
+                                LeftOut::Unanswered => "unanswered",
+                            };
+                            Some(JsonLeftOut { seq: r.seq, why })
+                        })
+                        .collect(),
                 })
                 .collect(),
         })

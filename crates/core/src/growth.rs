@@ -54,6 +54,18 @@ pub struct Suspect {
     /// Reports left out because nothing was allocated or freed since the one
     /// before (a waiting process; sites of driver allocations only).
     pub idle_left_out: usize,
+    /// Per report of the series, why it was left out of the judgment, if it was.
+    pub left_out: Vec<Option<LeftOut>>,
+}
+
+/// Why a report of a series says nothing of a site (`Suspect::left_out`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LeftOut {
+    /// The site's framework did not answer for it (its figures are not 0, but
+    /// unknown).
+    Unanswered,
+    /// Taken after no allocation or free since the report before.
+    Idle,
 }
 
 impl Suspect {
@@ -218,6 +230,17 @@ pub fn suspects(reports: &[&Report]) -> Vec<Suspect> {
                 per_second: (secs > 0.0).then(|| growth as f64 / secs),
                 exit_drop_ignored,
                 idle_left_out: answered.len() - with.len(),
+                left_out: (0..series.len())
+                    .map(|i| {
+                        if !answered.contains(&i) {
+                            Some(LeftOut::Unanswered)
+                        } else if !with.contains(&i) {
+                            Some(LeftOut::Idle)
+                        } else {
+                            None
+                        }
+                    })
+                    .collect(),
             })
         })
         .collect();
@@ -345,6 +368,8 @@ mod tests {
         assert_eq!(names(&s), ["leak"]);
         assert_eq!((s[0].rose, s[0].intervals, s[0].growth), (3, 3, 300));
         assert_eq!(s[0].idle_left_out, 6);
+        assert_eq!(s[0].left_out[..4], [None; 4]);
+        assert_eq!(s[0].left_out[4..], [Some(LeftOut::Idle); 6]);
         // Bytes a second up to the report that first showed the last growth.
         assert_eq!(s[0].per_second, Some(100.0));
 
@@ -504,6 +529,9 @@ mod tests {
         assert_eq!(names(&s), ["t.py:29 in train", "t.py:28 in train"]);
         assert_eq!((s[0].rose, s[0].intervals), (4, 4));
         assert_eq!((s[1].rose, s[1].intervals), (5, 5));
+        assert_eq!(s[0].left_out[3], Some(LeftOut::Unanswered));
+        assert_eq!(s[0].left_out.iter().flatten().count(), 1);
+        assert!(s[1].left_out.iter().all(Option::is_none));
         // Answered, with nothing left: that is a fall.
         let mut rs = rs;
         rs[3].classification = rs[0].classification.clone();

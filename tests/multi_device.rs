@@ -697,6 +697,13 @@ fn a_wait_after_the_leak_does_not_hide_it() {
         rose.contains("taken after no allocation or free left out"),
         "{rose}"
     );
+    // Each report of the wait is marked in its row (the first may still show the
+    // last step's calls).
+    let marked = text
+        .lines()
+        .filter(|l| l.ends_with("(no allocation or free since the last: left out)"))
+        .count();
+    assert!(marked >= 14, "{text}");
     let first_frame = text
         .lines()
         .skip_while(|l| !l.starts_with("    rose in "))

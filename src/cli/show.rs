@@ -319,12 +319,6 @@ fn render_rows_left_out(
                 "      {label:<10} {:>11}    (the framework did not answer: left out)",
                 "-"
             ),
-            Some(LeftOut::Idle) => put!(
-                out,
-                "      {label:<10} {:>11} in {} (no allocation or free since the last: left out)",
-                human_bytes(live.bytes),
-                count(live.count, unit)
-            ),
             None => put!(
                 out,
                 "      {label:<10} {:>11} in {}",
@@ -400,7 +394,7 @@ fn render_suspected(out: &mut String, reports: &[&Report], top: usize) {
         for g in grown.iter().take(top) {
             put!(
                 out,
-                "    rose in {} of {}: +{}{}{}{}",
+                "    rose in {} of {}: +{}{}{}",
                 g.rose,
                 count(g.intervals as u64, "interval"),
                 human_bytes(g.growth),
@@ -410,13 +404,6 @@ fn render_suspected(out: &mut String, reports: &[&Report], top: usize) {
                     ", then fell at exit (judged before that drop)"
                 } else {
                     ""
-                },
-                match g.idle_left_out {
-                    0 => String::new(),
-                    n => format!(
-                        " ({} taken after no allocation or free left out)",
-                        count(n as u64, "report")
-                    ),
                 }
             );
             render_rows_left_out(out, &suspect_trend(g), &labels, &g.left_out);
@@ -727,18 +714,10 @@ struct JsonLeak {
     bytes_per_second: Option<f64>,
     /// The exit report's drop was left out of the judgment.
     exit_drop_ignored: bool,
-    /// Reports left out: taken after no allocation or free since the one before.
-    idle_reports_left_out: usize,
-    /// Each report left out of the judgment, and why: `idle` (as above) or
-    /// `unanswered` (the framework did not answer for it: its figure is unknown).
+    /// Reports its framework did not answer for: its figure there is unknown (not
+    /// 0), and they were left out of the judgment.
     #[serde(skip_serializing_if = "Vec::is_empty")]
-    left_out: Vec<JsonLeftOut>,
-}
-
-#[derive(Serialize)]
-struct JsonLeftOut {
-    seq: u64,
-    why: &'static str,
+    unanswered_seqs: Vec<u64>,
 }
 
 #[derive(Serialize)]
@@ -835,17 +814,11 @@ fn json_summary<'a>(named: &'a [(String, &'a Report)], args: &ShowArgs) -> JsonS
                     intervals: g.intervals,
                     bytes_per_second: g.per_second,
                     exit_drop_ignored: g.exit_drop_ignored,
-                    idle_reports_left_out: g.idle_left_out,
-                    left_out: group
+                    unanswered_seqs: group
                         .iter()
                         .zip(&g.left_out)
-                        .filter_map(|(r, why)| {
-                            let why = match (*why)? {
-                                LeftOut::Idle => "idle",
-                                LeftOut::Unanswered => "unanswered",
-                            };
-                            Some(JsonLeftOut { seq: r.seq, why })
-                        })
+                        .filter(|(_, why)| **why == Some(LeftOut::Unanswered))
+                        .map(|(r, _)| r.seq)
                         .collect(),
                 })
                 .collect(),
@@ -891,6 +864,48 @@ mod tests {
         assert!(out.contains("across reports #1, #2, #3"), "{out}");
         assert!(out.contains("leak") && !out.contains("bumpy"), "{out}");
         assert_eq!(out.matches("suspected leaks").count(), 1, "{out}");
+    }
+
+    #[test]
+    fn a_report_the_framework_did_not_answer_shows_no_figure_for_its_line() {
+        // A sampled CuPy line rising in the reports CuPy answered; report #3 was taken
+        // while it could not: its figure there is unknown, not 0 B.
+        let reps: Vec<Report> = (1..=5u64)
+            .map(|seq| {
+                let mut r = rep(7, seq, &[]);
+                if seq != 3 {
+                    r.classification = vec![report::Classification {
+                        framework: "cupy".into(),
+                        status: "classified".into(),
+                        detail: None,
+                    }];
+                    r.python_sites = vec![report::PythonSite {
+                        id: 0,
+                        framework: "cupy-sampled".into(),
+                        frames: vec!["t.py:9 in train".into()],
+                        live_bytes: seq << 20,
+                        live_count: seq,
+                    }];
+                }
+                r
+            })
+            .collect();
+        let refs: Vec<&Report> = reps.iter().collect();
+        let mut out = String::new();
+        render_suspected(&mut out, &refs, 10);
+        assert!(out.contains("rose in 3 of 3 intervals"), "{out}");
+        let row = |label: &str| {
+            out.lines()
+                .find(|l| l.trim_start().starts_with(label))
+                .unwrap_or_else(|| panic!("{out}"))
+                .to_string()
+        };
+        assert!(
+            row("#3 ").contains("-    (the framework did not answer: left out)"),
+            "{out}"
+        );
+        assert!(!row("#3 ").contains("0 B"), "{out}");
+        assert!(row("#4 ").contains("4.0 MiB in 4 blocks"), "{out}");
     }
 
     #[test]

@@ -19,6 +19,9 @@
 #include "cudart_sim.h"
 #include "nvml_sim.h"
 
+#include <dirent.h>
+#include <unistd.h>
+
 static CUcontext g_ctx[64];
 
 static int ndev(void)
@@ -303,7 +306,42 @@ static int mode_books(int argc, char **argv)
  * weights, then N steps that each allocate and free their activations and, when
  * LEAK_MiB > 0, keep LEAK_MiB more (in leaky_step); MS milliseconds per step. With
  * GG_WAIT_STDIN=1 it then prints WAITING and waits for its stdin to close before it
- * ends (a handshake: the test acts on the process meanwhile). ---- */
+ * ends (a handshake: the test acts on the process meanwhile). With GG_STEP_SYNC=1 each
+ * step waits for gpuguard's next periodic snapshot of this process to appear in
+ * GPUGUARD_DIR (a handshake: one step between each two snapshots, however slow the
+ * machine). ---- */
+
+/* Snapshot reports of this process in GPUGUARD_DIR (gpuguard.*.<pid>.<seq>.snapshot.json). */
+static int snapshots(void)
+{
+    const char *dir = getenv("GPUGUARD_DIR");
+    DIR *d = opendir(dir ? dir : ".");
+    if (!d) return 0;
+    char pid[32];
+    snprintf(pid, sizeof pid, ".%d.", (int)getpid());
+    int n = 0;
+    for (struct dirent *e; (e = readdir(d)) != NULL;) {
+        size_t len = strlen(e->d_name);
+        const char *tail = ".snapshot.json";
+        if (strncmp(e->d_name, "gpuguard.", 9) == 0 && strstr(e->d_name, pid) &&
+            len > strlen(tail) && strcmp(e->d_name + len - strlen(tail), tail) == 0)
+            n++;
+    }
+    closedir(d);
+    return n;
+}
+
+/* Waits (60 s at most) until a snapshot newer than the `seen` ones was written. */
+static int next_snapshot(int seen)
+{
+    for (int i = 0; i < 30000; i++) {
+        int n = snapshots();
+        if (n > seen) return n;
+        sleep_ms(2);
+    }
+    fprintf(stderr, "gg_multi: no snapshot came\n");
+    exit(1);
+}
 __attribute__((noinline, noclone)) static void *leaky_step(size_t bytes)
 {
     void *p = NULL;
@@ -320,9 +358,12 @@ static int mode_steps(int argc, char **argv)
     const char *lr = getenv("LOCAL_RANK");
     int dev = lr ? atoi(lr) : 0;
     MUST(cudaSetDevice(dev));
+    const char *sync = getenv("GG_STEP_SYNC");
+    int synced = sync && strcmp(sync, "1") == 0, seen = 0;
     void *weights = NULL;
     MUST(cudaMalloc(&weights, 32 * MiB));
     alloc_line((uintptr_t)weights, 32 * MiB, dev, "device");
+    if (synced) seen = next_snapshot(snapshots());
     for (int s = 0; s < n; s++) {
         void *act = NULL;
         MUST(cudaMalloc(&act, 16 * MiB));
@@ -331,7 +372,10 @@ static int mode_steps(int argc, char **argv)
             void *p = leaky_step(leak);
             alloc_line((uintptr_t)p, leak, dev, "device");
         }
-        sleep_ms(ms);
+        if (synced)
+            seen = next_snapshot(seen);
+        else
+            sleep_ms(ms);
     }
     const char *w = getenv("GG_WAIT_STDIN");
     if (w && strcmp(w, "1") == 0) {

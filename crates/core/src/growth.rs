@@ -19,11 +19,7 @@
 //! least two intervals: one that appears in the last report only is not a suspect.
 //! A framework's own lines are judged only over the reports that framework answered
 //! for (a report taken while it could not answer, such as at interpreter teardown,
-//! says nothing of them, rather than that they held nothing). Sites that count
-//! driver allocations (native sites, `python-stack` lines) skip a report taken after
-//! no allocation or free at all since the one before: a job that waits (a barrier, a
-//! stalled loader, a pause) writes identical snapshots, and their flat intervals
-//! would outvote the growth around them.
+//! says nothing of them, rather than that they held nothing).
 
 use crate::report::Report;
 use std::collections::BTreeMap;
@@ -51,9 +47,6 @@ pub struct Suspect {
     pub per_second: Option<f64>,
     /// The exit report's drop was left out of the judgment.
     pub exit_drop_ignored: bool,
-    /// Reports left out because nothing was allocated or freed since the one
-    /// before (a waiting process; sites of driver allocations only).
-    pub idle_left_out: usize,
     /// Per report of the series, why it was left out of the judgment, if it was.
     pub left_out: Vec<Option<LeftOut>>,
 }
@@ -64,8 +57,6 @@ pub enum LeftOut {
     /// The site's framework did not answer for it (its figures are not 0, but
     /// unknown).
     Unanswered,
-    /// Taken after no allocation or free since the report before.
-    Idle,
 }
 
 impl Suspect {
@@ -139,23 +130,6 @@ fn has_figures(r: &Report, k: &SiteKey) -> bool {
         || r.python_sites.iter().any(|s| s.framework == fw)
 }
 
-/// The allocations and frees the report's books had counted, every device and pinned
-/// host memory; `None` where it counted none (nothing to compare).
-fn calls(r: &Report) -> Option<u64> {
-    let devices = r.devices.iter().map(|d| d.allocs.saturating_add(d.frees));
-    let n = devices.fold(
-        r.host_pinned.allocs.saturating_add(r.host_pinned.frees),
-        u64::saturating_add,
-    );
-    (n > 0).then_some(n)
-}
-
-/// Whether `r` is a report after which nothing was allocated or freed since `before`
-/// (a report of a waiting process): it says nothing new of driver allocations.
-fn quiet_since(before: &Report, r: &Report) -> bool {
-    calls(r).is_some() && calls(r) == calls(before)
-}
-
 /// The judgment on one series of live bytes: (rose, intervals, growth, first
 /// report judged) if a suspect. A site that holds nothing in the first reports is
 /// judged from the report before it first held memory, and needs two intervals
@@ -192,17 +166,9 @@ pub fn suspects(reports: &[&Report]) -> Vec<Suspect> {
                 .iter()
                 .map(|m| m.get(k).copied().unwrap_or_default())
                 .collect();
-            // The reports with figures for this site, and its bytes in each; for a
-            // site of driver allocations, without the reports of a waiting process.
-            let counts_calls = k.framework.is_none()
-                || k.framework.as_deref() == Some(crate::classify::FROM_STACK);
-            let answered: Vec<usize> = (0..series.len())
+            // The reports with figures for this site, and its bytes in each.
+            let with: Vec<usize> = (0..series.len())
                 .filter(|&i| has_figures(series[i], k))
-                .collect();
-            let with: Vec<usize> = answered
-                .iter()
-                .copied()
-                .filter(|&i| !(counts_calls && i > 0 && quiet_since(series[i - 1], series[i])))
                 .collect();
             let bytes: Vec<u64> = with.iter().map(|&i| live[i].0).collect();
             let n = bytes.len();
@@ -229,17 +195,8 @@ pub fn suspects(reports: &[&Report]) -> Vec<Suspect> {
                 growth,
                 per_second: (secs > 0.0).then(|| growth as f64 / secs),
                 exit_drop_ignored,
-                idle_left_out: answered.len() - with.len(),
                 left_out: (0..series.len())
-                    .map(|i| {
-                        if !answered.contains(&i) {
-                            Some(LeftOut::Unanswered)
-                        } else if !with.contains(&i) {
-                            Some(LeftOut::Idle)
-                        } else {
-                            None
-                        }
-                    })
+                    .map(|i| (!with.contains(&i)).then_some(LeftOut::Unanswered))
                     .collect(),
             })
         })
@@ -341,75 +298,6 @@ mod tests {
         assert_eq!((s[0].rose, s[0].intervals, s[0].growth), (5, 5, 5));
         assert_eq!(s[0].per_second, Some(1.0));
         assert!(!s[0].exit_drop_ignored);
-    }
-
-    /// `rep` with the calls the books had counted on device 0.
-    fn rep_calls(seq: u64, calls: u64, sites: &[(&str, u64)]) -> Report {
-        let mut r = rep(seq, "snapshot", seq as f64, sites);
-        r.devices.push(crate::report::DeviceReport {
-            allocs: calls,
-            ..Default::default()
-        });
-        r
-    }
-
-    #[test]
-    fn reports_of_a_waiting_process_do_not_outvote_its_growth() {
-        // A leak in 3 steps, then the process waits (no call at all) through 6 more
-        // snapshots: judged over every report it rose in 3 of 9 intervals.
-        let mut rs: Vec<Report> = (0..4u64)
-            .map(|i| rep_calls(i + 1, 10 * (i + 1), &[("leak", 100 * (i + 1))]))
-            .collect();
-        for seq in 5..=10 {
-            rs.push(rep_calls(seq, 40, &[("leak", 400)]));
-        }
-        let refs: Vec<&Report> = rs.iter().collect();
-        let s = suspects(&refs);
-        assert_eq!(names(&s), ["leak"]);
-        assert_eq!((s[0].rose, s[0].intervals, s[0].growth), (3, 3, 300));
-        assert_eq!(s[0].idle_left_out, 6);
-        assert_eq!(s[0].left_out[..4], [None; 4]);
-        assert_eq!(s[0].left_out[4..], [Some(LeftOut::Idle); 6]);
-        // Bytes a second up to the report that first showed the last growth.
-        assert_eq!(s[0].per_second, Some(100.0));
-
-        // The same reports with calls between them (a loop that allocates and frees
-        // while the site stays flat): those intervals count, and it is no suspect.
-        for (i, r) in rs.iter_mut().enumerate().skip(4) {
-            r.devices[0].allocs = 40 + i as u64;
-        }
-        let refs: Vec<&Report> = rs.iter().collect();
-        assert!(suspects(&refs).is_empty());
-    }
-
-    #[test]
-    fn only_sites_of_driver_allocations_skip_the_reports_of_a_wait() {
-        // A framework's blocks can change with no driver call (its cache serves
-        // them): its line is judged over every report, the stack's line without the
-        // wait's.
-        let mut rs: Vec<Report> = Vec::new();
-        for seq in 1..=10u64 {
-            let step = seq.min(4);
-            let mut r = rep_calls(seq, 10 * step, &[]);
-            r.classification.push(Classification {
-                framework: "pytorch".into(),
-                status: "classified".into(),
-                detail: None,
-            });
-            r.python_sites = vec![
-                site("pytorch", "train.py:9", 100 * step),
-                site(crate::classify::FROM_STACK, "train.py:9", 100 * step),
-            ];
-            rs.push(r);
-        }
-        let refs: Vec<&Report> = rs.iter().collect();
-        let s = suspects(&refs);
-        assert_eq!(s.len(), 1, "{s:?}");
-        assert_eq!(
-            s[0].key.framework.as_deref(),
-            Some(crate::classify::FROM_STACK)
-        );
-        assert_eq!((s[0].rose, s[0].intervals), (3, 3));
     }
 
     #[test]

@@ -794,14 +794,13 @@ impl Ledger {
                         .iter()
                         .rposition(|&(k, t)| k == key && t <= t_ns)
                         .and_then(|i| replaced.remove(i));
-                    if was.is_some()
-                        || self
-                            .map(key.space)
-                            .get(&key.value)
-                            .is_some_and(|r| r.t_ns > t_ns)
-                    {
+                    if was.is_some() {
                         // Its record was replaced (and let go) when the address came
-                        // back from the driver before this free was applied.
+                        // back from the driver before this free was applied. Only a
+                        // remembered replacement counts: a newer record at the address
+                        // alone does not say this free's allocation was ever in the
+                        // books (one made while they were paused, or before gpuguard
+                        // saw it), and counting it would make frees exceed allocations.
                         c.stripe(0).frees.fetch_add(1, Relaxed);
                     } else {
                         c.unknown_frees.fetch_add(1, Relaxed);
@@ -1698,6 +1697,21 @@ mod tests {
             (s.current, s.allocs, s.frees, s.unknown_frees),
             (0, 2, 1, 0)
         );
+    }
+
+    #[test]
+    fn a_late_free_of_an_allocation_the_books_never_had_is_unknown_though_a_newer_record_is_there()
+    {
+        let l = Ledger::new();
+        let (mut a, mut b) = (Writer::new(&l), Writer::new(&l));
+        // Thread a's allocation at 0x1000 was never recorded (the books were paused,
+        // or it predates gpuguard); its free at 5 is published after thread b's
+        // allocation of the address at 7 was applied. No record was replaced: the
+        // free is not one of the books', and frees never exceed allocations.
+        b.push(&l, jalloc(0x1000, 30, 7, 2));
+        l.drain();
+        a.push(&l, jfree(0x1000, 5));
+        assert_books(&l, &[30], (30, 1, 0, 1));
     }
 
     #[test]

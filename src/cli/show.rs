@@ -13,7 +13,7 @@ use super::load::{load_all_keeping, shown};
 use super::output::print;
 use super::text::{clean, count, frames, human_byte_counts, readable_frames};
 use super::{Failure, Outcome};
-use gpuguard_core::growth::{LeftOut, Suspect, suspects};
+use gpuguard_core::growth::{Suspect, suspects};
 use gpuguard_core::report::{self, Report, human_bytes};
 use serde::Serialize;
 use std::path::PathBuf;
@@ -300,31 +300,27 @@ pub fn render_trend(out: &mut String, t: &SiteTrend, labels: &[String], sign: ch
 
 /// A site's live figures in each report, its framework and its frames.
 fn render_trend_rows(out: &mut String, t: &SiteTrend, labels: &[String]) {
-    render_rows_left_out(out, t, labels, &[]);
+    render_rows_answered(out, t, labels, &[]);
 }
 
-/// `render_trend_rows`, each report left out of a suspect's judgment marked (and,
-/// where the framework did not answer, no figure: it is unknown, not 0).
-fn render_rows_left_out(
-    out: &mut String,
-    t: &SiteTrend,
-    labels: &[String],
-    left_out: &[Option<LeftOut>],
-) {
+/// `render_trend_rows`, where the reports whose framework did not answer (true in
+/// `unanswered`) show no figure: it is unknown, not 0, and was left out.
+fn render_rows_answered(out: &mut String, t: &SiteTrend, labels: &[String], unanswered: &[bool]) {
     let unit = unit(t.key.python.as_deref());
     for (i, (label, live)) in labels.iter().zip(&t.live).enumerate() {
-        match left_out.get(i).copied().flatten() {
-            Some(LeftOut::Unanswered) => put!(
+        if unanswered.get(i) == Some(&true) {
+            put!(
                 out,
                 "      {label:<10} {:>11}    (the framework did not answer: left out)",
                 "-"
-            ),
-            None => put!(
+            );
+        } else {
+            put!(
                 out,
                 "      {label:<10} {:>11} in {}",
                 human_bytes(live.bytes),
                 count(live.count, unit)
-            ),
+            );
         }
     }
     match t.key.python.as_deref() {
@@ -406,7 +402,7 @@ fn render_suspected(out: &mut String, reports: &[&Report], top: usize) {
                     ""
                 }
             );
-            render_rows_left_out(out, &suspect_trend(g), &labels, &g.left_out);
+            render_rows_answered(out, &suspect_trend(g), &labels, &g.unanswered);
         }
         if grown.len() > top {
             put!(
@@ -816,8 +812,8 @@ fn json_summary<'a>(named: &'a [(String, &'a Report)], args: &ShowArgs) -> JsonS
                     exit_drop_ignored: g.exit_drop_ignored,
                     unanswered_seqs: group
                         .iter()
-                        .zip(&g.left_out)
-                        .filter(|(_, why)| **why == Some(LeftOut::Unanswered))
+                        .zip(&g.unanswered)
+                        .filter(|(_, u)| **u)
                         .map(|(r, _)| r.seq)
                         .collect(),
                 })

@@ -47,16 +47,9 @@ pub struct Suspect {
     pub per_second: Option<f64>,
     /// The exit report's drop was left out of the judgment.
     pub exit_drop_ignored: bool,
-    /// Per report of the series, why it was left out of the judgment, if it was.
-    pub left_out: Vec<Option<LeftOut>>,
-}
-
-/// Why a report of a series says nothing of a site (`Suspect::left_out`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum LeftOut {
-    /// The site's framework did not answer for it (its figures are not 0, but
-    /// unknown).
-    Unanswered,
+    /// Per report of the series: the site's framework did not answer for it (its
+    /// figure there is unknown, not 0; the report was left out of the judgment).
+    pub unanswered: Vec<bool>,
 }
 
 impl Suspect {
@@ -195,9 +188,13 @@ pub fn suspects(reports: &[&Report]) -> Vec<Suspect> {
                 growth,
                 per_second: (secs > 0.0).then(|| growth as f64 / secs),
                 exit_drop_ignored,
-                left_out: (0..series.len())
-                    .map(|i| (!with.contains(&i)).then_some(LeftOut::Unanswered))
-                    .collect(),
+                unanswered: {
+                    let mut u = vec![true; series.len()];
+                    for &i in &with {
+                        u[i] = false;
+                    }
+                    u
+                },
             })
         })
         .collect();
@@ -417,9 +414,8 @@ mod tests {
         assert_eq!(names(&s), ["t.py:29 in train", "t.py:28 in train"]);
         assert_eq!((s[0].rose, s[0].intervals), (4, 4));
         assert_eq!((s[1].rose, s[1].intervals), (5, 5));
-        assert_eq!(s[0].left_out[3], Some(LeftOut::Unanswered));
-        assert_eq!(s[0].left_out.iter().flatten().count(), 1);
-        assert!(s[1].left_out.iter().all(Option::is_none));
+        assert_eq!(s[0].unanswered, [false, false, false, true, false, false]);
+        assert!(!s[1].unanswered.contains(&true));
         // Answered, with nothing left: that is a fall.
         let mut rs = rs;
         rs[3].classification = rs[0].classification.clone();

@@ -203,9 +203,6 @@ pub(super) fn after_fork_in_child() {
     endings::after_fork_in_child();
 }
 
-/// When the Python side is (re)installed after activation: soon (a framework may
-/// still be initializing CUDA when gpuguard activates), then less and less often,
-/// so a framework imported later still gets its recorder.
 /// How often the helper thread applies the hooks' journals while any exist: a thread's
 /// journal (4,096 entries) lasts ~60 ms of PyTorch's busiest allocation rate seen
 /// (cudaMallocAsync: 1,289 entries a ~20 ms step, over two threads). A thread that
@@ -215,6 +212,9 @@ const JOURNAL_DRAIN_MS: u64 = 20;
 /// half journal, and the helper is back to `JOURNAL_DRAIN_MS`).
 const JOURNAL_IDLE_MS: u64 = 250;
 
+/// When the Python side is (re)installed after activation: soon (a framework may
+/// still be initializing CUDA when gpuguard activates), then less and less often,
+/// so a framework imported later still gets its recorder.
 const INSTALL_AFTER_MS: [u64; 10] = [
     0, 200, 500, 1_000, 2_000, 4_000, 8_000, 16_000, 32_000, 64_000,
 ];

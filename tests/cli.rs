@@ -169,3 +169,65 @@ fn run_reports_a_missing_program() {
         r.describe()
     );
 }
+
+/// The live allocations of `burst_function` in a report: (with a stack, without one).
+fn burst_split(rep: &Value) -> (u64, u64) {
+    let sited: u64 = rep["sites"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|s| s["frames"].to_string().contains("burst_function"))
+        .map(|s| u(&s["live_count"]))
+        .sum();
+    (sited, rep["stackless"]["count"].as_u64().unwrap_or(0))
+}
+
+#[test]
+fn past_the_stack_rate_some_allocations_have_no_stack_and_every_byte_is_counted() {
+    // 20,000 allocations kept, as fast as the program can: the burst of 1,024 and
+    // 1,000 a second get a stack, one in 32 of the rest; the books count them all.
+    let n = 20_000u64;
+    let r = gg_run("gg", &["burst", &n.to_string()], &[]);
+    r.assert_ok();
+    let (path, rep) = exit_report(&r);
+    let (sited, stackless) = burst_split(&rep);
+    assert_eq!(sited + stackless, n, "{}", rep["stackless"]);
+    assert!(
+        (1024..n / 2).contains(&sited),
+        "{sited} of {n} with a stack: not sampled past the rate"
+    );
+    assert_eq!(u(&rep["stackless"]["bytes"]), stackless * 4096);
+    let dev = device_entry(&rep, 0).expect("device 0");
+    assert_eq!(u(&dev["current_bytes"]), n * 4096, "the books are exact");
+    assert_eq!(rep["config"]["stack_rate"], 1000);
+    let shown = gpuguard(&["show", s(&path)]);
+    assert!(shown.status.success(), "{}", shown.describe());
+    let line = format!("{} live allocations (", stackless);
+    assert!(
+        shown.stdout.lines().any(|l| l.contains(&line)
+            && l.contains("without a stack")
+            && l.contains("GPUGUARD_STACK_RATE=all")),
+        "{}",
+        shown.stdout
+    );
+    let json = gpuguard(&["show", "--json", s(&path)]);
+    let v: Value = serde_json::from_str(&json.stdout).expect("json");
+    assert_eq!(u(&v["reports"][0]["stackless"]["count"]), stackless, "{v}");
+
+    // With every stack asked for, all of them have one.
+    let r = gg_run(
+        "gg",
+        &["burst", &n.to_string()],
+        &[("GPUGUARD_STACK_RATE", "all")],
+    );
+    r.assert_ok();
+    let (path, rep) = exit_report(&r);
+    assert_eq!(burst_split(&rep), (n, 0));
+    assert!(rep.get("stackless").is_none(), "{}", rep["stackless"]);
+    let shown = gpuguard(&["show", s(&path)]);
+    assert!(
+        !shown.stdout.contains("without a stack"),
+        "{}",
+        shown.stdout
+    );
+}

@@ -254,6 +254,28 @@ fn render_top_sites(out: &mut String, r: &Report, top: usize) {
         put!(out, "  call sites holding the most live bytes:");
         render_native_sites(out, r, top);
     }
+    render_stackless(out, r);
+}
+
+/// Live allocations no site holds, though stacks are on, and why.
+fn render_stackless(out: &mut String, r: &Report) {
+    let s = r.stackless;
+    if s.is_empty() || r.config.stack_depth == 0 {
+        return;
+    }
+    let why = match r.config.stack_rate {
+        Some(rate) => format!(
+            "past {rate} stack captures a second per thread only some allocations get one \
+             (GPUGUARD_STACK_RATE=all: every one)"
+        ),
+        None => "made by signal handlers inside a hook".to_string(),
+    };
+    put!(
+        out,
+        "  {} ({}) without a stack: {why}",
+        count(s.count, "live allocation"),
+        human_bytes(s.bytes)
+    );
 }
 
 /// Up to `top` merged sites, then how many were left out.
@@ -659,6 +681,9 @@ struct JsonReport<'a> {
     trim: Option<&'a report::TrimReport>,
     /// Python lines where the report has them, else native call sites; most first.
     top_sites: Vec<JsonSite>,
+    /// Live allocations no site holds though stacks are on (see the report's field).
+    #[serde(skip_serializing_if = "report::Stackless::is_empty")]
+    stackless: report::Stackless,
 }
 
 #[derive(Serialize)]
@@ -791,6 +816,7 @@ fn json_summary<'a>(named: &'a [(String, &'a Report)], args: &ShowArgs) -> JsonS
             denial: r.denial.as_ref().filter(|_| !args.leaks_only),
             trim: r.trim.as_ref().filter(|_| !args.leaks_only),
             top_sites: top_sites(r, args.top as usize),
+            stackless: r.stackless,
         })
         .collect();
     let all: Vec<&Report> = named.iter().map(|(_, r)| *r).collect();

@@ -99,12 +99,14 @@ extern "C" fn at_exit() {
             LogLevel::Debug,
             format_args!(
                 "stack captures: {} remembered, {} walked ({} with a memo at their key \
-                 that no longer held, {} not remembered), {} full unwinds",
+                 that no longer held, {} not remembered), {} full unwinds; {} allocations \
+                 left without a stack past GPUGUARD_STACK_RATE",
                 unwind::REMEMBERED.load(Relaxed),
                 unwind::WALKS.load(Relaxed),
                 unwind::MEMO_STALE.load(Relaxed),
                 unwind::MEMO_UNKEPT.load(Relaxed),
-                unwind::FULL_UNWINDS.load(Relaxed)
+                unwind::FULL_UNWINDS.load(Relaxed),
+                unwind::SAMPLED_OUT.load(Relaxed)
             ),
         );
     }

@@ -148,6 +148,7 @@ pub(crate) fn write(
         device_total: &|d| books.total(d),
         config: ReportConfig {
             stack_depth: s.cfg.stack_depth,
+            stack_rate: s.cfg.stack_rate,
             report_signal: s.cfg.report_signal,
             dir: s.dir.to_string_lossy().into_owned(),
             max_live: s.cfg.max_live,

@@ -107,6 +107,8 @@ pub(crate) static WALKS: AtomicU64 = AtomicU64::new(0);
 pub(crate) static REMEMBERED: AtomicU64 = AtomicU64::new(0);
 pub(crate) static MEMO_STALE: AtomicU64 = AtomicU64::new(0);
 pub(crate) static MEMO_UNKEPT: AtomicU64 = AtomicU64::new(0);
+/// Allocations left without a stack by the sampler (`GPUGUARD_STACK_RATE`).
+pub(crate) static SAMPLED_OUT: AtomicU64 = AtomicU64::new(0);
 
 /// Most return addresses a walk notes where it read them (`StackReads`).
 pub(crate) const STACK_READS: usize = 32;

@@ -440,6 +440,27 @@ static int mode_leak(int argc, char **argv)
     return 0;
 }
 
+/* ---- burst N: N allocations of 4 KiB kept live, made as fast as the program can
+ * from one function: past GPUGUARD_STACK_RATE only some of them get a stack ---- */
+__attribute__((noinline, noclone)) void burst_function(int n)
+{
+    for (int i = 0; i < n; i++) {
+        CUdeviceptr p;
+        MUST(cuMemAlloc_v2(&p, 4096));
+    }
+    __asm__ volatile("" ::: "memory");
+}
+
+static int mode_burst(int argc, char **argv)
+{
+    int n = argc > 1 ? atoi(argv[1]) : 10000;
+    gg_setup(0);
+    burst_function(n);
+    printf("BURST n=%d\n", n);
+    finish();
+    return 0;
+}
+
 /* ---- twins N: N allocations each from two functions alike, called in turn from one
  * loop, so the runtime hook finds the same stack depth for both (one capture hint's
  * key): each keeps its own site ---- */
@@ -887,6 +908,7 @@ static const struct gg_mode g_modes[] = {
     {"oom", mode_oom},
     {"leak", mode_leak},
     {"twins", mode_twins},
+    {"burst", mode_burst},
     {"threads", mode_threads},
     {"short", mode_short},
     {"fork", mode_fork},

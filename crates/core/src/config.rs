@@ -35,6 +35,9 @@ pub struct Config {
     pub dir: Option<PathBuf>,
     pub log: LogLevel,
     pub stack_depth: usize,
+    /// Stack captures a second per thread before they are sampled
+    /// (`GPUGUARD_STACK_RATE`, see `sampler`); `None` (`all`): every allocation's.
+    pub stack_rate: Option<u32>,
     /// Signal number that asks for a report, or `None` when disabled.
     pub report_signal: Option<i32>,
     /// Per-device memory caps (`GPUGUARD_CAP`); empty when none.
@@ -101,6 +104,7 @@ impl Default for Config {
             dir: None,
             log: LogLevel::Warn,
             stack_depth: DEFAULT_STACK_DEPTH,
+            stack_rate: Some(crate::sampler::DEFAULT_RATE),
             report_signal: Some(libc::SIGUSR1),
             cap: CapSpec::default(),
             warn_at: Some(0.8),
@@ -146,6 +150,7 @@ pub const KNOWN_VARS: &[&str] = &[
     "GPUGUARD_DIR",
     "GPUGUARD_LOG",
     "GPUGUARD_STACK_DEPTH",
+    "GPUGUARD_STACK_RATE",
     "GPUGUARD_REPORT_SIGNAL",
     "GPUGUARD_MAX_LIVE",
     "GPUGUARD_SNAPSHOT_EVERY",
@@ -255,6 +260,10 @@ impl Config {
                 .filter(|d| *d <= MAX_STACK_DEPTH)
                 .ok_or_else(|| refuse("GPUGUARD_STACK_DEPTH", &v))?;
         }
+        if let Some(v) = vars.text("GPUGUARD_STACK_RATE")? {
+            cfg.stack_rate =
+                parse_stack_rate(&v).ok_or_else(|| refuse("GPUGUARD_STACK_RATE", &v))?;
+        }
         let report_signal = vars.text("GPUGUARD_REPORT_SIGNAL")?;
         if let Some(v) = &report_signal {
             cfg.report_signal =
@@ -361,6 +370,10 @@ fn accepted(var: &str) -> String {
         "GPUGUARD_STACK_DEPTH" => {
             format!("a whole number of frames from 0 (off) to {MAX_STACK_DEPTH}")
         }
+        "GPUGUARD_STACK_RATE" => format!(
+            "stack captures a second per thread, a whole number from 1 to {MAX_STACK_RATE}, \
+             or all"
+        ),
         "GPUGUARD_REPORT_SIGNAL" | "GPUGUARD_TRIM_SIGNAL" => accepted_signals(),
         "GPUGUARD_TRIM_INTERVAL" => "an interval with a unit (500ms, 5s, 2m; at least 1ms)".into(),
         "GPUGUARD_PYTHON" => "on, lines or off".into(),
@@ -377,6 +390,21 @@ fn accepted(var: &str) -> String {
         }
         _ => String::new(),
     }
+}
+
+/// Upper bound on `GPUGUARD_STACK_RATE` (a million captures a second is every
+/// allocation of any program; `all` says so plainly).
+pub const MAX_STACK_RATE: u32 = 1_000_000;
+
+/// `GPUGUARD_STACK_RATE`: `all` (every allocation's stack) or captures a second.
+pub fn parse_stack_rate(v: &str) -> Option<Option<u32>> {
+    if v.trim().eq_ignore_ascii_case("all") {
+        return Some(None);
+    }
+    let n = parse_count(v)?;
+    (1..=MAX_STACK_RATE as usize)
+        .contains(&n)
+        .then_some(Some(n as u32))
 }
 
 /// A whole number in plain decimal digits (surrounding blanks allowed; no sign), as
@@ -661,6 +689,20 @@ mod tests {
         assert_eq!(parse_signal("RTMIN+2"), Some(Some(libc::SIGRTMIN() + 2)));
         assert_eq!(parse_signal("rtmax"), Some(Some(libc::SIGRTMAX())));
         assert_eq!(parse_signal("RTMAX-1"), Some(Some(libc::SIGRTMAX() - 1)));
+    }
+
+    #[test]
+    fn stack_rate_takes_a_count_or_all() {
+        assert_eq!(parse(&[]).unwrap().stack_rate, Some(1000));
+        let c = parse(&[("GPUGUARD_STACK_RATE", " 250 ")]).unwrap();
+        assert_eq!(c.stack_rate, Some(250));
+        let c = parse(&[("GPUGUARD_STACK_RATE", "ALL")]).unwrap();
+        assert_eq!(c.stack_rate, None);
+        for bad in ["0", "-5", "1e3", "fast", "", "1000001"] {
+            let e = parse(&[("GPUGUARD_STACK_RATE", bad)]).unwrap_err();
+            assert_eq!(e.var, "GPUGUARD_STACK_RATE", "{bad}");
+            assert!(e.to_string().contains("all"), "{e}");
+        }
     }
 
     #[test]

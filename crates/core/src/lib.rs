@@ -4,7 +4,8 @@
 //!
 //! - `config` (the `GPUGUARD_*` variables), `cap` (`GPUGUARD_CAP`);
 //! - `ledger` (live allocations and per-device counters), `sites` (interned call
-//!   stacks), `vmm` (mappings of VMM handles);
+//!   stacks), `sampler` (which allocations get a stack), `vmm` (mappings of VMM
+//!   handles);
 //! - `report` (the JSON model the library writes and the command reads), `reporter`
 //!   (ledger -> report -> file), `report_stream` (reading a report keeping a few of
 //!   its live allocations), `classify` (frameworks' blocks joined to a report),
@@ -24,6 +25,7 @@ pub mod pylines;
 pub mod report;
 pub mod report_stream;
 pub mod reporter;
+pub mod sampler;
 pub mod sites;
 pub mod status;
 pub mod symbols;

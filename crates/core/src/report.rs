@@ -43,6 +43,11 @@ pub struct Report {
     pub live_omitted: u64,
     /// Call sites of live allocations, most bytes first.
     pub sites: Vec<Site>,
+    /// Live allocations no site holds, though stacks are on: made past their
+    /// thread's captures a second (`config.stack_rate`), or by a signal handler
+    /// inside a hook. Their bytes are in every total.
+    #[serde(default, skip_serializing_if = "Stackless::is_empty")]
+    pub stackless: Stackless,
     #[serde(default)]
     pub config: ReportConfig,
     /// For a `cap` report: the allocation the cap refused.
@@ -311,6 +316,19 @@ pub struct LiveAllocation {
     pub in_use_bytes: Option<u64>,
 }
 
+/// Live allocations without a stack (`Report::stackless`).
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Stackless {
+    pub count: u64,
+    pub bytes: u64,
+}
+
+impl Stackless {
+    pub fn is_empty(&self) -> bool {
+        self.count == 0
+    }
+}
+
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
 pub struct Site {
     pub id: u32,
@@ -324,6 +342,10 @@ pub struct Site {
 pub struct ReportConfig {
     #[serde(default)]
     pub stack_depth: usize,
+    /// `GPUGUARD_STACK_RATE`; `null` (and in reports of versions before it) every
+    /// allocation's stack.
+    #[serde(default)]
+    pub stack_rate: Option<u32>,
     #[serde(default)]
     pub report_signal: Option<i32>,
     #[serde(default)]

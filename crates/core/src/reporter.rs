@@ -6,7 +6,9 @@
 //! build's last step.
 
 use crate::ledger::{Key, Kind, Ledger, MAX_DEVICES, NO_SITE, Record};
-use crate::report::{DeviceReport, HostReport, LiveAllocation, Report, ReportConfig, SCHEMA, Site};
+use crate::report::{
+    DeviceReport, HostReport, LiveAllocation, Report, ReportConfig, SCHEMA, Site, Stackless,
+};
 use crate::sites::SiteTable;
 use std::collections::HashMap;
 use std::hash::{BuildHasher, Hasher, RandomState};
@@ -170,6 +172,7 @@ pub fn build_parts(input: &ReportInput<'_>) -> (Report, LiveList) {
     let mut entries: Vec<LiveEntry> = Vec::new();
     let mut heap: std::collections::BinaryHeap<LiveEntry> = std::collections::BinaryHeap::new();
     let mut total = 0u64;
+    let mut stackless = Stackless::default();
     if input.max_live.is_none() {
         entries.reserve(ledger.len() + 1024);
     }
@@ -182,7 +185,10 @@ pub fn build_parts(input: &ReportInput<'_>) -> (Report, LiveList) {
             e.0 += 1;
             e.1[r.kind as usize] += r.bytes;
         }
-        if r.site != NO_SITE {
+        if r.site == NO_SITE {
+            stackless.count += 1;
+            stackless.bytes += r.bytes;
+        } else {
             let i = r.site as usize;
             if i >= site_use.len() {
                 site_use.resize(i + 1, (0, 0));
@@ -322,6 +328,11 @@ pub fn build_parts(input: &ReportInput<'_>) -> (Report, LiveList) {
         live: Vec::new(),
         live_omitted,
         sites,
+        stackless: if input.config.stack_depth > 0 {
+            stackless
+        } else {
+            Stackless::default()
+        },
         config: input.config.clone(),
         denial: input.denial.clone(),
         trim: None,

@@ -16,6 +16,7 @@ use super::state::{active_books, books, shielded};
 use super::sys::{monotonic_ns, prefetch};
 use super::{capture, fault, tags, unwind, wake};
 use gpuguard_core::ledger::{Event, Journal, Key, Kind, NO_SITE, Producer, Record};
+use gpuguard_core::sampler::Sampler;
 use gpuguard_core::sites::{SiteCache, fingerprint};
 use std::cell::{Cell, UnsafeCell};
 use std::ffi::{c_int, c_void};
@@ -87,6 +88,8 @@ struct ThreadState {
     /// What captures from each place found (`memo`; made at the thread's first
     /// capture, freed when it ends).
     memos: Cell<Option<std::ptr::NonNull<Memos>>>,
+    /// Which of this thread's allocations get a stack (`GPUGUARD_STACK_RATE`).
+    sampler: Cell<Sampler>,
 }
 
 /// Room for the native and Python frames, and the thread's tag (`tags`).
@@ -110,6 +113,7 @@ thread_local! {
             site_cache: SiteCache::new(),
             site_cache_books: Cell::new(0),
             memos: Cell::new(None),
+            sampler: Cell::new(Sampler::new()),
         }
     };
     /// Gives the thread's journal back when the thread ends (apart from `THREAD`,
@@ -449,6 +453,29 @@ fn capture_site_in(books: &Books, t: &ThreadState) -> u32 {
     capture_site_at(books, t, depth)
 }
 
+/// The stack of an allocation made at `t_ns` in a hook, or none where the thread is
+/// past its captures a second (`GPUGUARD_STACK_RATE`; `gpuguard_core::sampler`).
+/// Only the hooks' own allocations are sampled: a cap's refusal, a runtime call
+/// the driver hook did not see, always get theirs.
+#[inline]
+fn sampled_site(books: &Books, t: &ThreadState, t_ns: u64) -> u32 {
+    let c = config();
+    if c.stack_depth == 0 {
+        return NO_SITE;
+    }
+    let mut s = t.sampler.get();
+    let take = s.take(t_ns, c.stack_rate);
+    t.sampler.set(s);
+    if take {
+        capture_site_at(books, t, c.stack_depth)
+    } else {
+        if unwind::counting() {
+            unwind::SAMPLED_OUT.fetch_add(1, Relaxed);
+        }
+        NO_SITE
+    }
+}
+
 /// `capture_site_in` with stacks on, out of line (it saves many registers).
 #[inline(never)]
 fn capture_site_at(books: &Books, t: &ThreadState, depth: usize) -> u32 {
@@ -629,11 +656,12 @@ fn record(
     fault::point("record");
     timing::mark();
     let label = claim_for_runtime(t, api);
+    let t_ns = monotonic_ns();
     let rec = Record {
         bytes: made.bytes,
         ctx,
-        t_ns: monotonic_ns(),
-        site: capture_site_in(books, t),
+        t_ns,
+        site: sampled_site(books, t, t_ns),
         thread: thread_id(t),
         device: device.clamp(i16::MIN.into(), i16::MAX.into()) as i16,
         kind,

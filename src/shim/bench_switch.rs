@@ -17,13 +17,23 @@
 //! line, written only by this switch, so hooks on every thread only ever read it.
 
 use std::ffi::c_int;
-use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering::Relaxed};
 
-/// The flag, alone on its cache line (written only at block boundaries).
+/// The flag, and how many times the books were resumed, alone on their cache line
+/// (written only at block boundaries).
 #[repr(align(64))]
-struct Flag(AtomicBool);
+struct Flag(AtomicBool, AtomicU32);
 
-static PAUSED: Flag = Flag(AtomicBool::new(false));
+static PAUSED: Flag = Flag(AtomicBool::new(false), AtomicU32::new(0));
+
+/// How many times the books were resumed after a pause. The stack sampler counts no
+/// time across a pause toward its allowance (`track::sampled_site`): else the steps
+/// with books on would capture with the paused steps' allowance too, twice what a run
+/// without pauses captures, and the benchmark would overstate the cost.
+#[inline(always)]
+pub(crate) fn resumptions() -> u32 {
+    PAUSED.1.load(Relaxed)
+}
 
 /// Whether the books are paused (benchmark pass-through).
 #[inline(always)]
@@ -39,7 +49,11 @@ pub extern "C" fn gpuguard_bench_set_books(on: c_int) -> c_int {
     let was_on = if on < 0 {
         !PAUSED.0.load(Relaxed)
     } else {
-        !PAUSED.0.swap(on == 0, Relaxed)
+        let was_on = !PAUSED.0.swap(on == 0, Relaxed);
+        if on != 0 && !was_on {
+            PAUSED.1.fetch_add(1, Relaxed);
+        }
+        was_on
     };
     c_int::from(was_on)
 }
@@ -228,6 +242,7 @@ mod tests {
         assert_eq!(std::mem::align_of::<Flag>(), 64);
         assert_eq!(gpuguard_bench_set_books(-1), 1);
         assert!(!paused());
+        let resumed = resumptions();
         assert_eq!(gpuguard_bench_set_books(0), 1);
         assert!(paused());
         assert_eq!(gpuguard_bench_set_books(-1), 0);
@@ -235,5 +250,7 @@ mod tests {
         assert_eq!(gpuguard_bench_set_books(1), 0);
         assert!(!paused());
         assert_eq!(gpuguard_bench_set_books(1), 1);
+        // One resumption: the second "on" found the books on already.
+        assert_eq!(resumptions(), resumed + 1);
     }
 }

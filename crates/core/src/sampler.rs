@@ -46,6 +46,14 @@ impl Sampler {
         }
     }
 
+    /// Counts no time before `now_ns` toward the allowance: the time since the last
+    /// allocation was not a time this thread could have allocated in (a
+    /// benchmark's books paused: their steps must sample as a run without pauses
+    /// would, not with the pauses' allowance on top).
+    pub fn restart(&mut self, now_ns: u64) {
+        self.last_ns = now_ns;
+    }
+
     /// Whether the allocation made at `now_ns` gets its stack captured, at `rate`
     /// captures a second (`None`: every one).
     #[inline]
@@ -134,6 +142,20 @@ mod tests {
             }
         }
         assert!(by_position.iter().all(|&h| h > 20), "{by_position:?}");
+    }
+
+    #[test]
+    fn a_restart_counts_no_time_before_it() {
+        let mut s = Sampler::new();
+        // Use the burst up at 32,000 a second.
+        captured(&mut s, 1_000, 2_000, 31_250, Some(1000));
+        let before = s;
+        // A pause of 10 s, then a restart: no allowance from the pause.
+        s.restart(10_000_000_000);
+        assert_eq!(s.credit, before.credit);
+        let mut unrestarted = before;
+        unrestarted.take(10_000_000_000, Some(1000));
+        assert_eq!(unrestarted.credit, (BURST - 1) * NS_PER_S);
     }
 
     #[test]

@@ -31,16 +31,18 @@ use stash::{Frames, STASH_FRAMES, Stash, drain_stash, signal_alloc, signal_free}
 /// A runtime call in progress on this thread: the driver call beneath it takes its
 /// name as the label and says that it saw the bytes, so they are counted once.
 #[derive(Clone, Copy)]
+#[repr(C)]
 struct RuntimeFrame {
     api: u8,
     active: bool,
     seen: bool,
-    /// A runtime free takes the record before the real free; the driver free
-    /// beneath uses it (instead of looking the address up again).
-    taken: Option<(Key, Record)>,
     /// With journals, a runtime free's stamp (taken before its real call), which
     /// the driver free beneath journals under (0: none).
     t_ns: u64,
+    /// A runtime free takes the record before the real free; the driver free
+    /// beneath uses it (instead of looking the address up again). Only where the
+    /// books are direct (a cap): last, off the line the other fields share.
+    taken: Option<(Key, Record)>,
 }
 
 const NO_FRAME: RuntimeFrame = RuntimeFrame {
@@ -53,43 +55,49 @@ const NO_FRAME: RuntimeFrame = RuntimeFrame {
 
 /// Everything a hook keeps per thread, in one thread-local so a hook looks its thread
 /// up once (in a preloaded library every thread-local access is a `__tls_get_addr`).
+/// In declaration order (`repr(C)`), what every hook reads or writes first: inside a
+/// framework's step these lines are cold at each hook, so the fewer they are the
+/// less a hook waits (the stash, scratch and site cache, several KiB, come after).
+#[repr(C, align(64))]
 struct ThreadState {
     /// Depth of driver hooks on this thread (also set while a runtime hook works on
     /// the books): a hook reached from inside another is either the driver calling its
     /// own exports (passes straight through) or a signal handler that interrupted the
     /// hook (recorded through `stash`).
     driver_depth: Cell<u32>,
+    thread_id: Cell<u32>,
+    /// The thread's innermost phase tag (`tags`; 0: none), kept here so a capture
+    /// reads it without a thread-local lookup of its own.
+    tag: Cell<u32>,
     /// The outer hook is in its real call (not in gpuguard's code).
     in_real: Cell<bool>,
-    /// What signal handlers allocated and freed inside a hook on this thread, for the
-    /// outer hook to record when it leaves.
-    stash: Stash,
+    /// The thread's journal in the books `journal_books` (an address; 0: none yet),
+    /// and its write position (see `gpuguard_core::ledger::journal`).
+    journal: Cell<Option<&'static Journal>>,
+    journal_books: Cell<usize>,
+    producer: Cell<Producer>,
+    /// Which of this thread's allocations get a stack (`GPUGUARD_STACK_RATE`), and
+    /// the benchmark switch's resumption it last saw (`bench_switch::resumptions`).
+    sampler: Cell<Sampler>,
+    sampler_resumed: Cell<u32>,
+    /// What captures from each place found (`memo`; made at the thread's first
+    /// capture, freed when it ends).
+    memos: Cell<Option<std::ptr::NonNull<Memos>>>,
+    site_cache_books: Cell<usize>,
     runtime: Cell<RuntimeFrame>,
-    thread_id: Cell<u32>,
+    /// What signal handlers allocated and freed inside a hook on this thread, for the
+    /// outer hook to record when it leaves (its length is read as each hook leaves).
+    stash: Stash,
     /// (context, device, epoch) of the last lookup: contexts rarely change per thread.
     ctx_cache: Cell<(u64, i32, u64)>,
     /// This thread's stack, [lo, hi), for the stack walk's bounds checks.
     stack: Cell<(usize, usize)>,
     /// Scratch for a capture (no zeroing per allocation).
     scratch: UnsafeCell<[usize; STACK_SLOTS]>,
-    /// The thread's innermost phase tag (`tags`; 0: none), kept here so a capture
-    /// reads it without a thread-local lookup of its own.
-    tag: Cell<u32>,
-    /// The thread's journal in the books `journal_books` (an address; 0: none yet),
-    /// and its write position (see `gpuguard_core::ledger::journal`).
-    journal: Cell<Option<&'static Journal>>,
-    journal_books: Cell<usize>,
-    producer: Cell<Producer>,
     /// The stacks this thread interned in the books `site_cache_books`, by
     /// fingerprint: a loop allocating from one place, and a framework's steps
     /// allocating from the same places each step, skip the shared site table.
     site_cache: SiteCache,
-    site_cache_books: Cell<usize>,
-    /// What captures from each place found (`memo`; made at the thread's first
-    /// capture, freed when it ends).
-    memos: Cell<Option<std::ptr::NonNull<Memos>>>,
-    /// Which of this thread's allocations get a stack (`GPUGUARD_STACK_RATE`).
-    sampler: Cell<Sampler>,
 }
 
 /// Room for the native and Python frames, and the thread's tag (`tags`).
@@ -114,6 +122,7 @@ thread_local! {
             site_cache_books: Cell::new(0),
             memos: Cell::new(None),
             sampler: Cell::new(Sampler::new()),
+            sampler_resumed: Cell::new(0),
         }
     };
     /// Gives the thread's journal back when the thread ends (apart from `THREAD`,
@@ -464,6 +473,13 @@ fn sampled_site(books: &Books, t: &ThreadState, t_ns: u64) -> u32 {
         return NO_SITE;
     }
     let mut s = t.sampler.get();
+    let resumed = bench_switch::resumptions();
+    if t.sampler_resumed.get() != resumed {
+        // The benchmark's books were paused since this thread's last allocation:
+        // that time is not a time of allocating (see `bench_switch::resumptions`).
+        t.sampler_resumed.set(resumed);
+        s.restart(t_ns);
+    }
     let take = s.take(t_ns, c.stack_rate);
     t.sampler.set(s);
     if take {

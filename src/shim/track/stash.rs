@@ -36,7 +36,10 @@ struct Stashed {
 /// appends (running to its end before the code it interrupted goes on), the outer
 /// hook drains it when it leaves. The atomics keep the compiler from reordering
 /// across a handler; nothing here takes a lock or allocates.
+#[repr(C)]
 pub(super) struct Stash {
+    /// First: every hook reads it as it leaves (`repr(C)` keeps it next to the
+    /// thread state's other hot fields).
     pub(super) len: AtomicUsize,
     state: [AtomicU8; STASH_SLOTS],
     slots: UnsafeCell<[MaybeUninit<Stashed>; STASH_SLOTS]>,

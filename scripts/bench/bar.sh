@@ -3,10 +3,13 @@
 # driver (no GPU), in well under a minute:
 #
 #   bash scripts/bench/bar.sh
-#   bar: added ns/pair, median of 5 rounds [min-max]: stacks-off pool +.. [..-..] | default pool +.. [..-..] (<commit>)
+#   bar: added ns/pair, median of 5 rounds [min-max]: stacks-off pool +.. [..-..] | default pool +.. [..-..] | every stack pool +.. [..-..] (<commit>)
 #
-# Each round runs two processes in alternating order, stacks off
-# (GPUGUARD_STACK_DEPTH=0) and default stacks, of scripts/bench/microbench.c; each
+# Each round runs three processes in rotating order, stacks off
+# (GPUGUARD_STACK_DEPTH=0), default settings, and every allocation's stack
+# (GPUGUARD_STACK_RATE=all: a tight loop allocates far past the default rate, so the
+# default figure is mostly the sampler's decision, and this one keeps the capture's
+# own cost in sight), of scripts/bench/microbench.c; each
 # times every path in blocks next to blocks of the same pairs through the sim's own
 # functions and prints the median in-process delta (hooked - raw). The line gives the
 # median of those medians over the rounds, and their range.
@@ -42,14 +45,18 @@ RES=$BUILD/results.txt
 : >"$RES"
 LIBS=("$LIB")
 [ -n "${BASE_LIB:-}" ] && LIBS+=("$BASE_LIB")
-NV=$((2 * ${#LIBS[@]}))
+NV=$((3 * ${#LIBS[@]}))
 for r in $(seq 1 "$ROUNDS"); do
   for k in $(seq 0 $((NV - 1))); do
     v=$(((k + r) % NV))
-    lib=${LIBS[$((v / 2))]}
-    if [ $((v % 2)) = 0 ]; then depth=0; name=s0; else depth=16; name=s16; fi
-    [ $((v / 2)) = 1 ] && name=base_$name
-    LD_PRELOAD=$lib GPUGUARD_STACK_DEPTH=$depth timeout 120 "$BUILD/microbench" --paths "$PATHS" \
+    lib=${LIBS[$((v / 3))]}
+    case $((v % 3)) in
+      0) depth=0; rate=1000; name=s0 ;;
+      1) depth=16; rate=1000; name=s16 ;;
+      *) depth=16; rate=all; name=all ;;
+    esac
+    [ $((v / 3)) = 1 ] && name=base_$name
+    LD_PRELOAD=$lib GPUGUARD_STACK_DEPTH=$depth GPUGUARD_STACK_RATE=$rate timeout 120 "$BUILD/microbench" --paths "$PATHS" \
       --iters "$ITERS" --reps "$REPS" --live 0 2>>"$BUILD/stderr.txt" | sed -n "s/^PATH /$name /p" >>"$RES"
   done
 done
@@ -71,8 +78,9 @@ def part(v):
         for p in ps
     )
 print(f"bar: added ns/pair, median of {rounds} rounds [min-max]: stacks-off {part('s0')} | "
-      f"default {part('s16')} ({rev})")
+      f"default {part('s16')} | every stack {part('all')} ({rev})")
 if any(v.startswith("base_") for (v, _) in d):
     print(f"base: added ns/pair, median of {rounds} rounds [min-max]: stacks-off "
-          f"{part('base_s0')} | default {part('base_s16')} (BASE_LIB)")
+          f"{part('base_s0')} | default {part('base_s16')} | every stack {part('base_all')} "
+          "(BASE_LIB; a build before GPUGUARD_STACK_RATE warns of it and captures every stack)")
 PY

@@ -96,6 +96,10 @@ MB=$BUILD/microbench
 
 # ---- environment --------------------------------------------------------------------
 REPORTS=$(mktemp -d /tmp/gg-bench-reports.XXXXXX)
+# Every allocation's stack (GPUGUARD_STACK_RATE=all): a tight loop allocates far past
+# the default rate, so the default would leave most of its allocations without a stack
+# and hide what a capture costs (a program allocating slowly pays it on every one).
+export GPUGUARD_STACK_RATE=all
 export SIMCUDA_MEM=$((1 << 40)) SIMCUDA_DEVICES=1 GPUGUARD_DIR=$REPORTS GPUGUARD_LOG=warn
 {
   echo "date: $(date -u +%FT%TZ)"

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # gpuguard GPU microbenchmark: builds scripts/bench/gpu_microbench.c with nvcc and runs
 # it interleaved: for each thread count (1, 16), ROUNDS rounds of three processes, bare
-# (no shim), shim with stacks off (GPUGUARD_STACK_DEPTH=0), shim with default stacks;
-# the order rotates every round. Prints medians, min–max and the added cost per pair.
+# (no shim), shim with stacks off (GPUGUARD_STACK_DEPTH=0), shim with the default depth
+# of 16 frames and every stack captured (see below); the order rotates every round.
+# Prints medians, min–max and the added cost per pair.
 #
 #   bash scripts/bench/run_gpu.sh        (from anywhere; needs target/release/libgpuguard.so)
 #
@@ -27,6 +28,10 @@ RES=$OUT/micro_results.txt
 : >"$RES"
 START=$(date +%s)
 say() { printf '[run_gpu t=%ss] %s\n' "$(($(date +%s) - START))" "$*"; }
+# Every allocation's stack (GPUGUARD_STACK_RATE=all): a tight loop allocates far past
+# the default rate, so the default would leave most of its allocations without a stack
+# and hide what a capture costs (a program allocating slowly pays it on every one).
+export GPUGUARD_STACK_RATE=all
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 
 [ -f "$LIB" ] || { say "missing $LIB: build it with cargo build --release and carry it"; exit 1; }

@@ -16,6 +16,10 @@
 set -u
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cd "$ROOT" || exit 1
+# Every allocation's stack (GPUGUARD_STACK_RATE=all): a tight loop allocates far past
+# the default rate, so the default would leave most of its allocations without a stack
+# and hide what a capture costs (a program allocating slowly pays it on every one).
+export GPUGUARD_STACK_RATE=all
 export OUT=${OUT:-/tmp/gg-bench-out}
 export BENCH_WORK=${BENCH_WORK:-/tmp/ggbench}
 TOTAL=${TOTAL_BUDGET_S:-530}

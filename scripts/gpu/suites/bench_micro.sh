@@ -1,7 +1,8 @@
 # Suite "bench-micro" of scripts/gpu/validate.sh (sourced; runs with lib/common.sh): the
-# GPU allocation microbenchmark (scripts/bench/run_gpu.sh: bare / stacks off / default
-# stacks, interleaved rounds; figures in docs/performance.md). Its micro_results.txt and
-# micro_summary.md come back in $OUT; the summary has one row (rc, results present).
+# GPU allocation microbenchmark (scripts/bench/run_gpu.sh: bare / stacks off / the
+# default depth with every stack captured, interleaved rounds; figures in
+# docs/performance.md). Its micro_results.txt and micro_summary.md come back in $OUT;
+# the summary has one row (rc, results present).
 # Knobs: GGV_BENCH_MICRO_BUDGET_S (default 170) and run_gpu.sh's (ROUNDS, THREADS, ...).
 
 suite_bench_micro() {

@@ -69,7 +69,8 @@ int gpuguard_set_cap(int device, uint64_t bytes);
  * label; in reports their sites end in a "tag: eval" frame (the outermost), so sites
  * and the flame graph split by phase. Labels nest (64 deep); longer than 256 bytes
  * they are cut. With GPUGUARD_STACK_DEPTH=0 there are no sites and no labels; an
- * allocation left without a stack past GPUGUARD_STACK_RATE has no label either.
+ * allocation left without a stack past GPUGUARD_STACK_RATE under a label gets a site
+ * of the label alone, so memory still splits by phase.
  * Return 0, or -1 (NULL tag, too deep, 65536 distinct labels; pop: none pushed). */
 int gpuguard_push_tag(const char *tag);
 int gpuguard_pop_tag(void);

@@ -489,6 +489,41 @@ fn tags_label_the_sites_of_what_a_thread_allocates() {
     assert_eq!(outer[&(11 * MIB)], "tag: eval", "another thread's own tag");
 }
 
+#[test]
+fn an_allocation_sampled_out_under_a_tag_keeps_its_phase() {
+    // Past GPUGUARD_STACK_RATE most of these have no stack; under a label each still
+    // has a site, the label alone, so memory splits by phase.
+    let n = 20_000u64;
+    let r = run("gg_obs", &["tags_burst", &n.to_string()], &[], true);
+    r.assert_ok();
+    assert_eq!(r.rc("push_burst"), Some(0), "{}", r.describe());
+    let (_, rep) = core_support::exit_report(&r);
+    let sites = rep["sites"].as_array().unwrap();
+    let frames_of = |s: &Value| -> Vec<String> {
+        s["frames"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|f| f.as_str().unwrap().to_string())
+            .collect()
+    };
+    let tagged: u64 = sites
+        .iter()
+        .filter(|s| frames_of(s).last().map(String::as_str) == Some("tag: burst"))
+        .map(|s| s["live_count"].as_u64().unwrap())
+        .sum();
+    let label_only = sites
+        .iter()
+        .find(|s| frames_of(s) == ["tag: burst"])
+        .map_or(0, |s| s["live_count"].as_u64().unwrap());
+    assert_eq!(tagged, n, "every allocation keeps its label\n{sites:#?}");
+    assert!(
+        label_only > 0 && label_only < n,
+        "{label_only} of {n} with the label alone: some sampled out, some with a stack"
+    );
+    assert!(rep.get("stackless").is_none(), "{}", rep["stackless"]);
+}
+
 /// `scripts/examples/ctypes_api.py`, the C API through Python's ctypes, on the sim.
 #[test]
 fn ctypes_example_uses_the_c_api() {

@@ -209,6 +209,26 @@ static void *tagged_thread(void *arg)
     return NULL;
 }
 
+/* ---- tags_burst N: N allocations of 4 KiB under "burst", as fast as a loop can (past
+ * GPUGUARD_STACK_RATE most are sampled out): all left behind ---- */
+static int mode_tags_burst(int argc, char **argv)
+{
+    int n = argc > 1 ? atoi(argv[1]) : 10000;
+    gg_push_fn push = (gg_push_fn)dlsym(RTLD_DEFAULT, "gpuguard_push_tag");
+    if (!push) {
+        puts("GG absent");
+        return 0;
+    }
+    setup();
+    rc_line("push_burst", push("burst"));
+    for (int i = 0; i < n; i++) {
+        CUdeviceptr p;
+        if (cuMemAlloc_v2(&p, 4096) != CUDA_SUCCESS) return 1;
+    }
+    puts("OK");
+    return 0;
+}
+
 static int mode_tags(int argc, char **argv)
 {
     (void)argc; (void)argv;
@@ -240,6 +260,7 @@ static int mode_tags(int argc, char **argv)
 
 static const struct gg_mode g_modes[] = {
     {"tags", mode_tags},
+    {"tags_burst", mode_tags_burst},
     {"trace", mode_trace},
     {"hold", mode_hold},
     {"fork_hold", mode_fork_hold},

@@ -44,8 +44,9 @@ pub struct Report {
     /// Call sites of live allocations, most bytes first.
     pub sites: Vec<Site>,
     /// Live allocations no site holds, though stacks are on: made past their
-    /// thread's captures a second (`config.stack_rate`), or by a signal handler
-    /// inside a hook. Their bytes are in every total.
+    /// thread's captures a second (`config.stack_rate`) outside a phase label (under
+    /// one, the label alone is their site), or by a signal handler inside a hook.
+    /// Their bytes are in every total.
     #[serde(default, skip_serializing_if = "Stackless::is_empty")]
     pub stackless: Stackless,
     #[serde(default)]

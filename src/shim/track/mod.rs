@@ -483,12 +483,35 @@ fn sampled_site(books: &Books, t: &ThreadState, t_ns: u64) -> u32 {
     let take = s.take(t_ns, c.stack_rate);
     t.sampler.set(s);
     if take {
-        capture_site_at(books, t, c.stack_depth)
-    } else {
-        if unwind::counting() {
-            unwind::SAMPLED_OUT.fetch_add(1, Relaxed);
+        return capture_site_at(books, t, c.stack_depth);
+    }
+    if unwind::counting() {
+        unwind::SAMPLED_OUT.fetch_add(1, Relaxed);
+    }
+    match t.tag.get() {
+        0 => NO_SITE,
+        tag => tag_site(books, t, tag),
+    }
+}
+
+/// The site of an allocation sampled out under a phase label (`gpuguard_push_tag`):
+/// the label alone, so memory still splits by phase without a stack.
+#[inline(never)]
+fn tag_site(books: &Books, t: &ThreadState, tag: u32) -> u32 {
+    let here = books as *const Books as usize;
+    if t.site_cache_books.get() != here {
+        // The cache names sites of other books (a fork's parent): not these.
+        return books.sites.intern_new(&[tags::entry(tag)]).0;
+    }
+    let pcs = [tags::entry(tag)];
+    let fp = fingerprint(&pcs);
+    match t.site_cache.get(fp) {
+        Some(id) => id,
+        None => {
+            let (id, _) = books.sites.intern_new(&pcs);
+            t.site_cache.put(fp, id);
+            id
         }
-        NO_SITE
     }
 }
 

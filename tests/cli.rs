@@ -221,13 +221,27 @@ fn past_the_stack_rate_some_allocations_have_no_stack_and_every_byte_is_counted(
         &[("GPUGUARD_STACK_RATE", "all")],
     );
     r.assert_ok();
-    let (path, rep) = exit_report(&r);
+    let (every, rep) = exit_report(&r);
     assert_eq!(burst_split(&rep), (n, 0));
     assert!(rep.get("stackless").is_none(), "{}", rep["stackless"]);
-    let shown = gpuguard(&["show", s(&path)]);
+    let shown = gpuguard(&["show", s(&every)]);
     assert!(
         !shown.stdout.contains("without a stack"),
         "{}",
         shown.stdout
     );
+
+    // diff says what no site holds: its change is in the totals only.
+    let d = gpuguard(&["diff", s(&every), s(&path)]);
+    assert!(d.status.success(), "{}", d.describe());
+    let line = d
+        .stdout
+        .lines()
+        .find(|l| l.contains("without a stack"))
+        .unwrap_or_else(|| panic!("no line for them:\n{}", d.stdout));
+    assert!(line.contains(&format!("0 -> {stackless}")), "{line}");
+    let d = gpuguard(&["diff", "--json", s(&every), s(&path)]);
+    let v: Value = serde_json::from_str(&d.stdout).expect("json");
+    assert_eq!(u(&v["stackless"][1]["count"]), stackless, "{v}");
+    assert_eq!(u(&v["stackless"][0]["count"]), 0, "{v}");
 }

@@ -100,6 +100,8 @@ struct JsonDiff<'a> {
     total: DeviceChange,
     /// Total live bytes gained from A to B over all devices (0 if they fell).
     live_growth_bytes: u64,
+    /// A's and B's live allocations without a stack (past `GPUGUARD_STACK_RATE`).
+    stackless: [gpuguard_core::report::Stackless; 2],
     #[serde(skip_serializing_if = "Option::is_none")]
     fail_on_growth_bytes: Option<u64>,
     grew: Vec<JsonGrowth>,
@@ -205,6 +207,20 @@ fn render_sites(out: &mut String, sites: &[SiteTrend], grew: bool, top: usize) {
     }
 }
 
+/// Live allocations no site holds (past `GPUGUARD_STACK_RATE`), A to B, when either
+/// report has some: their change is in the totals but in no site's.
+fn render_stackless(out: &mut String, a: &Report, b: &Report) {
+    if a.stackless.is_empty() && b.stackless.is_empty() {
+        return;
+    }
+    put!(
+        out,
+        "\n  without a stack (past GPUGUARD_STACK_RATE; in the totals, in no site): {}, {} allocations",
+        bytes_change(a.stackless.bytes, b.stackless.bytes),
+        count_change(a.stackless.count, b.stackless.count)
+    );
+}
+
 pub fn main(args: DiffArgs) -> Outcome {
     // Sites and device totals only: no live allocation is kept.
     let ra = load_keeping(&args.a, 0)?;
@@ -239,6 +255,7 @@ pub fn main(args: DiffArgs) -> Outcome {
             devices,
             total,
             live_growth_bytes: growth,
+            stackless: [ra.stackless, rb.stackless],
             fail_on_growth_bytes: args.fail_on_growth,
             grew: grown
                 .iter()
@@ -298,6 +315,7 @@ pub fn main(args: DiffArgs) -> Outcome {
         }
         render_sites(&mut out, &grown, true, args.top as usize);
         render_sites(&mut out, &shrunk, false, args.top as usize);
+        render_stackless(&mut out, &ra, &rb);
         out
     };
     print(&text)?;

@@ -9,6 +9,11 @@
 //! books, caps, counts and bytes stay exact; only some allocations lack a stack. A
 //! leak made every step is still named: it is captured in some of its steps, and its
 //! line grows from one report to the next.
+//!
+//! What a site's bytes then say: only its captured allocations, and not in proportion.
+//! The allowance goes to the first allocations after a pause (in a step, those after a
+//! wait or a long computation), the one in `OVER` to any allocation alike; so the
+//! lines that allocate right after a pause hold more captured bytes than their share.
 
 /// Captures a thread may make at once after a quiet spell.
 pub const BURST: u64 = 1024;

@@ -184,8 +184,8 @@ fn burst_split(rep: &Value) -> (u64, u64) {
 
 #[test]
 fn past_the_stack_rate_some_allocations_have_no_stack_and_every_byte_is_counted() {
-    // 20,000 allocations kept, as fast as the program can: the burst of 1,024 and
-    // 1,000 a second get a stack, one in 32 of the rest; the books count them all.
+    // 20,000 allocations kept, as fast as the program can, in two halves: the first
+    // window's get a stack, then about one in 32; the books count them all.
     let n = 20_000u64;
     let r = gg_run("gg", &["burst", &n.to_string()], &[]);
     r.assert_ok();
@@ -193,7 +193,7 @@ fn past_the_stack_rate_some_allocations_have_no_stack_and_every_byte_is_counted(
     let (sited, stackless) = burst_split(&rep);
     assert_eq!(sited + stackless, n, "{}", rep["stackless"]);
     assert!(
-        (1024..n / 2).contains(&sited),
+        sited > 100 && stackless > n / 4,
         "{sited} of {n} with a stack: not sampled past the rate"
     );
     assert_eq!(u(&rep["stackless"]["bytes"]), stackless * 4096);

@@ -64,12 +64,10 @@ pub(crate) fn calibrate_clock() {
         }
         // SAFETY: rdtsc has no preconditions on x86-64.
         let tsc = || unsafe { core::arch::x86_64::_rdtsc() };
-        let (t0, n0) = (tsc(), clock_ns());
-        let (mut t1, mut n1) = (t0, n0);
-        while n1.saturating_sub(n0) < 1_000_000 {
-            (t1, n1) = (tsc(), clock_ns());
-        }
-        let (dt, dn) = (t1.saturating_sub(t0), n1 - n0);
+        let (t0, n0) = bracketed(clock_ns, tsc);
+        while clock_ns().saturating_sub(n0) < 1_000_000 {}
+        let (t1, n1) = bracketed(clock_ns, tsc);
+        let (dt, dn) = (t1.saturating_sub(t0), n1.saturating_sub(n0));
         if dt == 0 {
             return;
         }
@@ -78,6 +76,29 @@ pub(crate) fn calibrate_clock() {
         NS_BASE.store(n1, Relaxed);
         TSC_MULT.store(mult.max(1), Release);
     }
+}
+
+/// A reading of the counter and the clock's time at that moment: the counter read
+/// between two readings of the clock, their midpoint, from the tightest of a few
+/// tries. A thread preempted between the two readings of a pair (a loaded machine)
+/// would otherwise pair a counter with a clock milliseconds later: over the 1 ms
+/// measurement that made the counter's scale several times too large (a cap report
+/// came twice within a second of real time, in CI).
+fn bracketed(mut clock: impl FnMut() -> u64, mut counter: impl FnMut() -> u64) -> (u64, u64) {
+    let mut best = (u64::MAX, 0, 0);
+    for _ in 0..8 {
+        let a = clock();
+        let c = counter();
+        let b = clock();
+        let width = b.saturating_sub(a);
+        if width < best.0 {
+            best = (width, c, a + width / 2);
+        }
+        if width < 1_000 {
+            break;
+        }
+    }
+    (best.1, best.2)
 }
 
 /// Writes all of `bytes` to stderr (fd 2), retrying after signals.
@@ -134,4 +155,49 @@ pub(crate) fn prefetch(addr: usize) {
     }
     #[cfg(not(target_arch = "x86_64"))]
     let _ = addr;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::cell::Cell;
+
+    #[test]
+    fn a_counter_reading_pairs_with_the_clock_around_it_not_after_a_preemption() {
+        // The clock jumps 5 ms between the counter and the second clock reading of the
+        // first two tries (the thread was preempted there), then reads tight.
+        let now = Cell::new(1_000_000u64);
+        let calls = Cell::new(0u32);
+        let clock = || {
+            let n = calls.get();
+            calls.set(n + 1);
+            // Readings 1 and 3 (the second of each of the first two pairs) jump.
+            let step = if n == 1 || n == 3 { 5_000_000 } else { 100 };
+            now.set(now.get() + step);
+            now.get()
+        };
+        let counter = || now.get() * 3;
+        let (c, n) = bracketed(clock, counter);
+        // The third pair: clock 11,000,300 and 11,000,400 around a counter read at
+        // 11,000,300 (x3): the midpoint is 11,000,350, 50 ns from the counter's
+        // moment, not milliseconds after it (the first pair's would be 2.5 ms).
+        assert_eq!(c, 11_000_300 * 3);
+        assert_eq!(n, 11_000_350);
+    }
+
+    #[test]
+    fn without_a_tight_pair_the_tightest_is_kept() {
+        let now = Cell::new(0u64);
+        let calls = Cell::new(0u64);
+        // Every pair is 2 µs wide but the fifth, 1.5 µs.
+        let clock = || {
+            let k = calls.get();
+            calls.set(k + 1);
+            let width = if k / 2 == 4 { 1_500 } else { 2_000 };
+            now.set(now.get() + if k % 2 == 1 { width } else { 10 });
+            now.get()
+        };
+        let (c, n) = bracketed(clock, || now.get());
+        assert_eq!(n - c, 750, "the fifth pair's midpoint");
+    }
 }

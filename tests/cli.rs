@@ -170,25 +170,34 @@ fn run_reports_a_missing_program() {
     );
 }
 
-/// The live allocations of `burst_function` in a report: (with a stack, without one).
+/// The live allocations of `burst_for` in a report: (with a stack, without one).
 fn burst_split(rep: &Value) -> (u64, u64) {
     let sited: u64 = rep["sites"]
         .as_array()
         .unwrap()
         .iter()
-        .filter(|s| s["frames"].to_string().contains("burst_function"))
+        .filter(|s| s["frames"].to_string().contains("burst_for"))
         .map(|s| u(&s["live_count"]))
         .sum();
     (sited, rep["stackless"]["count"].as_u64().unwrap_or(0))
 }
 
+/// How many allocations `gg burst` made (its `BURST n=` line).
+fn burst_count(r: &Run) -> u64 {
+    r.stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("BURST n="))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no BURST line\n{}", r.describe()))
+}
+
 #[test]
 fn past_the_stack_rate_some_allocations_have_no_stack_and_every_byte_is_counted() {
-    // 20,000 allocations kept, as fast as the program can, in two halves: the first
-    // window's get a stack, then about one in 32; the books count them all.
-    let n = 20_000u64;
-    let r = gg_run("gg", &["burst", &n.to_string()], &[]);
+    // Allocations kept, as fast as the program can for 300 ms: the first window's
+    // (100 ms) get a stack, then about one in 32; the books count them all.
+    let r = gg_run("gg", &["burst", "300"], &[]);
     r.assert_ok();
+    let n = burst_count(&r);
     let (path, rep) = exit_report(&r);
     let (sited, stackless) = burst_split(&rep);
     assert_eq!(sited + stackless, n, "{}", rep["stackless"]);
@@ -215,14 +224,10 @@ fn past_the_stack_rate_some_allocations_have_no_stack_and_every_byte_is_counted(
     assert_eq!(u(&v["reports"][0]["stackless"]["count"]), stackless, "{v}");
 
     // With every stack asked for, all of them have one.
-    let r = gg_run(
-        "gg",
-        &["burst", &n.to_string()],
-        &[("GPUGUARD_STACK_RATE", "all")],
-    );
+    let r = gg_run("gg", &["burst", "300"], &[("GPUGUARD_STACK_RATE", "all")]);
     r.assert_ok();
     let (every, rep) = exit_report(&r);
-    assert_eq!(burst_split(&rep), (n, 0));
+    assert_eq!(burst_split(&rep), (burst_count(&r), 0));
     assert!(rep.get("stackless").is_none(), "{}", rep["stackless"]);
     let shown = gpuguard(&["show", s(&every)]);
     assert!(

@@ -4,6 +4,7 @@
  * see gg_common.h for the output protocol. Usage: gg MODE [args].
  */
 #include "gg_common.h"
+#include "gg_burst.h"
 #include "cudart_sim.h"
 
 #include <pthread.h>
@@ -440,26 +441,15 @@ static int mode_leak(int argc, char **argv)
     return 0;
 }
 
-/* ---- burst N: N allocations of 4 KiB kept live, made as fast as the program can
- * from one function, in two halves 120 ms apart (past the sampler's first window, less
- * than two: not a quiet spell): past GPUGUARD_STACK_RATE only some of the second half
+/* ---- burst MS: 4 KiB allocations kept, as fast as the program can for MS
+ * milliseconds, from one function (`burst_for`): past GPUGUARD_STACK_RATE only some
  * get a stack ---- */
-__attribute__((noinline, noclone)) void burst_function(int n)
-{
-    for (int i = 0; i < n; i++) {
-        CUdeviceptr p;
-        MUST(cuMemAlloc_v2(&p, 4096));
-    }
-    __asm__ volatile("" ::: "memory");
-}
-
 static int mode_burst(int argc, char **argv)
 {
-    int n = argc > 1 ? atoi(argv[1]) : 10000;
+    long ms = argc > 1 ? atol(argv[1]) : 300;
     gg_setup(0);
-    burst_function(n / 2);
-    sleep_ms(120);
-    burst_function(n - n / 2);
+    int n = burst_for(ms);
+    if (n < 0) return 1;
     printf("BURST n=%d\n", n);
     finish();
     return 0;

@@ -8,6 +8,7 @@
  *   SETCAP bytes=<n> rc=<n>    gpuguard_set_cap's answer
  */
 #include "gg_common.h"
+#include "gg_burst.h"
 
 #include <pthread.h>
 #include <sys/wait.h>
@@ -209,12 +210,11 @@ static void *tagged_thread(void *arg)
     return NULL;
 }
 
-/* ---- tags_burst N: N allocations of 4 KiB under "burst", as fast as a loop can, in
- * two halves 120 ms apart (past GPUGUARD_STACK_RATE most of the second half are
- * sampled out): all left behind ---- */
+/* ---- tags_burst MS: `burst_for` under the label "burst" (past GPUGUARD_STACK_RATE
+ * most allocations are sampled out): all left behind ---- */
 static int mode_tags_burst(int argc, char **argv)
 {
-    int n = argc > 1 ? atoi(argv[1]) : 10000;
+    long ms = argc > 1 ? atol(argv[1]) : 300;
     gg_push_fn push = (gg_push_fn)dlsym(RTLD_DEFAULT, "gpuguard_push_tag");
     if (!push) {
         puts("GG absent");
@@ -222,12 +222,9 @@ static int mode_tags_burst(int argc, char **argv)
     }
     setup();
     rc_line("push_burst", push("burst"));
-    for (int i = 0; i < n; i++) {
-        CUdeviceptr p;
-        if (cuMemAlloc_v2(&p, 4096) != CUDA_SUCCESS) return 1;
-        /* Halfway, past the sampler's first window (less than two: no quiet spell). */
-        if (i == n / 2) sleep_ms(120);
-    }
+    int n = burst_for(ms);
+    if (n < 0) return 1;
+    printf("BURST n=%d\n", n);
     puts("OK");
     return 0;
 }

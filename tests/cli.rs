@@ -182,22 +182,13 @@ fn burst_split(rep: &Value) -> (u64, u64) {
     (sited, rep["stackless"]["count"].as_u64().unwrap_or(0))
 }
 
-/// How many allocations `gg burst` made (its `BURST n=` line).
-fn burst_count(r: &Run) -> u64 {
-    r.stdout
-        .lines()
-        .find_map(|l| l.strip_prefix("BURST n="))
-        .and_then(|n| n.parse().ok())
-        .unwrap_or_else(|| panic!("no BURST line\n{}", r.describe()))
-}
-
 #[test]
 fn past_the_stack_rate_some_allocations_have_no_stack_and_every_byte_is_counted() {
     // Allocations kept, as fast as the program can for 300 ms: the first window's
     // (100 ms) get a stack, then about one in 32; the books count them all.
     let r = gg_run("gg", &["burst", "300"], &[]);
     r.assert_ok();
-    let n = burst_count(&r);
+    let n = r.burst_count();
     let (path, rep) = exit_report(&r);
     let (sited, stackless) = burst_split(&rep);
     assert_eq!(sited + stackless, n, "{}", rep["stackless"]);
@@ -227,7 +218,7 @@ fn past_the_stack_rate_some_allocations_have_no_stack_and_every_byte_is_counted(
     let r = gg_run("gg", &["burst", "300"], &[("GPUGUARD_STACK_RATE", "all")]);
     r.assert_ok();
     let (every, rep) = exit_report(&r);
-    assert_eq!(burst_split(&rep), (burst_count(&r), 0));
+    assert_eq!(burst_split(&rep), (r.burst_count(), 0));
     assert!(rep.get("stackless").is_none(), "{}", rep["stackless"]);
     let shown = gpuguard(&["show", s(&every)]);
     assert!(

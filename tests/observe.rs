@@ -496,12 +496,7 @@ fn an_allocation_sampled_out_under_a_tag_keeps_its_phase() {
     let r = run("gg_obs", &["tags_burst", "300"], &[], true);
     r.assert_ok();
     assert_eq!(r.rc("push_burst"), Some(0), "{}", r.describe());
-    let n: u64 = r
-        .stdout
-        .lines()
-        .find_map(|l| l.strip_prefix("BURST n="))
-        .and_then(|n| n.parse().ok())
-        .unwrap_or_else(|| panic!("no BURST line\n{}", r.describe()));
+    let n = r.burst_count();
     let (_, rep) = core_support::exit_report(&r);
     let sites = rep["sites"].as_array().unwrap();
     let frames_of = |s: &Value| -> Vec<String> {

@@ -764,6 +764,14 @@ impl Run {
     pub fn rc(&self, label: &str) -> Option<i64> {
         self.out().rc(label)
     }
+    /// How many allocations a `burst` mode made (its `BURST n=` line).
+    pub fn burst_count(&self) -> u64 {
+        self.stdout
+            .lines()
+            .find_map(|l| l.strip_prefix("BURST n="))
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("no BURST line\n{}", self.describe()))
+    }
 
     /// The report files gpuguard wrote into [`Run::dir`]
     /// (`gpuguard.*.json`), sorted by name, parsed.

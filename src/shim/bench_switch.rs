@@ -13,7 +13,8 @@
 //! in a benchmark.
 //!
 //! The hot path reads one process-wide flag with a Relaxed load (`paused`, checked
-//! once per driver hook in `track::enter_driver`); the flag sits alone on its cache
+//! once per driver hook in `track::enter_driver`), and an allocation's record the
+//! count of resumptions beside it (`resumptions`); both sit alone on their cache
 //! line, written only by this switch, so hooks on every thread only ever read it.
 
 use std::ffi::c_int;
@@ -26,10 +27,10 @@ struct Flag(AtomicBool, AtomicU32);
 
 static PAUSED: Flag = Flag(AtomicBool::new(false), AtomicU32::new(0));
 
-/// How many times the books were resumed after a pause. The stack sampler counts no
-/// time across a pause toward its allowance (`track::sampled_site`): else the steps
-/// with books on would capture with the paused steps' allowance too, twice what a run
-/// without pauses captures, and the benchmark would overstate the cost.
+/// How many times the books were resumed after a pause. The stack sampler takes no
+/// pause for a quiet spell (`track::sampled_site`): else each step with books on
+/// after a paused one would capture every stack of its first window, far more than
+/// a run without pauses captures, and the benchmark would overstate the cost.
 #[inline(always)]
 pub(crate) fn resumptions() -> u32 {
     PAUSED.1.load(Relaxed)

@@ -472,15 +472,18 @@ fn sampled_site(books: &Books, t: &ThreadState, t_ns: u64) -> u32 {
     if c.stack_depth == 0 {
         return NO_SITE;
     }
+    let Some(rate) = c.stack_rate else {
+        return capture_site_at(books, t, c.stack_depth);
+    };
     let mut s = t.sampler.get();
     let resumed = bench_switch::resumptions();
     if t.sampler_resumed.get() != resumed {
         // The benchmark's books were paused since this thread's last allocation:
-        // that time is not a time of allocating (see `bench_switch::resumptions`).
+        // a pause is not a quiet spell (see `bench_switch::resumptions`).
         t.sampler_resumed.set(resumed);
         s.restart(t_ns);
     }
-    let take = s.take(t_ns, c.stack_rate);
+    let take = s.take(t_ns, Some(rate));
     t.sampler.set(s);
     if take {
         return capture_site_at(books, t, c.stack_depth);
@@ -498,19 +501,26 @@ fn sampled_site(books: &Books, t: &ThreadState, t_ns: u64) -> u32 {
 /// the label alone, so memory still splits by phase without a stack.
 #[inline(never)]
 fn tag_site(books: &Books, t: &ThreadState, tag: u32) -> u32 {
-    let here = books as *const Books as usize;
-    if t.site_cache_books.get() != here {
-        // The cache names sites of other books (a fork's parent): not these.
-        return books.sites.intern_new(&[tags::entry(tag)]).0;
-    }
     let pcs = [tags::entry(tag)];
-    let fp = fingerprint(&pcs);
+    if t.site_cache_books.get() != books as *const Books as usize {
+        // The cache names sites of other books (a fork's parent); only a capture
+        // resets it, with the memos that hold the same ids.
+        return books.sites.intern_new(&pcs).0;
+    }
+    cached_site(books, t, &pcs).0
+}
+
+/// The site id of the stack `pcs` in `books`, whose sites the thread's cache holds:
+/// the cache (by fingerprint) names most stacks without the shared site table.
+/// Whether the site is new to the table, too.
+fn cached_site(books: &Books, t: &ThreadState, pcs: &[usize]) -> (u32, bool) {
+    let fp = fingerprint(pcs);
     match t.site_cache.get(fp) {
-        Some(id) => id,
+        Some(id) => (id, false),
         None => {
-            let (id, _) = books.sites.intern_new(&pcs);
+            let (id, new) = books.sites.intern_new(pcs);
             t.site_cache.put(fp, id);
-            id
+            (id, new)
         }
     }
 }
@@ -594,21 +604,12 @@ fn capture_site_at(books: &Books, t: &ThreadState, depth: usize) -> u32 {
     let id = if n == 0 {
         NO_SITE
     } else {
-        // The thread's cache of its stacks (by fingerprint) names most of them
-        // without the shared site table.
-        let fp = fingerprint(&pcs[..n]);
-        match t.site_cache.get(fp) {
-            Some(id) => id,
-            None => {
-                let (id, new) = books.sites.intern_new(&pcs[..n]);
-                if new && py_n > 0 {
-                    // Its Python code is running now: the time to copy what names it.
-                    frames::remember(&pcs[..n]);
-                }
-                t.site_cache.put(fp, id);
-                id
-            }
+        let (id, new) = cached_site(books, t, &pcs[..n]);
+        if new && py_n > 0 {
+            // Its Python code is running now: the time to copy what names it.
+            frames::remember(&pcs[..n]);
         }
+        id
     };
     if let Some(m) = memos
         && !m.put(key, anchor, py, tag, id)

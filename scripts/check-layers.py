@@ -20,7 +20,7 @@ from pathlib import Path
 # the layers this one may use). A module may also use the modules listed before it
 # in its own layer.
 LAYERS = [
-    ("ffi", ["fault", "sys", "cuda", "wake", "endings", "capture", "real", "table"], []),
+    ("ffi", ["hot", "fault", "sys", "cuda", "wake", "endings", "capture", "real", "table"], []),
     ("base", ["line", "events", "control", "tags", "settings", "unwind", "python::api", "python::layout",
               "python::exit_status", "python::frames", "bench_switch"], ["ffi"]),
     ("books", ["books", "caps"], ["ffi", "base"]),

@@ -14,18 +14,15 @@
 //!
 //! The hot path reads one process-wide flag with a Relaxed load (`paused`, checked
 //! once per driver hook in `track::enter_driver`), and an allocation's record the
-//! count of resumptions beside it (`resumptions`); both sit alone on their cache
-//! line, written only by this switch, so hooks on every thread only ever read it.
+//! count of resumptions beside it (`resumptions`); both sit on the hot line (`hot`)
+//! and are written only by this switch, so hooks on every thread only ever read them.
 
+use super::hot::HOT;
 use std::ffi::c_int;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering::Relaxed};
+use std::sync::atomic::Ordering::Relaxed;
 
-/// The flag, and how many times the books were resumed, alone on their cache line
-/// (written only at block boundaries).
-#[repr(align(64))]
-struct Flag(AtomicBool, AtomicU32);
-
-static PAUSED: Flag = Flag(AtomicBool::new(false), AtomicU32::new(0));
+// The flag (`HOT.paused`) and how many times the books were resumed
+// (`HOT.resumptions`) are on the hot line (`hot`), written only at block boundaries.
 
 /// How many times the books were resumed after a pause. The stack sampler takes no
 /// pause for a quiet spell (`track::sampled_site`): else each step with books on
@@ -33,13 +30,13 @@ static PAUSED: Flag = Flag(AtomicBool::new(false), AtomicU32::new(0));
 /// a run without pauses captures, and the benchmark would overstate the cost.
 #[inline(always)]
 pub(crate) fn resumptions() -> u32 {
-    PAUSED.1.load(Relaxed)
+    HOT.resumptions.load(Relaxed)
 }
 
 /// Whether the books are paused (benchmark pass-through).
 #[inline(always)]
 pub(crate) fn paused() -> bool {
-    PAUSED.0.load(Relaxed)
+    HOT.paused.load(Relaxed)
 }
 
 /// Benchmark aid (see the module's doc): `on` 1 keeps the books (the default), 0 makes
@@ -48,11 +45,11 @@ pub(crate) fn paused() -> bool {
 #[cfg_attr(not(test), unsafe(no_mangle))]
 pub extern "C" fn gpuguard_bench_set_books(on: c_int) -> c_int {
     let was_on = if on < 0 {
-        !PAUSED.0.load(Relaxed)
+        !HOT.paused.load(Relaxed)
     } else {
-        let was_on = !PAUSED.0.swap(on == 0, Relaxed);
+        let was_on = !HOT.paused.swap(on == 0, Relaxed);
         if on != 0 && !was_on {
-            PAUSED.1.fetch_add(1, Relaxed);
+            HOT.resumptions.fetch_add(1, Relaxed);
         }
         was_on
     };
@@ -240,7 +237,6 @@ mod tests {
 
     #[test]
     fn the_switch_pauses_and_resumes_and_says_what_it_was() {
-        assert_eq!(std::mem::align_of::<Flag>(), 64);
         assert_eq!(gpuguard_bench_set_books(-1), 1);
         assert!(!paused());
         let resumed = resumptions();

@@ -8,8 +8,19 @@ use gpuguard_core::sites::SiteTable;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::*};
 
-/// The books of one process (a forked child gets new ones).
+/// The books of one process (a forked child gets new ones). `repr(C)`: what every
+/// hook reads comes first, on the first cache line (the ledger's `direct` flag
+/// included, the ledger's first field).
+#[repr(C, align(64))]
 pub(crate) struct Books {
+    /// Set before the first cuCtxCreate: until then records need no context.
+    pub created_any: AtomicBool,
+    /// Devices visible to the process, asked at the first allocation (0: not yet;
+    /// -1: the driver could not say).
+    pub device_count: std::sync::atomic::AtomicI32,
+    /// Devices below 64 whose size is known (`totals`): a hook's check of its device
+    /// is one bit on this line.
+    pub noted: AtomicU64,
     pub ledger: Ledger,
     pub sites: SiteTable,
     pub started_ns: u64,
@@ -24,17 +35,12 @@ pub(crate) struct Books {
     pub current_pool: Box<[AtomicU64]>,
     /// Contexts made with cuCtxCreate (the rest are primary contexts).
     pub created_ctx: gpuguard_core::ledger::U64Map<()>,
-    /// Set before the first cuCtxCreate: until then records need no context.
-    pub created_any: AtomicBool,
     /// Allocations and frees made from a signal handler inside a hook on the same
     /// thread, recorded when the hook left (`stashed`), and those that found the
     /// thread's stash full (`unrecorded`: never recorded; such an allocation's free
     /// counts as unknown, such a free leaves its record live).
     pub stashed: AtomicU64,
     pub unrecorded: AtomicU64,
-    /// Devices visible to the process, asked at the first allocation (0: not yet;
-    /// -1: the driver could not say).
-    pub device_count: std::sync::atomic::AtomicI32,
     /// VMM mappings, so a handle released while mapped is freed at its last unmap.
     pub vmm: gpuguard_core::vmm::VmmMaps,
     /// Warning and trim thresholds of capped devices.
@@ -58,6 +64,9 @@ impl Books {
             ledger.go_direct();
         }
         Books {
+            created_any: AtomicBool::new(false),
+            device_count: std::sync::atomic::AtomicI32::new(0),
+            noted: AtomicU64::new(0),
             ledger,
             sites: SiteTable::new(),
             started_ns: sys::monotonic_ns(),
@@ -71,10 +80,8 @@ impl Books {
                 .map(|_| AtomicU64::new(0))
                 .collect(),
             created_ctx: Default::default(),
-            created_any: AtomicBool::new(false),
             stashed: AtomicU64::new(0),
             unrecorded: AtomicU64::new(0),
-            device_count: std::sync::atomic::AtomicI32::new(0),
             vmm: gpuguard_core::vmm::VmmMaps::new(),
             thresholds: new_thresholds(),
             denial: Mutex::new(None),

@@ -41,19 +41,31 @@ fn warn_line(device: i32, charged: u64, cap: u64, peak: u64, threshold: u64) {
 impl Books {
     /// First use of a device: its size, then its cap (clamped to the size), set
     /// before the size is published so no allocation sees the device uncapped.
+    #[inline]
     pub fn note_device(&self, device: i32) {
+        if (0..64).contains(&device) && self.noted.load(Acquire) & 1 << device != 0 {
+            return;
+        }
+        self.note_device_slow(device);
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn note_device_slow(&self, device: i32) {
         let Some(slot) = usize::try_from(device)
             .ok()
             .and_then(|d| self.totals.get(d))
         else {
             return;
         };
-        if slot.load(Acquire) != 0 {
-            return;
+        if slot.load(Acquire) == 0 {
+            let total = super::real::DRIVER.total_mem(device).unwrap_or(0);
+            self.resolve_cap(device, total);
+            slot.store(if total == 0 { u64::MAX } else { total }, Release);
         }
-        let total = super::real::DRIVER.total_mem(device).unwrap_or(0);
-        self.resolve_cap(device, total);
-        slot.store(if total == 0 { u64::MAX } else { total }, Release);
+        if (0..64).contains(&device) {
+            self.noted.fetch_or(1 << device, Release);
+        }
     }
 
     fn resolve_cap(&self, device: i32, total: u64) {

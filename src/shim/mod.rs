@@ -45,6 +45,7 @@ mod endings;
 mod events;
 mod fault;
 pub mod hooks;
+mod hot;
 mod lifecycle;
 mod line;
 mod observe;

@@ -1,10 +1,12 @@
 //! The configuration, read once (at load, or at an earlier hook), and gpuguard's log lines on stderr.
 
+use super::hot::HOT;
 use super::sys::write_stderr;
 use gpuguard_core::config::Config;
 pub(crate) use gpuguard_core::config::LogLevel;
 use std::path::PathBuf;
 use std::sync::OnceLock;
+use std::sync::atomic::Ordering::*;
 
 static CONFIG: OnceLock<Settings> = OnceLock::new();
 
@@ -45,6 +47,7 @@ fn from_env() -> Settings {
             unsafe { libc::_exit(2) };
         }
     };
+    publish_hot(&cfg);
     let dir = match &cfg.dir {
         Some(d) => d.clone(),
         None => std::env::current_dir().unwrap_or_else(|_| PathBuf::from(".")),
@@ -88,4 +91,51 @@ pub(crate) fn log(level: LogLevel, args: std::fmt::Arguments<'_>) {
     }
     let line = format!("gpuguard[{}]: {}\n", std::process::id(), args);
     write_stderr(line.as_bytes());
+}
+
+/// The stack settings a hook reads at each allocation.
+#[derive(Clone, Copy)]
+pub(crate) struct Stacks {
+    /// Frames kept (0: stacks off).
+    pub depth: usize,
+    /// Captures a second per thread before sampling (`None`: every stack).
+    pub rate: Option<u32>,
+}
+
+/// The stack settings, from the hot line (`hot`), where `from_env` copied them: a
+/// hook reads that line anyway, and the settings' own lines would be one more wait.
+#[inline]
+pub(crate) fn stacks() -> Stacks {
+    let d = HOT.stack_depth.load(Acquire);
+    if d == 0 {
+        // Not read yet.
+        let c = config();
+        return Stacks {
+            depth: c.stack_depth,
+            rate: c.stack_rate,
+        };
+    }
+    let r = HOT.stack_rate.load(Relaxed);
+    Stacks {
+        depth: usize::from(d - 1),
+        rate: (r != 0).then_some(r),
+    }
+}
+
+/// Whether the debug log counts the captures (`GPUGUARD_LOG=debug`), from the hot
+/// line.
+#[inline]
+pub(crate) fn counting() -> bool {
+    if HOT.stack_depth.load(Acquire) == 0 {
+        return config().log >= LogLevel::Debug;
+    }
+    HOT.counting.load(Relaxed)
+}
+
+/// Copies what hooks read of the settings onto the hot line.
+fn publish_hot(cfg: &Config) {
+    HOT.stack_rate.store(cfg.stack_rate.unwrap_or(0), Relaxed);
+    HOT.counting.store(cfg.log >= LogLevel::Debug, Relaxed);
+    let depth = cfg.stack_depth.min(gpuguard_core::config::MAX_STACK_DEPTH) as u8;
+    HOT.stack_depth.store(depth + 1, Release);
 }

@@ -5,18 +5,19 @@
 //! layer for the books and never imports the service.
 
 use super::books::Books;
+use super::hot::HOT;
 use super::settings::{LogLevel, log};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::OnceLock;
-use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, Ordering::*, fence};
+use std::sync::atomic::{AtomicBool, Ordering::*, fence};
 
 const INERT: u8 = 0;
 const ACTIVE: u8 = 1;
 const DISABLED: u8 = 2;
 
-static STATE: AtomicU8 = AtomicU8::new(INERT);
+// The state and the books' address are on the hot line (`hot`): `HOT.state`,
+// `HOT.books` (a `Books`).
 static ACTIVATING: AtomicBool = AtomicBool::new(false);
-static BOOKS: AtomicPtr<Books> = AtomicPtr::new(std::ptr::null_mut());
 /// What activation starts, registered once at load by the service (`lifecycle`).
 static ACTIVATION_ACTION: OnceLock<fn()> = OnceLock::new();
 /// Whether this process's activation action has run (reset in a forked child).
@@ -27,9 +28,9 @@ static ACTION_RAN: AtomicBool = AtomicBool::new(false);
 /// disabled.
 #[inline]
 pub(crate) fn books() -> Option<&'static Books> {
-    if STATE.load(Acquire) == ACTIVE && !super::wake::helper_missing() {
+    if HOT.state.load(Acquire) == ACTIVE && !super::wake::helper_missing() {
         // SAFETY: BOOKS is set before STATE becomes ACTIVE and is never freed.
-        return unsafe { BOOKS.load(Acquire).as_ref() };
+        return unsafe { HOT.books.load(Acquire).cast::<Books>().as_ref() };
     }
     books_slow()
 }
@@ -39,7 +40,7 @@ pub(crate) fn books() -> Option<&'static Books> {
 #[cold]
 #[inline(never)]
 fn books_slow() -> Option<&'static Books> {
-    if STATE.load(Acquire) == ACTIVE {
+    if HOT.state.load(Acquire) == ACTIVE {
         if super::wake::helper_missing() {
             shielded(super::wake::retry);
         }
@@ -62,7 +63,7 @@ pub(crate) fn on_activation(action: fn()) {
 /// action is registered. Called after each of the two happens, each side behind a
 /// SeqCst fence, so at least one of them sees both.
 fn run_activation_action() {
-    if STATE.load(Acquire) != ACTIVE {
+    if HOT.state.load(Acquire) != ACTIVE {
         return;
     }
     let Some(action) = ACTIVATION_ACTION.get() else {
@@ -78,17 +79,17 @@ fn run_activation_action() {
 
 /// The books only if gpuguard is already active (never activates).
 pub(crate) fn active_books() -> Option<&'static Books> {
-    if STATE.load(Acquire) != ACTIVE {
+    if HOT.state.load(Acquire) != ACTIVE {
         return None;
     }
     // SAFETY: BOOKS is set before STATE becomes ACTIVE and is never freed.
-    unsafe { BOOKS.load(Acquire).as_ref() }
+    unsafe { HOT.books.load(Acquire).cast::<Books>().as_ref() }
 }
 
 #[cold]
 fn activate() -> Option<&'static Books> {
     loop {
-        match STATE.load(Acquire) {
+        match HOT.state.load(Acquire) {
             ACTIVE => return active_books(),
             DISABLED => return None,
             _ => {}
@@ -97,11 +98,12 @@ fn activate() -> Option<&'static Books> {
             .compare_exchange(false, true, AcqRel, Acquire)
             .is_ok()
         {
-            if STATE.load(Acquire) == INERT {
+            if HOT.state.load(Acquire) == INERT {
                 quiet_panics();
                 super::sys::calibrate_clock();
-                BOOKS.store(Box::into_raw(Box::new(Books::new())), Release);
-                STATE.store(ACTIVE, Release);
+                HOT.books
+                    .store(Box::into_raw(Box::new(Books::new())).cast(), Release);
+                HOT.state.store(ACTIVE, Release);
                 fence(SeqCst);
                 run_activation_action();
                 log(LogLevel::Info, format_args!("active: first CUDA call seen"));
@@ -119,7 +121,7 @@ pub(crate) fn shielded<R>(f: impl FnOnce() -> R) -> Option<R> {
     match catch_unwind(AssertUnwindSafe(f)) {
         Ok(r) => Some(r),
         Err(_) => {
-            if STATE.swap(DISABLED, AcqRel) != DISABLED {
+            if HOT.state.swap(DISABLED, AcqRel) != DISABLED {
                 let what = PANIC_TEXT
                     .try_lock()
                     .ok()
@@ -140,11 +142,11 @@ pub(crate) fn shielded<R>(f: impl FnOnce() -> R) -> Option<R> {
 /// In a forked child: the parent's books are forgotten and the child starts INERT
 /// (a DISABLED parent stays disabled in the child).
 pub(crate) fn forget_after_fork() {
-    BOOKS.store(std::ptr::null_mut(), Release);
+    HOT.books.store(std::ptr::null_mut(), Release);
     ACTIVATING.store(false, Release);
     ACTION_RAN.store(false, Release);
-    if STATE.load(Acquire) == ACTIVE {
-        STATE.store(INERT, Release);
+    if HOT.state.load(Acquire) == ACTIVE {
+        HOT.state.store(INERT, Release);
     }
 }
 

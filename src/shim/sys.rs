@@ -1,7 +1,8 @@
 //! Small calls into the C library that need no state of gpuguard's.
 
+use super::hot::HOT;
 use std::ffi::c_void;
-use std::sync::atomic::{AtomicU64, Ordering::*};
+use std::sync::atomic::Ordering::*;
 
 /// Monotonic nanoseconds: every stamp gpuguard takes (records, journal entries,
 /// reports' ages) comes from here, so they all compare. The journals order
@@ -13,12 +14,13 @@ use std::sync::atomic::{AtomicU64, Ordering::*};
 pub(crate) fn monotonic_ns() -> u64 {
     #[cfg(target_arch = "x86_64")]
     {
-        let mult = TSC_MULT.load(Acquire);
+        let mult = HOT.tsc_mult.load(Acquire);
         if mult != 0 {
             // SAFETY: rdtsc has no preconditions on x86-64.
             let tsc = unsafe { core::arch::x86_64::_rdtsc() };
-            let since = tsc.saturating_sub(TSC_BASE.load(Relaxed));
-            return NS_BASE
+            let since = tsc.saturating_sub(HOT.tsc_base.load(Relaxed));
+            return HOT
+                .ns_base
                 .load(Relaxed)
                 .wrapping_add(((u128::from(since) * u128::from(mult)) >> 32) as u64);
         }
@@ -37,12 +39,9 @@ fn clock_ns() -> u64 {
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
-/// The counter's calibration: ns = NS_BASE + (tsc - TSC_BASE) * TSC_MULT / 2^32;
-/// TSC_MULT is 0 until calibrated (and stays 0 where the counter is not the kernel's
-/// clock: it may then differ between CPUs).
-static TSC_BASE: AtomicU64 = AtomicU64::new(0);
-static NS_BASE: AtomicU64 = AtomicU64::new(0);
-static TSC_MULT: AtomicU64 = AtomicU64::new(0);
+// The counter's calibration (on the hot line, `hot`): ns = ns_base + (tsc -
+// tsc_base) * tsc_mult / 2^32; tsc_mult is 0 until calibrated (and stays 0 where the
+// counter is not the kernel's clock: it may then differ between CPUs).
 
 /// Scales the time-stamp counter to CLOCK_MONOTONIC over about a millisecond, once,
 /// at activation (the first CUDA call), if the kernel keeps its own clock on it.
@@ -52,7 +51,7 @@ static TSC_MULT: AtomicU64 = AtomicU64::new(0);
 pub(crate) fn calibrate_clock() {
     #[cfg(target_arch = "x86_64")]
     {
-        if TSC_MULT.load(Acquire) != 0 {
+        if HOT.tsc_mult.load(Acquire) != 0 {
             return;
         }
         let src = std::fs::read_to_string(
@@ -72,9 +71,9 @@ pub(crate) fn calibrate_clock() {
             return;
         }
         let mult = ((u128::from(dn) << 32) / u128::from(dt)) as u64;
-        TSC_BASE.store(t1, Relaxed);
-        NS_BASE.store(n1, Relaxed);
-        TSC_MULT.store(mult.max(1), Release);
+        HOT.tsc_base.store(t1, Relaxed);
+        HOT.ns_base.store(n1, Relaxed);
+        HOT.tsc_mult.store(mult.max(1), Release);
     }
 }
 

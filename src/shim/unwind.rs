@@ -222,7 +222,7 @@ unsafe extern "C" fn each_frame(ctx: *mut c_void, arg: *mut c_void) -> c_int {
 }
 
 pub(crate) fn counting() -> bool {
-    super::settings::config().log >= gpuguard_core::config::LogLevel::Debug
+    super::settings::counting()
 }
 
 /// This thread's stack, [lo, hi), for bounds checks.

@@ -2,8 +2,9 @@
 //! thread's journal half written) and signal handlers write to, to wake the thread.
 //! Async-signal-safe.
 
+use super::hot::HOT;
 use std::ffi::{c_int, c_void};
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicUsize, Ordering::*};
+use std::sync::atomic::{AtomicI32, AtomicUsize, Ordering::*};
 
 static WAKE_FD: AtomicI32 = AtomicI32::new(-1);
 
@@ -37,21 +38,21 @@ pub(crate) fn take() -> c_int {
     WAKE_FD.swap(-1, AcqRel)
 }
 
-/// Set while the helper thread should run but could not be started; hooks then ask
-/// the registered `retry` (the service's start, backing off) to try again.
-static MISSING: AtomicBool = AtomicBool::new(false);
+// `HOT.helper_missing` is set while the helper thread should run but could not be
+// started; hooks then ask the registered `retry` (the service's start, backing off)
+// to try again.
 static RETRY: AtomicUsize = AtomicUsize::new(0);
 
 /// Whether the helper thread could not be started (and a retry is registered).
 #[inline]
 pub(crate) fn helper_missing() -> bool {
-    MISSING.load(Relaxed)
+    HOT.helper_missing.load(Relaxed)
 }
 
 /// The helper thread could not be started (`retry` tries again), or now runs.
 pub(crate) fn set_missing(missing: bool, retry: fn()) {
     RETRY.store(retry as usize, Release);
-    MISSING.store(missing, Release);
+    HOT.helper_missing.store(missing, Release);
 }
 
 /// Tries to start the helper thread again (the registered retry decides when).

@@ -480,7 +480,13 @@ const SPACES: [Space; 4] = [
     Space::HostPtr,
 ];
 
+/// `repr(C)`: `direct`, which every hook reads, first (the shim keeps it on the line
+/// of its own hot fields).
+#[repr(C)]
 pub struct Ledger {
+    /// Hooks record straight into the map (a cap needs its figures at once): set
+    /// before the first allocation when a cap is configured, or when one is set.
+    direct: AtomicBool,
     live: [LiveMap; 4],
     /// Fixed length, so indexing needs no bounds check on the hot path.
     devices: Box<[DeviceCounters; MAX_DEVICES]>,
@@ -489,9 +495,6 @@ pub struct Ledger {
     journals: Mutex<Vec<&'static Journal>>,
     /// Set once a journal exists: until then nothing needs draining.
     journaled: AtomicBool,
-    /// Hooks record straight into the map (a cap needs its figures at once): set
-    /// before the first allocation when a cap is configured, or when one is set.
-    direct: AtomicBool,
     /// The drain's state, and its lock: one drain at a time.
     drain: Mutex<Drain>,
 }
@@ -589,7 +592,7 @@ impl Ledger {
                 return (j, p);
             }
         }
-        let j: &'static Journal = Box::leak(Box::new(Journal::new(JOURNAL_SLOTS)));
+        let j: &'static Journal = Box::leak(Box::new(Journal::new()));
         let p = j
             .try_claim()
             .unwrap_or_else(|| unreachable!("a new journal is free"));

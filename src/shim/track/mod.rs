@@ -11,7 +11,7 @@ use super::bench_switch::timing::{self, Phase};
 use super::books::Books;
 use super::python::frames;
 use super::real::{DRIVER, is_driver_code, own_code};
-use super::settings::config;
+use super::settings::{config, stacks};
 use super::state::{active_books, books, shielded};
 use super::sys::{monotonic_ns, prefetch};
 use super::{capture, fault, tags, unwind, wake};
@@ -36,20 +36,18 @@ struct RuntimeFrame {
     api: u8,
     active: bool,
     seen: bool,
+    /// A runtime free took the record before the real free (`runtime_taken`).
+    taken: bool,
     /// With journals, a runtime free's stamp (taken before its real call), which
     /// the driver free beneath journals under (0: none).
     t_ns: u64,
-    /// A runtime free takes the record before the real free; the driver free
-    /// beneath uses it (instead of looking the address up again). Only where the
-    /// books are direct (a cap): last, off the line the other fields share.
-    taken: Option<(Key, Record)>,
 }
 
 const NO_FRAME: RuntimeFrame = RuntimeFrame {
     api: 0,
     active: false,
     seen: false,
-    taken: None,
+    taken: false,
     t_ns: 0,
 };
 
@@ -76,10 +74,11 @@ struct ThreadState {
     journal: Cell<Option<&'static Journal>>,
     journal_books: Cell<usize>,
     producer: Cell<Producer>,
-    /// Which of this thread's allocations get a stack (`GPUGUARD_STACK_RATE`), and
-    /// the benchmark switch's resumption it last saw (`bench_switch::resumptions`).
-    sampler: Cell<Sampler>,
+    /// The benchmark switch's resumption the sampler last saw
+    /// (`bench_switch::resumptions`), and which of this thread's allocations get a
+    /// stack (`GPUGUARD_STACK_RATE`).
     sampler_resumed: Cell<u32>,
+    sampler: Cell<Sampler>,
     /// What captures from each place found (`memo`; made at the thread's first
     /// capture, freed when it ends).
     memos: Cell<Option<std::ptr::NonNull<Memos>>>,
@@ -88,6 +87,10 @@ struct ThreadState {
     /// What signal handlers allocated and freed inside a hook on this thread, for the
     /// outer hook to record when it leaves (its length is read as each hook leaves).
     stash: Stash,
+    /// The record a runtime free in progress took before its real free; the driver
+    /// free beneath uses it (instead of looking the address up again). Only where
+    /// the books are direct (a cap), so off the hot lines.
+    runtime_taken: Cell<Option<(Key, Record)>>,
     /// (context, device, epoch) of the last lookup: contexts rarely change per thread.
     ctx_cache: Cell<(u64, i32, u64)>,
     /// This thread's stack, [lo, hi), for the stack walk's bounds checks.
@@ -110,6 +113,7 @@ thread_local! {
             in_real: Cell::new(false),
             stash: Stash::new(),
             runtime: Cell::new(NO_FRAME),
+            runtime_taken: Cell::new(None),
             thread_id: Cell::new(0),
             ctx_cache: Cell::new((0, 0, u64::MAX)),
             stack: Cell::new((0, 0)),
@@ -455,7 +459,7 @@ fn stack_bounds(t: &ThreadState) -> (usize, usize) {
 /// With stacks off (`GPUGUARD_STACK_DEPTH=0`) the hook does only this one test.
 #[inline]
 fn capture_site_in(books: &Books, t: &ThreadState) -> u32 {
-    let depth = config().stack_depth;
+    let depth = stacks().depth;
     if depth == 0 {
         return NO_SITE;
     }
@@ -468,12 +472,12 @@ fn capture_site_in(books: &Books, t: &ThreadState) -> u32 {
 /// the driver hook did not see, always get theirs.
 #[inline]
 fn sampled_site(books: &Books, t: &ThreadState, t_ns: u64) -> u32 {
-    let c = config();
-    if c.stack_depth == 0 {
+    let c = stacks();
+    if c.depth == 0 {
         return NO_SITE;
     }
-    let Some(rate) = c.stack_rate else {
-        return capture_site_at(books, t, c.stack_depth);
+    let Some(rate) = c.rate else {
+        return capture_site_at(books, t, c.depth);
     };
     let mut s = t.sampler.get();
     let resumed = bench_switch::resumptions();
@@ -486,7 +490,7 @@ fn sampled_site(books: &Books, t: &ThreadState, t_ns: u64) -> u32 {
     let take = s.take(t_ns, Some(rate));
     t.sampler.set(s);
     if take {
-        return capture_site_at(books, t, c.stack_depth);
+        return capture_site_at(books, t, c.depth);
     }
     if unwind::counting() {
         unwind::SAMPLED_OUT.fetch_add(1, Relaxed);
@@ -624,9 +628,9 @@ fn capture_site_at(books: &Books, t: &ThreadState, depth: usize) -> u32 {
 /// the driver works (the record after the call writes it).
 #[inline]
 fn journal_ahead(t: &ThreadState) {
-    if let Some(j) = t.journal.get() {
-        // An entry may straddle two lines.
-        let slot = j.slot_addr(&t.producer.get());
+    // An entry may straddle two lines (none yet: no journal).
+    let slot = t.producer.get().slot_addr();
+    if slot != 0 {
         prefetch(slot);
         prefetch(slot + 47);
     }
@@ -1156,8 +1160,9 @@ pub(crate) fn runtime_alloc(
 ) -> c_int {
     let mark = Cell::new(timing::stamp());
     let t = thread();
-    let (rc, frame) =
-        in_runtime_frame(api, None, 0, || timed_outer(Phase::RtAllocPre, &mark, call));
+    let (rc, frame, _) = in_runtime_frame(t, api, None, 0, || {
+        timed_outer(Phase::RtAllocPre, &mark, call)
+    });
     // Inside a hook (a signal handler's call) the books cannot be touched here.
     if rc == SUCCESS && !frame.seen && t.driver_depth.get() == 0 {
         let _busy = hold(t);
@@ -1209,7 +1214,7 @@ pub(crate) fn runtime_free(api: u8, key: Key, call: impl FnOnce() -> c_int) -> c
     } else {
         None
     };
-    let (rc, frame) = in_runtime_frame(api, taken, stamp.unwrap_or(0), || {
+    let (rc, frame, left) = in_runtime_frame(t, api, taken, stamp.unwrap_or(0), || {
         timed_outer(Phase::RtFreePre, &mark, call)
     });
     if let (Some(t_ns), false, SUCCESS) = (stamp, frame.seen, rc) {
@@ -1223,7 +1228,7 @@ pub(crate) fn runtime_free(api: u8, key: Key, call: impl FnOnce() -> c_int) -> c
             Some(())
         });
     }
-    if let Some((key, rec)) = frame.taken {
+    if let Some((key, rec)) = left {
         // The driver hook beneath did not take it over (an unhooked driver pointer).
         let _busy = hold(t);
         shielded(|| {
@@ -1244,9 +1249,13 @@ pub(crate) fn runtime_free(api: u8, key: Key, call: impl FnOnce() -> c_int) -> c
 /// to the driver free beneath it.
 fn take_from_runtime(t: &ThreadState, key: Key) -> Option<Record> {
     let mut f = t.runtime.get();
-    match f.taken {
-        Some((k, rec)) if f.active && k == key => {
-            f.taken = None;
+    if !(f.active && f.taken) {
+        return None;
+    }
+    match t.runtime_taken.get() {
+        Some((k, rec)) if k == key => {
+            t.runtime_taken.set(None);
+            f.taken = false;
             t.runtime.set(f);
             Some(rec)
         }
@@ -1255,19 +1264,51 @@ fn take_from_runtime(t: &ThreadState, key: Key) -> Option<Record> {
 }
 
 fn in_runtime_frame(
+    t: &ThreadState,
     api: u8,
     taken: Option<(Key, Record)>,
     t_ns: u64,
     call: impl FnOnce() -> c_int,
-) -> (c_int, RuntimeFrame) {
-    let r = &thread().runtime;
+) -> (c_int, RuntimeFrame, Option<(Key, Record)>) {
+    let r = &t.runtime;
     let prev = r.replace(RuntimeFrame {
         api,
         active: true,
         seen: false,
-        taken,
+        taken: taken.is_some(),
         t_ns,
     });
+    // The taken record's cell is touched only where a frame (this or the one it
+    // nests in) has one: with journals, never.
+    let swap = taken.is_some() || prev.taken;
+    let prev_taken = if swap {
+        t.runtime_taken.replace(taken)
+    } else {
+        None
+    };
     let rc = call();
-    (rc, r.replace(prev))
+    let frame = r.replace(prev);
+    let left = if swap {
+        t.runtime_taken.replace(prev_taken)
+    } else {
+        None
+    };
+    (rc, frame, left)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::mem::offset_of;
+
+    #[test]
+    fn what_every_hook_reads_is_on_the_thread_states_first_two_lines() {
+        // Line 0: the guard, the journal and its producer; line 1: the sampler,
+        // the runtime frame and the stash's length (read as each hook leaves).
+        assert!(offset_of!(ThreadState, producer) + size_of::<Producer>() <= 64);
+        assert!(offset_of!(ThreadState, sampler_resumed) + 4 <= 64);
+        assert!(offset_of!(ThreadState, runtime) + size_of::<RuntimeFrame>() <= 128);
+        assert!(offset_of!(ThreadState, stash) + size_of::<usize>() <= 128);
+        assert_eq!(align_of::<ThreadState>(), 64);
+    }
 }

@@ -136,62 +136,114 @@ fn decode(w: [u64; WORDS]) -> Event {
     }
 }
 
-/// A counter alone on its cache lines: the producer's and the consumer's positions
-/// must not share one.
+/// The position of entries applied, alone on its cache lines: the consumer writes it
+/// once a drain, and the producer reads it only when its ring looks full.
 #[derive(Default)]
 #[repr(align(128))]
 struct Padded(AtomicU64);
 
+/// One entry's words.
+type Slot = [AtomicU64; WORDS];
+
+/// A journal's entries: a fixed size, so where an entry goes is its index masked
+/// by a constant, from the ring's address alone.
+type Ring = [Slot; JOURNAL_SLOTS];
+
+const MASK: u64 = JOURNAL_SLOTS as u64 - 1;
+const LAP_SHIFT: u32 = JOURNAL_SLOTS.trailing_zeros();
+/// The lap of an entry sits in the top 16 bits of its last word (`encode` leaves
+/// them clear).
+const LAP_BITS: u32 = 48;
+
+/// What the last word of entry `index` carries once the entry is published: which
+/// pass over the ring wrote it. A slot still holding the pass before (or the ring's
+/// zeros, for the first pass, whose lap is 1) is not published yet.
+fn lap(index: u64) -> u64 {
+    ((index >> LAP_SHIFT).wrapping_add(1) & 0xffff) << LAP_BITS
+}
+
 /// One thread's ring of entries: written by the thread that claimed it, read under
 /// the ledger's drain lock. Never freed (a ledger lives as long as its process); a
 /// thread that ends gives it back for the next thread to claim.
+///
+/// An entry is published by its own last word, stored last with release and
+/// carrying its lap: a push writes its slot and nothing else the consumer reads (no
+/// shared head whose line would travel between the two threads at every drain).
 pub struct Journal {
-    slots: Box<[[AtomicU64; WORDS]]>,
-    /// Entries published (written only by the owner).
-    head: Padded,
+    ring: Box<Ring>,
     /// Entries applied (written only under the drain lock).
     tail: Padded,
     owned: AtomicBool,
 }
 
-/// The owner's own copy of its journal's positions, kept in the thread's state so a
-/// push reads no line the consumer writes (until the ring looks full).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+/// The owner's handle on its journal, kept in the thread's state: the ring's address
+/// and the write position, so a push reads no line of the journal's own structure
+/// and no line the consumer writes (until the ring looks full).
+#[derive(Clone, Copy)]
 pub struct Producer {
+    ring: Option<&'static Ring>,
     head: u64,
     tail_seen: u64,
+}
+
+impl std::fmt::Debug for Producer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Producer")
+            .field("head", &self.head)
+            .field("tail_seen", &self.tail_seen)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Producer {
     /// A producer of no journal yet (a thread's initial state).
     pub const fn new() -> Producer {
         Producer {
+            ring: None,
             head: 0,
             tail_seen: 0,
         }
     }
+
+    /// Where the next entry goes (an address, for a prefetch hint; 0 for no journal).
+    #[inline]
+    pub fn slot_addr(&self) -> usize {
+        self.ring.map_or(0, |r| {
+            &r[(self.head & MASK) as usize] as *const Slot as usize
+        })
+    }
+}
+
+impl Default for Producer {
+    fn default() -> Producer {
+        Producer::new()
+    }
 }
 
 impl Journal {
-    pub fn new(slots: usize) -> Journal {
+    pub fn new() -> Journal {
+        let slots: Box<[Slot]> = (0..JOURNAL_SLOTS).map(|_| Default::default()).collect();
+        let ring: Box<Ring> = slots
+            .try_into()
+            .unwrap_or_else(|_| unreachable!("JOURNAL_SLOTS slots were made"));
         Journal {
-            slots: (0..slots.next_power_of_two())
-                .map(|_| Default::default())
-                .collect(),
-            head: Padded::default(),
+            ring,
             tail: Padded::default(),
             owned: AtomicBool::new(false),
         }
     }
 
-    /// Takes the journal for the calling thread, if no thread has it.
-    pub fn try_claim(&self) -> Option<Producer> {
+    /// Takes the journal for the calling thread, if no thread has it. The new owner
+    /// writes after what the last one published (still to be applied in its order).
+    pub fn try_claim(&'static self) -> Option<Producer> {
         self.owned
             .compare_exchange(false, true, AcqRel, Relaxed)
             .ok()?;
+        let tail = self.tail.0.load(Acquire);
         Some(Producer {
-            head: self.head.0.load(Relaxed),
-            tail_seen: self.tail.0.load(Acquire),
+            ring: Some(&self.ring),
+            head: tail.wrapping_add(self.published_from(tail)),
+            tail_seen: tail,
         })
     }
 
@@ -201,23 +253,41 @@ impl Journal {
         self.owned.store(false, Release);
     }
 
+    /// How many entries from `tail` on are published.
+    fn published_from(&self, tail: u64) -> u64 {
+        let mut n = 0;
+        while n < JOURNAL_SLOTS as u64 && self.published(tail.wrapping_add(n)) {
+            n += 1;
+        }
+        n
+    }
+
+    fn published(&self, index: u64) -> bool {
+        let last = self.ring[(index & MASK) as usize][WORDS - 1].load(Acquire);
+        last & (0xffff << LAP_BITS) == lap(index)
+    }
+
     /// Appends an entry; false (nothing written) when the ring is full: the owner
-    /// must have it drained and push again.
+    /// must have it drained and push again. `p` must be this journal's producer.
     #[inline]
     pub fn push(&self, p: &mut Producer, e: &Event) -> bool {
-        let cap = self.slots.len() as u64;
-        if p.head.wrapping_sub(p.tail_seen) >= cap {
+        let Some(ring) = p.ring else {
+            return false;
+        };
+        if p.head.wrapping_sub(p.tail_seen) >= JOURNAL_SLOTS as u64 {
             p.tail_seen = self.tail.0.load(Acquire);
-            if p.head.wrapping_sub(p.tail_seen) >= cap {
+            if p.head.wrapping_sub(p.tail_seen) >= JOURNAL_SLOTS as u64 {
                 return false;
             }
         }
-        let slot = &self.slots[(p.head & (cap - 1)) as usize];
-        for (s, w) in slot.iter().zip(encode(e)) {
+        let slot = &ring[(p.head & MASK) as usize];
+        let w = encode(e);
+        for (s, w) in slot[..WORDS - 1].iter().zip(w) {
             s.store(w, Relaxed);
         }
+        // Published: the words above are seen by whoever sees this one.
+        slot[WORDS - 1].store(w[WORDS - 1] | lap(p.head), Release);
         p.head = p.head.wrapping_add(1);
-        self.head.0.store(p.head, Release);
         true
     }
 
@@ -226,42 +296,42 @@ impl Journal {
     /// fill its ring and have to apply it itself.
     #[inline]
     pub fn half_written(&self, p: &Producer) -> bool {
-        p.head.is_multiple_of(self.slots.len() as u64 / 2)
-    }
-
-    /// Where the owner's next entry goes (an address, for a prefetch hint).
-    #[inline]
-    pub fn slot_addr(&self, p: &Producer) -> usize {
-        let mask = self.slots.len() as u64 - 1;
-        &self.slots[(p.head & mask) as usize] as *const [AtomicU64; WORDS] as usize
+        p.head.is_multiple_of(JOURNAL_SLOTS as u64 / 2)
     }
 
     /// Entries published and not yet applied.
     pub fn pending(&self) -> u64 {
-        self.head
-            .0
-            .load(Acquire)
-            .wrapping_sub(self.tail.0.load(Acquire))
+        self.published_from(self.tail.0.load(Acquire))
     }
 
     /// Moves every published entry into `out`, in the order written, each with 0
     /// (the times the drain looked at it before). Only one caller at a time (the
     /// ledger's drain lock).
     pub(super) fn take_into(&self, out: &mut Vec<(Event, u8)>) {
-        let head = self.head.0.load(Acquire);
         let tail = self.tail.0.load(Relaxed);
-        let mask = self.slots.len() as u64 - 1;
         let mut i = tail;
-        while i != head {
-            let slot = &self.slots[(i & mask) as usize];
+        while i.wrapping_sub(tail) < JOURNAL_SLOTS as u64 {
+            let slot = &self.ring[(i & MASK) as usize];
+            let last = slot[WORDS - 1].load(Acquire);
+            if last & (0xffff << LAP_BITS) != lap(i) {
+                break;
+            }
             let mut w = [0u64; WORDS];
-            for (d, s) in w.iter_mut().zip(slot) {
+            for (d, s) in w.iter_mut().zip(&slot[..WORDS - 1]) {
                 *d = s.load(Relaxed);
             }
+            w[WORDS - 1] = last & !(0xffff << LAP_BITS);
             out.push((decode(w), 0));
             i = i.wrapping_add(1);
         }
-        self.tail.0.store(head, Release);
+        // The slots read may be written again from here on.
+        self.tail.0.store(i, Release);
+    }
+}
+
+impl Default for Journal {
+    fn default() -> Journal {
+        Journal::new()
     }
 }
 
@@ -321,24 +391,32 @@ mod tests {
         }
     }
 
+    fn leaked() -> &'static Journal {
+        Box::leak(Box::new(Journal::new()))
+    }
+
+    const N: u64 = JOURNAL_SLOTS as u64;
+
     #[test]
     fn a_full_ring_refuses_until_drained_and_wraps() {
-        let j = Journal::new(4);
+        let j = leaked();
         let mut p = j.try_claim().unwrap();
         assert!(j.try_claim().is_none(), "one owner at a time");
-        for i in 0..4 {
+        for i in 0..N {
             assert!(j.push(&mut p, &alloc(i, i)));
         }
         assert!(!j.push(&mut p, &alloc(9, 9)), "full");
-        assert_eq!(j.pending(), 4);
+        assert_eq!(j.pending(), N);
         let mut out = Vec::new();
         j.take_into(&mut out);
-        assert_eq!(out, (0..4).map(|i| (alloc(i, i), 0)).collect::<Vec<_>>());
+        assert_eq!(out, (0..N).map(|i| (alloc(i, i), 0)).collect::<Vec<_>>());
         assert_eq!(j.pending(), 0);
-        // Past the end of the ring, in order.
+        // Past the end of the ring, in order: the slots of the first pass are not
+        // taken for the second's.
         for i in 10..13 {
             assert!(j.push(&mut p, &alloc(i, i)));
         }
+        assert_eq!(j.pending(), 3);
         out.clear();
         j.take_into(&mut out);
         assert_eq!(out, (10..13).map(|i| (alloc(i, i), 0)).collect::<Vec<_>>());
@@ -348,28 +426,73 @@ mod tests {
     }
 
     #[test]
+    fn a_new_owner_writes_after_what_the_last_one_left_unapplied() {
+        let j = leaked();
+        let mut p = j.try_claim().unwrap();
+        let mut out = Vec::new();
+        for i in 0..N + 100 {
+            assert!(j.push(&mut p, &alloc(i, i)));
+            if i % 1000 == 999 {
+                j.take_into(&mut out);
+            }
+        }
+        j.take_into(&mut out);
+        out.clear();
+        // Two entries left unapplied when the owner ends, in the ring's second pass.
+        assert!(j.push(&mut p, &alloc(1, 1)));
+        assert!(j.push(&mut p, &alloc(2, 2)));
+        j.release();
+        let mut q = j.try_claim().expect("released");
+        assert_eq!(q.head, p.head);
+        assert!(j.push(&mut q, &alloc(3, 3)));
+        j.take_into(&mut out);
+        assert_eq!(
+            out.iter().map(|e| e.0).collect::<Vec<_>>(),
+            vec![alloc(1, 1), alloc(2, 2), alloc(3, 3)]
+        );
+    }
+
+    #[test]
+    fn the_lap_is_told_apart_after_65536_passes() {
+        // The 16-bit lap of index i and of i + 65536 passes are equal: a slot is
+        // only ever compared with the pass just before its own, which differs.
+        for pass in [0u64, 1, 65_534, 65_535, 65_536, 65_537] {
+            let i = pass * N + 17;
+            assert_ne!(lap(i), lap(i - N), "pass {pass}");
+            assert_eq!(lap(i) & !(0xffff << LAP_BITS), 0);
+        }
+        // The ring's zeros read as the pass before the first.
+        assert_ne!(lap(0), 0);
+        assert_eq!(
+            lap(N * 65_535),
+            0,
+            "a pass whose lap is 0 follows lap 0xffff"
+        );
+    }
+
+    #[test]
     fn each_half_of_the_ring_written_asks_for_a_drain_once() {
-        let j = Journal::new(8);
+        let j = leaked();
         let mut p = j.try_claim().unwrap();
         let mut asked = Vec::new();
         let mut out = Vec::new();
-        for i in 0..20 {
+        for i in 0..(2 * N + N / 4) {
             assert!(j.push(&mut p, &alloc(i, i)));
             if j.half_written(&p) {
                 asked.push(i);
             }
             // Drained now and then, as the helper does: the asks follow the
             // entries written, not the entries waiting.
-            if i % 3 == 2 {
+            if i % 1000 == 999 {
                 j.take_into(&mut out);
             }
         }
-        assert_eq!(asked, vec![3, 7, 11, 15, 19]);
+        assert_eq!(asked, vec![N / 2 - 1, N - 1, 3 * N / 2 - 1, 2 * N - 1]);
     }
 
     #[test]
     fn a_consumer_on_another_thread_sees_every_entry_once() {
-        let j: &'static Journal = Box::leak(Box::new(Journal::new(64)));
+        let j = leaked();
         let n = 20_000u64;
         let producer = std::thread::spawn(move || {
             let mut p = j.try_claim().unwrap();

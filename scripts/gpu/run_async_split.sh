@@ -10,6 +10,8 @@
 #   AB_S (60) seconds of A/B blocks for each full build's run (OFF_S, default AB_S, for
 #   its stacks-off run); TM_S (30) for the timing build's; TIMING_ENV: settings for the
 #   timing build's first run (e.g. GPUGUARD_LOG=debug, which logs the capture counts).
+#   ALSO_ENV=<settings>: one more run of this build with those settings (named "also"),
+#   right after its default run (e.g. GPUGUARD_STACK_RATE=250).
 #   BASE_LIB=<another build's libgpuguard.so, carried too>: its own default run right
 #   after this build's, so two builds compare within one call (calls differ by more
 #   than most changes are worth).
@@ -30,6 +32,7 @@ run() { # name, ab seconds, extra env...
 }
 TL=$PWD/target/timing/release/libgpuguard.so
 run default "$AB_S"
+[ -z "${ALSO_ENV:-}" ] || run also "$AB_S" GGV_BENCH_TRAIN_ENV="$ALSO_ENV"
 [ -z "${BASE_LIB:-}" ] || run base_default "$AB_S" GGV_LIB="$BASE_LIB"
 [ -n "${SKIP_STACKS_OFF:-}" ] || run stacks_off "${OFF_S:-$AB_S}" GGV_BENCH_TRAIN_ENV=GPUGUARD_STACK_DEPTH=0
 run timing "$TM_S" GGV_LIB="$TL" ${TIMING_ENV:+GGV_BENCH_TRAIN_ENV="$TIMING_ENV"}

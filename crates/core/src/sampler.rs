@@ -8,7 +8,10 @@
 //! allocation is captured (so a program that allocates rarely, and a burst after a
 //! quiet spell, such as a start-up or a model's parameters, lose nothing); past that,
 //! each allocation is captured at random with the probability that brings the window
-//! back to `rate` a second, never less than one in `OVER`. Within a window every
+//! back to `rate` a second, never less than `rate` in `FLOOR_AT` (one in 32 at the
+//! default rate: past 32,000 allocations a second a thread's captures grow with its
+//! allocations, so a leak among very many allocations is still captured often
+//! enough to be named). Within a window every
 //! allocation has the same chance, wherever it comes in a step, so the captured
 //! allocations keep the proportions of the lines that made them.
 //!
@@ -18,8 +21,9 @@
 
 /// The window the rate is measured over.
 pub const WINDOW_NS: u64 = 100_000_000;
-/// Past the rate, at least one allocation in this many is captured.
-pub const OVER: u32 = 32;
+/// Past the rate, at least `rate` allocations in this many are captured: the
+/// allocations a second past which a thread's captures grow with them.
+pub const FLOOR_AT: u64 = 32_000;
 /// `GPUGUARD_STACK_RATE` when it is not set: captures a second per thread.
 pub const DEFAULT_RATE: u32 = 1000;
 
@@ -101,7 +105,7 @@ impl Sampler {
         self.chance = if last <= allowed {
             EVERY
         } else {
-            let floor = u64::from(EVERY / OVER);
+            let floor = (u64::from(rate) << 32) / FLOOR_AT;
             ((allowed << 32) / last).clamp(floor, u64::from(EVERY)) as u32
         };
         self.window_ns = now_ns.max(1);
@@ -152,16 +156,20 @@ mod tests {
     }
 
     #[test]
-    fn far_past_the_rate_one_in_over_is_captured() {
-        let mut s = Sampler::new();
-        // A million a second for 1 s: past the first window, one in 32.
-        let n = 1_000_000;
-        let got = captured(&mut s, 1_000, n, 1_000, Some(1000));
-        let expected = 100_000 + (n - 100_000) / u64::from(OVER);
-        assert!(
-            got.abs_diff(expected) < expected / 10,
-            "{got} captured, about {expected} expected"
-        );
+    fn far_past_the_rate_the_floor_is_captured() {
+        // A million a second for 1 s: past the first window, `rate` in 32,000 (one
+        // in 32 at 1,000 a second, one in 128 at 250).
+        for (rate, one_in) in [(1000, 32), (250, 128)] {
+            let mut s = Sampler::new();
+            let n = 1_000_000;
+            let got = captured(&mut s, 1_000, n, 1_000, Some(rate));
+            // The first window's 100,000 all, then the floor.
+            let expected = 100_000 + (n - 100_000) / one_in;
+            assert!(
+                got.abs_diff(expected) < expected / 10,
+                "rate {rate}: {got} captured, about {expected} expected"
+            );
+        }
     }
 
     #[test]

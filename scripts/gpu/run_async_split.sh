@@ -6,7 +6,8 @@
 # target/timing/release/libgpuguard.so (cargo build --release --features hook-timing
 # with CARGO_TARGET_DIR=target/timing).
 #   NO_MEMOS_TOO=1 adds the timing build with its capture memos off; SKIP_STACKS_OFF=1
-#   leaves out the stacks-off runs, SKIP_TIMING_STACKS_OFF=1 only the timing build's.
+#   leaves out the stacks-off runs, SKIP_TIMING_STACKS_OFF=1 only the timing build's,
+#   SKIP_TIMING=1 the timing build altogether.
 #   AB_S (60) seconds of A/B blocks for each full build's run (OFF_S, default AB_S, for
 #   its stacks-off run); TM_S (30) for the timing build's; TIMING_ENV: settings for the
 #   timing build's first run (e.g. GPUGUARD_LOG=debug, which logs the capture counts).
@@ -35,9 +36,9 @@ run default "$AB_S"
 [ -z "${ALSO_ENV:-}" ] || run also "$AB_S" GGV_BENCH_TRAIN_ENV="$ALSO_ENV"
 [ -z "${BASE_LIB:-}" ] || run base_default "$AB_S" GGV_LIB="$BASE_LIB"
 [ -n "${SKIP_STACKS_OFF:-}" ] || run stacks_off "${OFF_S:-$AB_S}" GGV_BENCH_TRAIN_ENV=GPUGUARD_STACK_DEPTH=0
-run timing "$TM_S" GGV_LIB="$TL" ${TIMING_ENV:+GGV_BENCH_TRAIN_ENV="$TIMING_ENV"}
+[ -n "${SKIP_TIMING:-}" ] || run timing "$TM_S" GGV_LIB="$TL" ${TIMING_ENV:+GGV_BENCH_TRAIN_ENV="$TIMING_ENV"}
 grep -rh "stack captures" "$O/timing" 2>/dev/null | head -1 | sed "s/^/timing: /"
-[ -n "${SKIP_STACKS_OFF:-}${SKIP_TIMING_STACKS_OFF:-}" ] || run timing_stacks_off "$((TM_S * 2 / 3))" GGV_LIB="$TL" GGV_BENCH_TRAIN_ENV=GPUGUARD_STACK_DEPTH=0
+[ -n "${SKIP_STACKS_OFF:-}${SKIP_TIMING_STACKS_OFF:-}${SKIP_TIMING:-}" ] || run timing_stacks_off "$((TM_S * 2 / 3))" GGV_LIB="$TL" GGV_BENCH_TRAIN_ENV=GPUGUARD_STACK_DEPTH=0
 # The same timing build with the capture memos off (a diagnostic switch of that build).
 [ -z "${NO_MEMOS_TOO:-}" ] || run timing_no_memos "$TM_S" GGV_LIB="$TL" GGV_BENCH_TRAIN_ENV=GPUGUARD_BENCH_NO_MEMOS=1
 tar czf "${OUT:-/tmp/ggv-out}/async_split.tar.gz" -C "$O/.." split

@@ -185,7 +185,8 @@ fn burst_split(rep: &Value) -> (u64, u64) {
 #[test]
 fn past_the_stack_rate_some_allocations_have_no_stack_and_every_byte_is_counted() {
     // Allocations kept, as fast as the program can for 300 ms: the first window's
-    // (100 ms) get a stack, then about one in 32; the books count them all.
+    // (100 ms) get a stack, then about one in 128 (250 in 32,000); the books count
+    // them all.
     let r = gg_run("gg", &["burst", "300"], &[]);
     r.assert_ok();
     let n = r.burst_count();
@@ -199,7 +200,7 @@ fn past_the_stack_rate_some_allocations_have_no_stack_and_every_byte_is_counted(
     assert_eq!(u(&rep["stackless"]["bytes"]), stackless * 4096);
     let dev = device_entry(&rep, 0).expect("device 0");
     assert_eq!(u(&dev["current_bytes"]), n * 4096, "the books are exact");
-    assert_eq!(rep["config"]["stack_rate"], 1000);
+    assert_eq!(rep["config"]["stack_rate"], 250);
     let shown = gpuguard(&["show", s(&path)]);
     assert!(shown.status.success(), "{}", shown.describe());
     let line = format!("{} live allocations (", stackless);

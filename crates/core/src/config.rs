@@ -693,9 +693,9 @@ mod tests {
 
     #[test]
     fn stack_rate_takes_a_count_or_all() {
-        assert_eq!(parse(&[]).unwrap().stack_rate, Some(1000));
-        let c = parse(&[("GPUGUARD_STACK_RATE", " 250 ")]).unwrap();
-        assert_eq!(c.stack_rate, Some(250));
+        assert_eq!(parse(&[]).unwrap().stack_rate, Some(250));
+        let c = parse(&[("GPUGUARD_STACK_RATE", " 1000 ")]).unwrap();
+        assert_eq!(c.stack_rate, Some(1000));
         let c = parse(&[("GPUGUARD_STACK_RATE", "ALL")]).unwrap();
         assert_eq!(c.stack_rate, None);
         for bad in ["0", "-5", "1e3", "fast", "", "1000001"] {

@@ -13,7 +13,7 @@ use super::python::frames;
 use super::real::{DRIVER, is_driver_code, own_code};
 use super::settings::{config, stacks};
 use super::state::{active_books, books, shielded};
-use super::sys::{monotonic_ns, prefetch};
+use super::sys::{monotonic_ns, prefetch_for_write};
 use super::{capture, fault, tags, unwind, wake};
 use gpuguard_core::ledger::{Event, Journal, Key, Kind, NO_SITE, Producer, Record};
 use gpuguard_core::sampler::Sampler;
@@ -624,15 +624,15 @@ fn capture_site_at(books: &Books, t: &ThreadState, depth: usize) -> u32 {
     id
 }
 
-/// Before an allocation's real call: the thread's next journal slot fetched while
-/// the driver works (the record after the call writes it).
+/// Before an allocation's or a free's real call: the thread's next journal slot
+/// fetched, owned, while the driver works (the entry after the call writes it).
 #[inline]
 fn journal_ahead(t: &ThreadState) {
     // An entry may straddle two lines (none yet: no journal).
     let slot = t.producer.get().slot_addr();
     if slot != 0 {
-        prefetch(slot);
-        prefetch(slot + 47);
+        prefetch_for_write(slot);
+        prefetch_for_write(slot + 47);
     }
 }
 
@@ -995,6 +995,7 @@ pub(crate) fn driver_free(key: Key, call: impl FnOnce() -> c_int) -> c_int {
     if key.value == 0 {
         return scope.real(call);
     }
+    journal_ahead(scope.0);
     let call = || scope.real(|| timed(Phase::DrvFreePre, Phase::DrvFreeReal, &mark, call));
     let rc = driver_free_body(&scope, key, call);
     timing::charge(Phase::DrvFreePost, mark.get());

@@ -29,7 +29,7 @@ static ACTION_RAN: AtomicBool = AtomicBool::new(false);
 #[inline]
 pub(crate) fn books() -> Option<&'static Books> {
     if HOT.state.load(Acquire) == ACTIVE && !super::wake::helper_missing() {
-        // SAFETY: BOOKS is set before STATE becomes ACTIVE and is never freed.
+        // SAFETY: HOT.books is set before HOT.state becomes ACTIVE and is never freed.
         return unsafe { HOT.books.load(Acquire).cast::<Books>().as_ref() };
     }
     books_slow()
@@ -82,7 +82,7 @@ pub(crate) fn active_books() -> Option<&'static Books> {
     if HOT.state.load(Acquire) != ACTIVE {
         return None;
     }
-    // SAFETY: BOOKS is set before STATE becomes ACTIVE and is never freed.
+    // SAFETY: HOT.books is set before HOT.state becomes ACTIVE and is never freed.
     unsafe { HOT.books.load(Acquire).cast::<Books>().as_ref() }
 }
 

@@ -8,6 +8,7 @@
 #include "cudart_sim.h"
 
 #include <pthread.h>
+#include <sched.h>
 #include <sys/wait.h>
 
 static int ndev(void)
@@ -734,7 +735,7 @@ static void *storm_worker(void *arg)
         CUdeviceptr p;
         MUST(cuMemAlloc_v2(&p, 65536));
         MUST(cuMemFree_v2(p));
-        g_storm_allocs++;
+        __atomic_add_fetch(&g_storm_allocs, 1, __ATOMIC_RELAXED);
     }
     return NULL;
 }
@@ -745,11 +746,14 @@ static int mode_storm(int argc, char **argv)
     CUcontext c = gg_setup(0);
     pthread_t th;
     MUST(pthread_create(&th, NULL, storm_worker, c));
+    /* The worker's first allocation activates gpuguard: report signals before any
+     * CUDA call gpuguard tracks ask for nothing, by design. */
+    while (__atomic_load_n(&g_storm_allocs, __ATOMIC_RELAXED) == 0) sched_yield();
     for (int i = 0; i < 2000; i++) kill(getpid(), SIGUSR1);
     sleep_ms(100);
     __atomic_store_n(&g_stop, 1, __ATOMIC_RELAXED);
     pthread_join(th, NULL);
-    printf("STORM sent=2000 allocs=%ld\n", g_storm_allocs);
+    printf("STORM sent=2000 allocs=%ld\n", __atomic_load_n(&g_storm_allocs, __ATOMIC_RELAXED));
     finish();
     return 0;
 }

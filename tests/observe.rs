@@ -499,22 +499,14 @@ fn an_allocation_sampled_out_under_a_tag_keeps_its_phase() {
     let n = r.burst_count();
     let (_, rep) = core_support::exit_report(&r);
     let sites = rep["sites"].as_array().unwrap();
-    let frames_of = |s: &Value| -> Vec<String> {
-        s["frames"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|f| f.as_str().unwrap().to_string())
-            .collect()
-    };
     let tagged: u64 = sites
         .iter()
-        .filter(|s| frames_of(s).last().map(String::as_str) == Some("tag: burst"))
+        .filter(|s| core_support::frame_list(s).last().map(String::as_str) == Some("tag: burst"))
         .map(|s| s["live_count"].as_u64().unwrap())
         .sum();
     let label_only = sites
         .iter()
-        .find(|s| frames_of(s) == ["tag: burst"])
+        .find(|s| core_support::frame_list(s) == ["tag: burst"])
         .map_or(0, |s| s["live_count"].as_u64().unwrap());
     assert_eq!(tagged, n, "every allocation keeps its label\n{sites:#?}");
     assert!(

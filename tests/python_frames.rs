@@ -4,6 +4,7 @@
 //! even when its code is gone by the time the report is written.
 
 mod common;
+mod core_support;
 
 use common::{marked_line, pythons, remembered_captures, run_python};
 use serde_json::Value;
@@ -31,14 +32,7 @@ fn frames_by_size(rep: &Value) -> Vec<(u64, Vec<String>)> {
             let frames = sites
                 .iter()
                 .find(|s| &s["id"] == id)
-                .map(|s| {
-                    s["frames"]
-                        .as_array()
-                        .unwrap()
-                        .iter()
-                        .map(|f| f.as_str().unwrap().to_string())
-                        .collect()
-                })
+                .map(core_support::frame_list)
                 .unwrap_or_default();
             (a["bytes"].as_u64().unwrap(), frames)
         })

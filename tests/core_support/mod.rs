@@ -72,6 +72,20 @@ pub fn u(v: &Value) -> u64 {
         .unwrap_or_else(|| panic!("not an unsigned number: {v}"))
 }
 
+/// A site's `frames`, as strings.
+pub fn frame_list(site: &Value) -> Vec<String> {
+    site["frames"]
+        .as_array()
+        .unwrap_or_else(|| panic!("site has no frames[]: {site}"))
+        .iter()
+        .map(|f| {
+            f.as_str()
+                .unwrap_or_else(|| panic!("frame {f}"))
+                .to_string()
+        })
+        .collect()
+}
+
 /// The `devices[]` entry of `dev`.
 pub fn device_entry(report: &Value, dev: i64) -> Option<&Value> {
     report["devices"]

@@ -15,7 +15,8 @@
 use super::Outcome;
 use super::growth::PYTHON_STACK;
 use super::load::load_keeping;
-use super::plot::{write_output, xml};
+use super::output::write_view;
+use super::plot::xml;
 use super::text::readable_frames;
 use gpuguard_core::report::{PY_FRAME, Report, human_bytes};
 use serde::Serialize;
@@ -43,7 +44,7 @@ pub fn main(args: FlamegraphArgs) -> Outcome {
     let out = args
         .output
         .unwrap_or_else(|| args.report.with_extension("html"));
-    write_output(&out, &args.report, &render_html(&report))?;
+    write_view(&out, &args.report, &render_html(&report))?;
     Ok(0)
 }
 

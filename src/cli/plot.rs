@@ -4,12 +4,12 @@
 //! as lines, and marks for cap refusals, trims, warnings and reports.
 
 use super::load::{read_bounded, shown};
-use super::output::{print, warn};
+use super::output::{warn, write_view};
 use super::{Failure, Outcome};
 use gpuguard_core::report::human_bytes;
 use gpuguard_core::trace::{self, Sample, Trace, event};
 use std::fmt::Write as _;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 /// `gpuguard plot` options.
 #[derive(clap::Args)]
@@ -41,29 +41,8 @@ pub fn main(args: PlotArgs) -> Outcome {
             shown(&args.trace)
         ));
     }
-    write_output(&out, &args.trace, &render_svg(&trace))?;
+    write_view(&out, &args.trace, &render_svg(&trace))?;
     Ok(0)
-}
-
-/// Writes a rendered view to `out` (`-`: stdout), never over its own input.
-pub fn write_output(out: &Path, input: &Path, text: &str) -> Result<(), Failure> {
-    if out == Path::new("-") {
-        return print(text);
-    }
-    let same = match (std::fs::canonicalize(out), std::fs::canonicalize(input)) {
-        (Ok(a), Ok(b)) => a == b,
-        _ => false,
-    };
-    if same {
-        return Err(Failure::Input(format!(
-            "{}: the output would replace the input; choose another with -o",
-            shown(out)
-        )));
-    }
-    std::fs::write(out, text)
-        .map_err(|e| Failure::Input(format!("{}: cannot write: {e}", shown(out))))?;
-    warn(&format!("wrote {}", shown(out)));
-    Ok(())
 }
 
 const WIDTH: f64 = 1000.0;

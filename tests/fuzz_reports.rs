@@ -116,6 +116,7 @@ fn status_bytes(pid: u32, start_ticks: u64) -> Vec<u8> {
         start_ticks,
         started_unix_ms: 1,
         report_dir: "/data/reports".into(),
+        report_dir_hex: None,
         updated_unix_ms: 2,
         devices: vec![DeviceStatus {
             device: 0,

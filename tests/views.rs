@@ -403,6 +403,7 @@ fn status_of(pid: u32, start_ticks: u64, program: &str) -> Status {
         start_ticks,
         started_unix_ms: 1,
         report_dir: "/data/reports".into(),
+        report_dir_hex: None,
         updated_unix_ms: std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .unwrap()

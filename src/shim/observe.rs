@@ -218,6 +218,8 @@ fn start(books: &Books, pid: u32) -> Observer {
             None
         }
     };
+    // Byte for byte: `gpuguard trim` looks for the trim report there.
+    let (report_dir, report_dir_hex) = status::report_dir_fields(&settings().dir);
     let status_base = Status {
         schema: status::SCHEMA.into(),
         gpuguard_version: env!("CARGO_PKG_VERSION").into(),
@@ -226,7 +228,8 @@ fn start(books: &Books, pid: u32) -> Observer {
         argv: super::sys::argv(),
         start_ticks: status::process_start_ticks(Path::new("/proc"), pid).unwrap_or(0),
         started_unix_ms,
-        report_dir: settings().dir.to_string_lossy().into_owned(),
+        report_dir,
+        report_dir_hex,
         updated_unix_ms: 0,
         devices: Vec::new(),
     };

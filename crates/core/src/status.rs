@@ -9,6 +9,7 @@ use crate::reporter::write_atomic;
 use serde::{Deserialize, Serialize};
 use std::ffi::OsString;
 use std::io::Read;
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
@@ -32,8 +33,14 @@ pub struct Status {
     pub start_ticks: u64,
     /// When gpuguard saw the first CUDA call.
     pub started_unix_ms: u64,
-    /// Where its reports go (`GPUGUARD_DIR`).
+    /// Where its reports go (`GPUGUARD_DIR`, else the directory it started in), for
+    /// people: a name that is not UTF-8 has U+FFFD in place of its odd bytes.
     pub report_dir: String,
+    /// The report directory's name byte for byte, in hex, when it is not UTF-8
+    /// (absent otherwise, and from files of older versions): what `gpuguard trim`
+    /// looks in. See [`report_dir_fields`] and [`Status::report_dir_path`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub report_dir_hex: Option<String>,
     pub updated_unix_ms: u64,
     pub devices: Vec<DeviceStatus>,
 }
@@ -48,6 +55,41 @@ pub struct DeviceStatus {
     /// What stream-ordered pools hold unused (charged against the cap).
     #[serde(default)]
     pub pool_held_bytes: u64,
+}
+
+/// `report_dir` and `report_dir_hex` for a report directory: its name as text, and
+/// its bytes in hex when the text cannot carry them.
+pub fn report_dir_fields(dir: &Path) -> (String, Option<String>) {
+    let bytes = dir.as_os_str().as_bytes();
+    match std::str::from_utf8(bytes) {
+        Ok(text) => (text.to_string(), None),
+        Err(_) => (
+            dir.to_string_lossy().into_owned(),
+            Some(bytes.iter().map(|b| format!("{b:02x}")).collect()),
+        ),
+    }
+}
+
+impl Status {
+    /// The report directory byte for byte: from `report_dir_hex` when present and
+    /// well formed, else `report_dir`. Relative when the process's `GPUGUARD_DIR` was
+    /// (reports then go under its current directory).
+    pub fn report_dir_path(&self) -> PathBuf {
+        let from_hex = self.report_dir_hex.as_deref().and_then(|hex| {
+            let digits = hex.as_bytes();
+            if digits.len() % 2 != 0 {
+                return None;
+            }
+            digits
+                .chunks(2)
+                .map(|pair| u8::from_str_radix(std::str::from_utf8(pair).ok()?, 16).ok())
+                .collect::<Option<Vec<u8>>>()
+        });
+        match from_hex {
+            Some(bytes) => PathBuf::from(OsString::from_vec(bytes)),
+            None => PathBuf::from(&self.report_dir),
+        }
+    }
 }
 
 /// The status directory: `$XDG_RUNTIME_DIR/gpuguard` when that variable names an
@@ -77,18 +119,30 @@ pub fn ensure_dir(dir: &Path) -> std::io::Result<()> {
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
         Err(e) => return Err(e),
     }
-    let meta = std::fs::symlink_metadata(dir)?;
     let me = std::fs::metadata("/proc/self")?.uid();
+    check_dir(dir, me)
+}
+
+/// Checks, without creating it, that `dir` is a status directory the library would
+/// use for files of user `owner`: a directory (not a link to one) of that user, mode
+/// 0700. Readers (`gpuguard ps`, `gpuguard trim`) apply it too, so that nothing
+/// planted where another user could reach is believed or deleted. The error (kind
+/// `PermissionDenied`) says `<dir>: <why>; not used for status files`.
+pub fn check_dir(dir: &Path, owner: u32) -> std::io::Result<()> {
+    let meta = std::fs::symlink_metadata(dir)?;
     let unsafe_dir = |why: &str| {
         Err(std::io::Error::new(
             std::io::ErrorKind::PermissionDenied,
             format!("{}: {why}; not used for status files", dir.display()),
         ))
     };
+    if meta.file_type().is_symlink() {
+        return unsafe_dir("a symbolic link");
+    }
     if !meta.is_dir() {
         return unsafe_dir("not a directory");
     }
-    if meta.uid() != me {
+    if meta.uid() != owner {
         return unsafe_dir("belongs to another user");
     }
     if meta.permissions().mode() & 0o077 != 0 {
@@ -177,6 +231,18 @@ pub fn read_all_with(dir: &Path, proc_root: &Path) -> std::io::Result<Vec<Status
     }
     out.sort_by_key(|s| s.pid);
     Ok(out)
+}
+
+/// The status of process `pid` in `dir`, when its file is there and names that very
+/// process (same start time); `None` otherwise. Removes nothing.
+pub fn read_of(dir: &Path, pid: u32) -> Option<Status> {
+    read_of_with(dir, pid, Path::new("/proc"))
+}
+
+/// [`read_of`] with the process table at `proc_root`.
+pub fn read_of_with(dir: &Path, pid: u32, proc_root: &Path) -> Option<Status> {
+    let status = read_one(&dir.join(file_name(pid))).filter(|s| s.pid == pid)?;
+    (process_start_ticks(proc_root, pid) == Some(status.start_ticks)).then_some(status)
 }
 
 /// One status file, `None` when it is not one of this schema (or not a regular file).
@@ -304,6 +370,42 @@ mod tests {
     }
 
     #[test]
+    fn report_dir_keeps_its_bytes_and_old_files_still_read() {
+        use std::os::unix::ffi::OsStrExt;
+        let odd = Path::new(std::ffi::OsStr::from_bytes(b"/data/r\xffports"));
+        let (text, hex) = report_dir_fields(odd);
+        assert_eq!(text, "/data/r\u{fffd}ports");
+        let mut s = status(1, 1);
+        (s.report_dir, s.report_dir_hex) = (text, hex);
+        let back: Status = serde_json::from_slice(&serde_json::to_vec(&s).unwrap()).unwrap();
+        assert_eq!(back.report_dir_path(), odd);
+        // A UTF-8 name is written as before: no new field.
+        let (text, hex) = report_dir_fields(Path::new("/tmp/r"));
+        assert_eq!((text.as_str(), hex), ("/tmp/r", None));
+        let plain = serde_json::to_string(&status(1, 1)).unwrap();
+        assert!(!plain.contains("report_dir_hex"), "{plain}");
+        // A file of an older version (no such field), or a malformed field.
+        let old: Status = serde_json::from_str(&plain).unwrap();
+        assert_eq!(old.report_dir_path(), Path::new("/tmp/r"));
+        let mut bad = status(1, 1);
+        bad.report_dir_hex = Some("2fz".into());
+        assert_eq!(bad.report_dir_path(), Path::new("/tmp/r"));
+    }
+
+    #[test]
+    fn a_status_is_read_for_its_own_process_only() {
+        let dir = temp_dir("of");
+        ensure_dir(&dir).unwrap();
+        let me = std::process::id();
+        let ticks = process_start_ticks(Path::new("/proc"), me).unwrap();
+        write_status(&dir, &status(me, ticks + 1)).unwrap();
+        assert_eq!(read_of(&dir, me), None, "another process of the same pid");
+        write_status(&dir, &status(me, ticks)).unwrap();
+        assert_eq!(read_of(&dir, me), Some(status(me, ticks)));
+        assert_eq!(read_of(&dir, u32::MAX - 1), None);
+    }
+
+    #[test]
     fn directory_others_can_reach_is_refused() {
         let dir = temp_dir("open");
         std::fs::create_dir_all(&dir).unwrap();
@@ -312,5 +414,16 @@ mod tests {
         let file = temp_dir("file");
         std::fs::write(&file, "").unwrap();
         assert!(ensure_dir(&file).is_err());
+        // A link to a good directory is not one: what it points at can change.
+        let good = temp_dir("good");
+        ensure_dir(&good).unwrap();
+        let link = temp_dir("link");
+        std::os::unix::fs::symlink(&good, &link).unwrap();
+        let e = ensure_dir(&link).unwrap_err();
+        assert!(e.to_string().contains("a symbolic link"), "{e}");
+        let me = std::fs::metadata("/proc/self").unwrap().uid();
+        assert!(check_dir(&good, me).is_ok());
+        let e = check_dir(&good, me.wrapping_add(1)).unwrap_err();
+        assert!(e.to_string().contains("another user"), "{e}");
     }
 }

@@ -10,9 +10,10 @@ use super::growth::{live_allocations, native_sites, python_sites};
 use super::lib_path::{LIB_VAR, find};
 use super::load::{load_keeping, shown};
 use super::output::{print_err, warn};
+use super::procs::{cuda_processes_under, parents};
+use super::report_name::report_name_parts;
 use super::show::{holding, pinned_line, rank_words};
 use super::text::{clean, count, frames};
-use super::trim::report_name_parts;
 use super::{Failure, Outcome};
 use gpuguard_core::config::Config;
 use gpuguard_core::report::{Report, human_bytes};
@@ -201,53 +202,6 @@ fn pass_on_deferred(child: u32) {
             }
         }
     }
-}
-
-/// The processes under `root` (not `root` itself) with gpuguard loaded that use
-/// CUDA (`libcuda.so` mapped), read from `/proc`.
-pub fn cuda_processes_under(root: u32) -> Vec<u32> {
-    let parents = parents();
-    let mut under: Vec<u32> = vec![root];
-    let mut i = 0;
-    while i < under.len() {
-        let p = under[i];
-        under.extend(parents.iter().filter(|(_, pp)| **pp == p).map(|(c, _)| *c));
-        i += 1;
-    }
-    under.remove(0);
-    under.retain(|p| {
-        std::fs::read_to_string(format!("/proc/{p}/maps")).is_ok_and(|m| {
-            m.lines().any(|l| l.contains("libgpuguard"))
-                && m.lines().any(|l| l.contains("libcuda.so"))
-        })
-    });
-    under.sort_unstable();
-    under
-}
-
-/// Parent of every process, read from `/proc/*/stat`.
-pub fn parents() -> HashMap<u32, u32> {
-    let mut map = HashMap::new();
-    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|n| n.parse::<u32>().ok())
-        else {
-            continue;
-        };
-        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
-            continue;
-        };
-        // `pid (comm) state ppid ...`: comm may hold spaces and parentheses.
-        let Some(after) = stat.rfind(')').map(|at| &stat[at + 1..]) else {
-            continue;
-        };
-        if let Some(ppid) = after.split_whitespace().nth(1).and_then(|p| p.parse().ok()) {
-            map.insert(pid, ppid);
-        }
-    }
-    map
 }
 
 /// Tells CMD's processes from others writing reports into the same folder. A

@@ -3,10 +3,16 @@
 
 use super::load::{load_keeping, shown};
 use super::output::print;
+use super::procs::{cuda_processes_under, still_running};
+use super::report_name::report_name_parts;
 use super::show::render_trim;
 use super::text::clean;
 use super::{Failure, Outcome};
-use gpuguard_core::config;
+use gpuguard_core::{config, status};
+use std::collections::HashMap;
+use std::ffi::{OsStr, OsString};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -34,8 +40,13 @@ fn parse_pid(text: &str) -> Result<u32, String> {
         .ok_or_else(|| format!("not a process id: {text:?}"))
 }
 
+/// The longest `--timeout`, an hour: a process answers a trim within seconds, and
+/// one that is stopped never does; past this a number is a slip (an exponent too
+/// many, milliseconds given as seconds).
+pub const MAX_TIMEOUT_SECS: f64 = 3600.0;
+
 /// `--timeout SECS`: whole or fractional seconds, 0 (do not wait past the first
-/// look) and up; refused when negative, not a number or too large for a duration.
+/// look) to [`MAX_TIMEOUT_SECS`]; refused when negative, not a number or larger.
 pub fn parse_timeout(text: &str) -> Result<Duration, String> {
     let secs: f64 = text
         .trim()
@@ -46,7 +57,12 @@ pub fn parse_timeout(text: &str) -> Result<Duration, String> {
             "{text:?}: the timeout must be a number of seconds, 0 or more"
         ));
     }
-    Duration::try_from_secs_f64(secs).map_err(|_| format!("{text:?} seconds is too long a timeout"))
+    if secs > MAX_TIMEOUT_SECS {
+        return Err(format!(
+            "{text:?}: the timeout is at most {MAX_TIMEOUT_SECS} seconds (an hour)"
+        ));
+    }
+    Ok(Duration::from_secs_f64(secs))
 }
 
 /// The libraries a process has mapped, from `/proc/PID/maps`.
@@ -79,7 +95,7 @@ fn target(pid: u32) -> Result<u32, Failure> {
             "process {pid} is not running gpuguard (libgpuguard.so is not loaded in it)"
         )));
     }
-    let using_cuda = super::run::cuda_processes_under(pid);
+    let using_cuda = cuda_processes_under(pid);
     match using_cuda.as_slice() {
         [one] => Ok(*one),
         [] => Err(Failure::Input(format!(
@@ -105,35 +121,30 @@ fn target(pid: u32) -> Result<u32, Failure> {
 pub fn main(args: TrimArgs) -> Outcome {
     let pid = target(args.pid)?;
     let proc_dir = PathBuf::from(format!("/proc/{pid}"));
+    let gone = || Failure::Input(format!("no process {pid}"));
+    // With the pid, names this process even if the pid is reused while we wait.
+    let started = status::process_start_ticks(Path::new("/proc"), pid).ok_or_else(gone)?;
     // Its own settings: the trim signal and where its reports go.
     let environ = std::fs::read(proc_dir.join("environ")).map_err(|e| {
         Failure::Input(format!("cannot read the environment of process {pid}: {e}"))
     })?;
-    let vars: std::collections::HashMap<String, String> = environ
+    let env: HashMap<OsString, OsString> = environ
         .split(|b| *b == 0)
         .filter_map(|kv| {
-            let kv = String::from_utf8_lossy(kv);
-            let (k, v) = kv.split_once('=')?;
-            k.starts_with("GPUGUARD_")
-                .then(|| (k.to_string(), v.to_string()))
+            let at = kv.iter().position(|b| *b == b'=')?;
+            let (k, v) = (&kv[..at], &kv[at + 1..]);
+            Some((OsStr::from_bytes(k).into(), OsStr::from_bytes(v).into()))
         })
         .collect();
-    let cfg = config::Config::parse(vars.keys().map(String::as_str), |k| vars.get(k).cloned())
-        .map_err(|e| Failure::Input(format!("process {pid}: {}", clean(&e.to_string()))))?;
+    let cfg = config::Config::parse_os(&env)
+        .map_err(|e| Failure::Input(format!("process {pid}: {}", clean(&e.to_string()))))?
+        .config;
     let Some(sig) = cfg.trim_signal else {
         return Err(Failure::Input(format!(
             "process {pid} has its trim signal off (GPUGUARD_TRIM_SIGNAL=none)"
         )));
     };
-    let dir = match cfg.dir {
-        Some(d) if d.is_absolute() => d,
-        d => {
-            let cwd = std::fs::read_link(proc_dir.join("cwd")).map_err(|e| {
-                Failure::Input(format!("cannot find the directory of process {pid}: {e}"))
-            })?;
-            d.map_or(cwd.clone(), |d| cwd.join(d))
-        }
-    };
+    let dir = report_dir(pid, &proc_dir, &env, cfg.dir)?;
     let before = trim_reports(&dir, pid);
     // SAFETY: kill(2) with a checked pid and a signal number the process's own
     // settings accepted.
@@ -143,29 +154,27 @@ pub fn main(args: TrimArgs) -> Outcome {
             std::io::Error::last_os_error()
         )));
     }
-    // No deadline when the timeout is beyond what the clock can add.
-    let deadline = Instant::now().checked_add(args.timeout);
-    loop {
-        let new: Vec<PathBuf> = trim_reports(&dir, pid)
+    let deadline = Instant::now() + args.timeout;
+    let new_report = || {
+        trim_reports(&dir, pid)
             .into_iter()
-            .filter(|p| !before.contains(p))
-            .collect();
-        if let Some(path) = new.last() {
-            let r = load_keeping(path, 0)?;
-            let mut out = String::new();
-            put!(
-                out,
-                "gpuguard trim: process {pid} ({}), report {}",
-                clean(&r.program),
-                shown(path)
-            );
-            if let Some(t) = &r.trim {
-                render_trim(&mut out, t);
-            }
-            print(&out)?;
-            return Ok(0);
+            .rfind(|p| !before.contains(p))
+    };
+    loop {
+        if let Some(path) = new_report() {
+            return answer(pid, &path);
         }
-        if deadline.is_some_and(|d| Instant::now() >= d) {
+        if !still_running(pid, started) {
+            // It may have written the report as it ended: one last look.
+            return match new_report() {
+                Some(path) => answer(pid, &path),
+                None => Err(Failure::Input(format!(
+                    "process {pid} ended without writing a trim report in {}",
+                    shown(&dir)
+                ))),
+            };
+        }
+        if Instant::now() >= deadline {
             return Err(Failure::Input(format!(
                 "process {pid} wrote no trim report in {} within {:.1} s (is it stopped, or is its report directory elsewhere?)",
                 shown(&dir),
@@ -176,15 +185,51 @@ pub fn main(args: TrimArgs) -> Outcome {
     }
 }
 
-/// A report file's name, `gpuguard.<program>[.r<rank>].<pid>.<seq>.<reason>.json`,
-/// read from the right (program names may hold dots): (pid, seq, reason).
-pub fn report_name_parts(name: &str) -> Option<(u32, u64, &str)> {
-    let stem = name.strip_prefix("gpuguard.")?.strip_suffix(".json")?;
-    let mut parts = stem.rsplit('.');
-    let reason = parts.next()?;
-    let seq: u64 = parts.next()?.parse().ok()?;
-    let pid: u32 = parts.next()?.parse().ok()?;
-    Some((pid, seq, reason))
+/// Prints the trim report at `path`.
+fn answer(pid: u32, path: &Path) -> Outcome {
+    let r = load_keeping(path, 0)?;
+    let mut out = String::new();
+    put!(
+        out,
+        "gpuguard trim: process {pid} ({}), report {}",
+        clean(&r.program),
+        shown(path)
+    );
+    if let Some(t) = &r.trim {
+        render_trim(&mut out, t);
+    }
+    print(&out)?;
+    Ok(0)
+}
+
+/// Where process `pid` writes its reports. Its status file says so byte for byte,
+/// wherever it has moved since it started (with `GPUGUARD_DIR` unset the reports go
+/// to the directory it started in); it is believed only from a status directory the
+/// library would use. Without one (gpuguard not active yet, status files off):
+/// `GPUGUARD_DIR` as its environment has it, else its current directory.
+fn report_dir(
+    pid: u32,
+    proc_dir: &Path,
+    env: &HashMap<OsString, OsString>,
+    configured: Option<PathBuf>,
+) -> Result<PathBuf, Failure> {
+    let owner = std::fs::metadata(proc_dir).map(|m| m.uid()).ok();
+    let from_status = owner.and_then(|uid| {
+        let dir = status::status_dir(|k| env.get(OsStr::new(k)).cloned(), uid);
+        status::check_dir(&dir, uid).ok()?;
+        status::read_of(&dir, pid).map(|s| s.report_dir_path())
+    });
+    let dir = from_status.or(configured);
+    match dir {
+        Some(d) if d.is_absolute() => Ok(d),
+        // Relative: under the directory the process is in now, as its writes resolve it.
+        d => {
+            let cwd = std::fs::read_link(proc_dir.join("cwd")).map_err(|e| {
+                Failure::Input(format!("cannot find the directory of process {pid}: {e}"))
+            })?;
+            Ok(d.map_or(cwd.clone(), |d| cwd.join(d)))
+        }
+    }
 }
 
 /// The trim reports of one process in a directory, oldest first (by sequence number).
@@ -211,21 +256,9 @@ mod tests {
     fn timeouts() {
         assert_eq!(parse_timeout("0"), Ok(Duration::ZERO));
         assert_eq!(parse_timeout("0.25"), Ok(Duration::from_millis(250)));
-        for bad in ["1e20", "NaN", "-1", "inf", "soon", ""] {
+        assert_eq!(parse_timeout("3600"), Ok(Duration::from_secs(3600)));
+        for bad in ["1e20", "1e15", "3600.5", "NaN", "-1", "inf", "soon", ""] {
             assert!(parse_timeout(bad).is_err(), "{bad}");
         }
-    }
-
-    #[test]
-    fn report_names() {
-        assert_eq!(
-            report_name_parts("gpuguard.gg.12.3.trim.json"),
-            Some((12, 3, "trim"))
-        );
-        assert_eq!(
-            report_name_parts("gpuguard.my.prog.r1.12.3.exit.json"),
-            Some((12, 3, "exit"))
-        );
-        assert_eq!(report_name_parts("gpuguard.gg.x.3.trim.json"), None);
     }
 }

@@ -4,12 +4,13 @@
 //! `--json` prints the statuses; `--watch [SECS]` redraws like `top`.
 
 use super::load::shown;
-use super::output::print;
+use super::output::{print, warn};
 use super::text::clean;
 use super::{Failure, Outcome};
 use gpuguard_core::report::human_bytes;
 use gpuguard_core::status::{self, Status};
 use std::io::IsTerminal;
+use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -20,8 +21,36 @@ pub enum Format {
     Json,
 }
 
-/// What one look at the status directory found.
-fn look(dir: &Path) -> Result<Vec<Status>, Failure> {
+/// What one look at the status directory found. `read_all` removes the files of
+/// ended processes, so it is only run in a directory the library itself would use
+/// (`status::check_dir`: a real directory of this user, mode 0700); any other is
+/// skipped, listing nothing and deleting nothing, with a warning the first time
+/// (`warned` remembers it across `--watch` redraws).
+fn look(dir: &Path, warned: &mut bool) -> Result<Vec<Status>, Failure> {
+    let me = std::fs::metadata("/proc/self")
+        .map(|m| m.uid())
+        .map_err(|e| Failure::Input(format!("cannot find this process's user: {e}")))?;
+    match status::check_dir(dir, me) {
+        Ok(()) => {}
+        // No status directory: no process has made one yet.
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
+            if !*warned {
+                *warned = true;
+                warn(&format!(
+                    "{}; skipped, nothing listed or removed in it",
+                    clean(&e.to_string())
+                ));
+            }
+            return Ok(Vec::new());
+        }
+        Err(e) => {
+            return Err(Failure::Input(format!(
+                "{}: cannot read the status directory: {e}",
+                shown(dir)
+            )));
+        }
+    }
     status::read_all(dir).map_err(|e| {
         Failure::Input(format!(
             "{}: cannot read the status directory: {e}",
@@ -138,8 +167,8 @@ fn printable(text: &str, max: usize) -> String {
 }
 
 /// One look, rendered.
-fn render(dir: &Path, format: Format) -> Result<String, Failure> {
-    let statuses = look(dir)?;
+fn render(dir: &Path, format: Format, warned: &mut bool) -> Result<String, Failure> {
+    let statuses = look(dir, warned)?;
     Ok(match format {
         Format::Table => render_table(&statuses, dir, now_unix_ms()),
         Format::Json => {
@@ -156,7 +185,9 @@ fn render(dir: &Path, format: Format) -> Result<String, Failure> {
 #[command(
     after_help = "Each process running gpuguard keeps a status file, rewritten about \
     once a second, in $XDG_RUNTIME_DIR/gpuguard (or /dev/shm/gpuguard-UID when that \
-    variable is unset); files of processes that are gone are removed here."
+    variable is unset); files of processes that are gone are removed here. A status \
+    directory the library would not use (not a directory of this user with mode 0700) \
+    is skipped with a warning: nothing in it is listed or removed."
 )]
 pub struct PsArgs {
     /// Print the processes' statuses as JSON
@@ -178,13 +209,14 @@ pub fn main(args: PsArgs) -> Outcome {
     } else {
         Format::Table
     };
+    let mut warned = false;
     let Some(every) = args.watch else {
-        print(&render(&dir, format)?)?;
+        print(&render(&dir, format, &mut warned)?)?;
         return Ok(0);
     };
     let terminal = std::io::stdout().is_terminal();
     loop {
-        let mut text = render(&dir, format)?;
+        let mut text = render(&dir, format, &mut warned)?;
         if terminal {
             // Home and clear, then the table under a heading like top's.
             text = format!(

@@ -181,6 +181,14 @@ fn pending(pid: u32, sig: i32) -> bool {
         .is_some_and(|m| m & (1 << (sig - 1)) != 0)
 }
 
+/// Whether `pid` is stopped (state `T` in `/proc/PID/stat`).
+fn stopped(pid: u32) -> bool {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    stat.rfind(')')
+        .and_then(|at| stat[at + 1..].split_whitespace().next())
+        == Some("T")
+}
+
 /// A process that ends before answering: `trim` says so at once instead of waiting
 /// out its timeout.
 #[test]
@@ -194,6 +202,11 @@ fn trim_stops_waiting_when_the_process_ends() {
     // SAFETY: signals to our own child.
     unsafe { libc::kill(pid as i32, libc::SIGSTOP) };
     let start = Instant::now();
+    // SIGSTOP takes effect asynchronously: a trim signal that beat it would be handled.
+    while !stopped(pid) {
+        assert!(start.elapsed() < Duration::from_secs(30), "never stopped");
+        std::thread::sleep(Duration::from_millis(10));
+    }
     let mut t = command(&["trim", "--timeout", "120", &pid.to_string()])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

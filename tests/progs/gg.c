@@ -442,6 +442,42 @@ static int mode_leak(int argc, char **argv)
     return 0;
 }
 
+/* ---- snapshots K: K steps of a training loop (run with GPUGUARD_SNAPSHOT_EVERY), on
+ * 256 MiB of weights kept throughout. Each step makes temporaries, forgets an 8 MiB
+ * cache (remember_batch_stats), frees the temporaries, then waits until two more
+ * snapshot reports are in the folder: the second was begun after the first was in
+ * place, so after the step's leak, and before the next step. So for each step k
+ * there is a snapshot holding the weights and exactly k caches, whatever the timing;
+ * snapshots taken during a step may also hold its temporaries. ---- */
+__attribute__((noinline, noclone)) CUdeviceptr remember_batch_stats(size_t bytes)
+{
+    CUdeviceptr p;
+    MUST(cuMemAlloc_v2(&p, bytes));
+    __asm__ volatile("" ::: "memory");
+    return p;
+}
+
+static int mode_snapshots(int argc, char **argv)
+{
+    int k = argc > 1 ? atoi(argv[1]) : 3;
+    gg_setup(0);
+    CUdeviceptr weights = dev_alloc(256 * MiB, 0);
+    for (int s = 1; s <= k; s++) {
+        CUdeviceptr grads = dev_alloc(192 * MiB, 0);
+        CUdeviceptr acts = dev_alloc(64 * MiB, 0);
+        CUdeviceptr cache = remember_batch_stats(8 * MiB);
+        alloc_line(cache, 8 * MiB, 0, "device");
+        leak_line(cache, 8 * MiB);
+        dev_free(acts);
+        dev_free(grads);
+        int have = count_reports(".snapshot.json");
+        printf("STEP_DONE step=%d waited=%d\n", s, wait_reports(".snapshot.json", have + 2));
+    }
+    dev_free(weights);
+    finish();
+    return 0;
+}
+
 /* ---- burst MS: 4 KiB allocations kept, as fast as the program can for MS
  * milliseconds, from one function (`burst_for`): past GPUGUARD_STACK_RATE only some
  * get a stack ---- */
@@ -907,6 +943,7 @@ static const struct gg_mode g_modes[] = {
     {"leak", mode_leak},
     {"twins", mode_twins},
     {"burst", mode_burst},
+    {"snapshots", mode_snapshots},
     {"threads", mode_threads},
     {"short", mode_short},
     {"fork", mode_fork},

@@ -685,8 +685,9 @@ static int mode_pool_trim(int argc, char **argv)
     MUST(cuStreamSynchronize(s));
     step("before");
     pool_line("default", dp);
+    int trims = count_reports(".trim.json");
     raise(sig);
-    sleep_ms(700);
+    wait_reports(".trim.json", trims + 1); /* the trim is done when its report is there */
     step("after");
     pool_line("default", dp);
     leak_line(b, 1 * MiB);
@@ -702,8 +703,9 @@ static int mode_signal_after(int argc, char **argv)
     gg_setup(0);
     CUdeviceptr a = dev_alloc(1 * MiB, 0);
     leak_line(a, 1 * MiB);
+    int reports = count_reports(".signal.json");
     raise(sig);
-    sleep_ms(300);
+    wait_reports(".signal.json", reports + 1); /* the report the signal asked for */
     puts("OK");
     return 0;
 }
@@ -737,8 +739,9 @@ static int mode_own_handler(int argc, char **argv)
     raise(SIGUSR1);
     gg_setup(0);
     CUdeviceptr a = dev_alloc(1 * MiB, 0);
+    int reports = count_reports(".signal.json");
     raise(SIGUSR1);
-    sleep_ms(300); /* as in signal_after: time for a report the signal asked for */
+    wait_reports(".signal.json", reports + 1); /* as in signal_after */
     dev_free(a);
     printf("RAISED 2\nHANDLED %d\n", (int)g_handled);
     puts("OK");
@@ -786,7 +789,8 @@ static int mode_storm(int argc, char **argv)
      * CUDA call gpuguard tracks ask for nothing, by design. */
     while (__atomic_load_n(&g_storm_allocs, __ATOMIC_RELAXED) == 0) sched_yield();
     for (int i = 0; i < 2000; i++) kill(getpid(), SIGUSR1);
-    sleep_ms(100);
+    /* The worker goes on allocating while the reports the storm asked for are written. */
+    wait_reports(".signal.json", 1);
     __atomic_store_n(&g_stop, 1, __ATOMIC_RELAXED);
     pthread_join(th, NULL);
     printf("STORM sent=2000 allocs=%ld\n", __atomic_load_n(&g_storm_allocs, __ATOMIC_RELAXED));

@@ -496,12 +496,13 @@ fn racing_threads_never_pass_the_cap() {
 
 /// Memory that is being freed is the driver's until the free returns: a thread
 /// asking for it meanwhile must not get it past the cap. (The sim's free sleeps
-/// 200 ms before giving the memory back; another thread asks after 50 ms.)
+/// 200 ms before giving the memory back; another thread asks as soon as the sim says
+/// the free is in that sleep.)
 #[test]
 fn memory_being_freed_counts_until_the_driver_frees_it() {
     let cap = 10 * MIB;
     let r = cap_run(
-        &["free_race", "50"],
+        &["free_race"],
         &[
             ("GPUGUARD_CAP", "0:10MiB"),
             ("SIMCUDA_FREE_DELAY_MS", "200"),
@@ -1073,8 +1074,9 @@ fn warn_at_off_says_nothing() {
 /// without it the pools keep what they reserved.
 #[test]
 fn trim_at_trims_pools_when_crossed() {
+    // `wait`: the program reads the pools once the trim's report is written.
     let r = cap_run(
-        &["trim_at", "300"],
+        &["trim_at", "wait"],
         &[("GPUGUARD_CAP", "0:64MiB"), ("GPUGUARD_TRIM_AT", "0.5")],
     );
     r.assert_ok();

@@ -542,20 +542,15 @@ fn run_summary_says_whose_line_it_is() {
 #[test]
 fn diff_warns_when_the_later_report_comes_first() {
     let dir = scratch("reversed");
+    // `gg snapshots 1` waits until two snapshots are written (a handshake): with
+    // the exit report, three reports of one process, however slow the machine.
     let r = done(
-        command(&[
-            "run",
-            "--dir",
-            s(&dir),
-            "--",
-            s(&sim_dir().join("hello_gpu")),
-            "7",
-        ])
-        .env("GPUGUARD_SNAPSHOT_EVERY", "200ms"),
+        command(&["run", "--dir", s(&dir), "--", &prog("gg"), "snapshots", "1"])
+            .env("GPUGUARD_SNAPSHOT_EVERY", "200ms"),
     );
     assert_eq!(r.code, Some(0), "{}", r.describe());
     let snaps = files_ending(&dir, ".json");
-    assert!(snaps.len() >= 2, "{}", r.describe());
+    assert!(snaps.len() >= 3, "{}", r.describe());
     let (first, last) = (&snaps[0], snaps.last().unwrap());
     let seq = |p: &Path| read_json(p)["seq"].as_u64().unwrap();
     let (first, last) = if seq(first) < seq(last) {

@@ -33,7 +33,7 @@ fn pytorch_exit_report_names_the_leaking_line_and_splits_cache() {
     // 16 MiB cached, 5 MiB leaked by the marked line, in blocks the cache already
     // held: only PyTorch's recorder can tell which line holds them.
     let r = run_trainer(
-        &["torch", "ready:0.5", "cache:16", "leak:2", "leak:3"],
+        &["torch", "installed", "cache:16", "leak:2", "leak:3"],
         LINES,
         true,
     );
@@ -68,7 +68,7 @@ fn by_default_the_line_that_grew_pytorch_s_cache_is_named_from_the_stack() {
     // No recorder (the default): the hooks' own reading of the Python stack names
     // the line whose allocations made PyTorch take new memory from the driver; the
     // in-use/cached split and each segment's owner come from PyTorch's snapshot.
-    let r = run_trainer(&["torch", "ready:0.5", "leak:3", "ready:0.5"], &[], true);
+    let r = run_trainer(&["torch", "installed", "leak:3", "ready:0.5"], &[], true);
     r.assert_ok();
     let exit = &report(&r, "exit")[0].1;
     let top = &exit["python_sites"][0];
@@ -100,7 +100,7 @@ fn diff_of_two_mid_run_reports_puts_the_leaking_line_first() {
     let r = run_trainer(
         &[
             "torch",
-            "ready:0.5",
+            "installed",
             "cache:8",
             "leak:1",
             "signal:USR1",
@@ -162,7 +162,7 @@ fn diff_of_two_mid_run_reports_puts_the_leaking_line_first() {
 
 #[test]
 fn cupy_blocks_are_attributed_to_their_line() {
-    let r = run_trainer(&["cupy", "ready:0.5", "cache:6", "leak:3"], LINES, true);
+    let r = run_trainer(&["cupy", "installed", "cache:6", "leak:3"], LINES, true);
     r.assert_ok();
     let exit = &report(&r, "exit")[0].1;
     let top = &exit["python_sites"][0];
@@ -179,7 +179,7 @@ fn cupy_blocks_are_attributed_to_their_line() {
 #[test]
 fn stacks_off_means_no_recorders_but_still_a_split() {
     let r = run_trainer(
-        &["torch", "ready:0.5", "cache:4", "leak:1"],
+        &["torch", "installed", "cache:4", "leak:1"],
         &[("GPUGUARD_STACK_DEPTH", "0"), ("GPUGUARD_PYTHON", "lines")],
         true,
     );
@@ -222,9 +222,9 @@ fn the_exit_report_is_taken_before_the_interpreter_tears_down() {
     // The program ends holding 3 MiB in a global list; Python's teardown frees them
     // (their __del__ calls cudaFree). The exit report shows what the program held at
     // its end, not the empty state after teardown.
-    // (ready: time for gpuguard's Python side to be set up, as in any program that
+    // (installed: until gpuguard's Python side is set up, as in any program that
     // runs longer than a moment after its first CUDA call.)
-    let r = run_trainer(&["none", "ready:0.5", "owned:3"], &[], true);
+    let r = run_trainer(&["none", "installed", "owned:3"], &[], true);
     r.assert_ok();
     let exits = report(&r, "exit");
     assert_eq!(exits.len(), 1, "one exit report\n{}", r.describe());
@@ -237,7 +237,7 @@ fn the_exit_report_is_taken_before_the_interpreter_tears_down() {
 fn jax_buffers_get_their_lines_from_jax_s_own_profile() {
     // The arena (64 MiB) is one driver allocation; JAX's memory_stats split it and
     // its device memory profile names the line of each live buffer.
-    let r = run_trainer(&["jax", "ready:0.5", "leak:3"], &[], true);
+    let r = run_trainer(&["jax", "installed", "leak:3"], &[], true);
     r.assert_ok();
     let exit = &report(&r, "exit")[0].1;
     let top = &exit["python_sites"][0];
@@ -264,7 +264,7 @@ fn jax_buffers_get_their_lines_from_jax_s_own_profile() {
 fn python_frames_of_the_allocating_thread_name_the_line_without_a_recorder() {
     // Raw allocations through ctypes: no framework, no recorder. The hook reads the
     // calling thread's Python frames itself; they are named while the code is alive.
-    let r = run_trainer(&["none", "ready:0.5", "leak:3", "ready:0.5"], &[], true);
+    let r = run_trainer(&["none", "installed", "leak:3", "ready:0.5"], &[], true);
     r.assert_ok();
     let exit = &report(&r, "exit")[0].1;
     let top = &exit["python_sites"][0];
@@ -297,7 +297,7 @@ fn python_frames_of_the_allocating_thread_name_the_line_without_a_recorder() {
 
     // Stacks off: no frames read at all.
     let r = run_trainer(
-        &["none", "ready:0.5", "leak:3", "ready:0.5"],
+        &["none", "installed", "leak:3", "ready:0.5"],
         &[("GPUGUARD_STACK_DEPTH", "0")],
         true,
     );
@@ -326,7 +326,7 @@ fn slow_steps_are_covered_by_a_window_that_waits_for_allocations() {
 fn small_leak_is_a_suspect(action: &str, every: &str) {
     let line = common::marked_line("trainer.py", "SMALL-LEAK-LINE");
     let r = run_trainer(
-        &["torch", "ready:0.3", action],
+        &["torch", "installed", action],
         &[("GPUGUARD_SNAPSHOT_EVERY", every)],
         true,
     );
@@ -434,7 +434,7 @@ fn a_small_cupy_array_kept_each_step_is_the_first_suspect_by_default() {
     // the first suspect, as a sampled CuPy site.
     let line = common::marked_line("trainer.py", "SMALL-LEAK-LINE");
     let r = run_trainer(
-        &["cupy", "ready:0.3", "small:500:3"],
+        &["cupy", "installed", "small:500:3"],
         &[("GPUGUARD_SNAPSHOT_EVERY", "250ms")],
         true,
     );
@@ -495,7 +495,7 @@ fn sampled_cupy_blocks_freed_between_windows_drop_out() {
     // the main thread, as CuPy's hooks are per thread) never sees; but the pool has
     // nothing in use any more, so no sampled block may still be counted.
     let r = run_trainer(
-        &["cupy", "ready:0.3", "small:200:3", "dropleaks", "ready:0.6"],
+        &["cupy", "installed", "small:200:3", "dropleaks", "ready:0.6"],
         &[("GPUGUARD_SNAPSHOT_EVERY", "250ms")],
         true,
     );
@@ -516,7 +516,7 @@ fn cupy_temporaries_alone_are_no_sampled_suspect() {
     // The same loop keeping nothing: the windows run (the detail says so), and what
     // they record dies within them, so no sampled CuPy line is a suspect.
     let r = run_trainer(
-        &["cupy", "ready:0.3", "temps:500:3"],
+        &["cupy", "installed", "temps:500:3"],
         &[("GPUGUARD_SNAPSHOT_EVERY", "250ms")],
         true,
     );
@@ -540,7 +540,7 @@ fn cupy_windows_never_change_the_hooks_while_cupy_runs_them() {
     // hooks dict is running: adding or removing gpuguard's hook then would raise
     // RuntimeError in the program. Three seconds of windows, snapshots every 100 ms.
     let r = run_trainer(
-        &["cupy", "userhook:300", "ready:0.3", "small:400:3"],
+        &["cupy", "userhook:300", "installed", "small:400:3"],
         &[("GPUGUARD_SNAPSHOT_EVERY", "100ms")],
         true,
     );
@@ -564,7 +564,7 @@ fn cupy_lines_mode_keeps_its_hook_on_every_block() {
     let line = common::marked_line("trainer.py", "SMALL-LEAK-LINE");
     let mut env = vec![("GPUGUARD_SNAPSHOT_EVERY", "250ms")];
     env.extend_from_slice(LINES);
-    let r = run_trainer(&["cupy", "ready:0.3", "small:300:3"], &env, true);
+    let r = run_trainer(&["cupy", "installed", "small:300:3"], &env, true);
     r.assert_ok();
     let text = show_series(&r);
     let first = suspects(&text).into_iter().next().unwrap_or_default();
@@ -584,7 +584,7 @@ fn cupy_lines_mode_keeps_its_hook_on_every_block() {
 #[test]
 fn cupy_with_stacks_off_opens_no_window() {
     let r = run_trainer(
-        &["cupy", "ready:0.3", "small:100:3"],
+        &["cupy", "installed", "small:100:3"],
         &[
             ("GPUGUARD_SNAPSHOT_EVERY", "250ms"),
             ("GPUGUARD_STACK_DEPTH", "0"),
@@ -601,16 +601,21 @@ fn cupy_with_stacks_off_opens_no_window() {
 #[test]
 fn leaks_made_every_step_are_named_though_stacks_are_sampled() {
     // Raw allocations through ctypes, four a step, none freed (three from a list
-    // comprehension, one kept in a list), as fast as Python can: past
-    // GPUGUARD_STACK_RATE, so only some get a stack. Both lines are still captured in
-    // some steps of every interval, so both are suspects.
+    // comprehension, one kept in a list), a step about every millisecond: thousands
+    // a second, past GPUGUARD_STACK_RATE, so only some get a stack. Both lines are
+    // still captured in some steps of every interval, so both are suspects.
+    // Handshakes, not times: the steps begin once gpuguard's Python side is set up
+    // (else their frames are not read) and go on over 8 snapshot intervals, however
+    // fast this Python runs them (a fixed count of steps at full speed fit in 2
+    // intervals on a fast CPython, too few for a trend).
     let kept = common::marked_line("trainer.py", "SMALL-LEAK-LINE");
     let r = run_trainer(
-        &["none", "ready:0.3", "small:8000:0"],
+        &["none", "installed", "small:s8:1"],
         &[("GPUGUARD_SNAPSHOT_EVERY", "150ms")],
         true,
     );
     r.assert_ok();
+    assert!(r.out().has_line("INSTALLED"), "{}", r.describe());
     let exit = &report(&r, "exit")[0].1;
     let stackless = exit["stackless"]["count"].as_u64().unwrap_or(0);
     assert!(stackless > 0, "no allocation without a stack: not sampled");

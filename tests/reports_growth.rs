@@ -124,51 +124,99 @@ fn malformed_max_live_is_refused() {
 
 // ---- GPUGUARD_SNAPSHOT_EVERY -------------------------------------------------------
 
-/// hello_gpu for 15 steps (~1.6 s) with a snapshot every 500 ms: its snapshot
-/// reports, ordered by seq.
-fn hello_snapshots() -> (Run, Vec<(PathBuf, Value)>) {
+/// Steps of `gg snapshots` (see tests/progs/gg.c): each leaks one 8 MiB cache.
+const SNAP_STEPS: u64 = 3;
+
+/// `gg snapshots 3` with a snapshot every 500 ms: its snapshot reports, ordered by
+/// seq. After each step the program waits until two more snapshots are written (a
+/// handshake, not a pause): the second was taken after the step's leak and before
+/// the next step, so for each step k a snapshot holds the weights and exactly k
+/// caches, however the machine schedules the run.
+fn growing_snapshots() -> (Run, Vec<(PathBuf, Value)>) {
+    let steps = SNAP_STEPS.to_string();
     let r = gg_run(
-        "hello_gpu",
-        &["15"],
+        "gg",
+        &["snapshots", &steps],
         &[("GPUGUARD_SNAPSHOT_EVERY", "500ms")],
     );
-    succeeded(&r);
+    r.assert_ok();
     let mut snaps = reports_with_reason(&r, "snapshot");
     snaps.sort_by_key(|(_, v)| u(&v["seq"]));
     (r, snaps)
 }
 
+/// The 8 MiB caches live in a report.
+fn caches(v: &Value) -> u64 {
+    live(v).iter().filter(|e| u(&e["bytes"]) == 8 << 20).count() as u64
+}
+
+/// Whether a report holds exactly the weights and `k` caches (no temporaries).
+fn between_steps(v: &Value, k: u64) -> bool {
+    let mut sizes: Vec<u64> = live(v).iter().map(|e| u(&e["bytes"])).collect();
+    sizes.sort_unstable();
+    let mut want = vec![8u64 << 20; k as usize];
+    want.push(256 << 20);
+    sizes == want
+}
+
+/// For each step k, the first snapshot taken between step k and step k+1.
+fn after_each_step(snaps: &[(PathBuf, Value)]) -> Vec<&(PathBuf, Value)> {
+    (1..=SNAP_STEPS)
+        .map(|k| {
+            snaps
+                .iter()
+                .find(|(_, v)| between_steps(v, k))
+                .unwrap_or_else(|| panic!("no snapshot after step {k} alone"))
+        })
+        .collect()
+}
+
 #[test]
 fn snapshots_at_the_interval_show_growth() {
-    let (r, snaps) = hello_snapshots();
-    assert!(snaps.len() >= 2, "{}\n{:?}", r.describe(), dir_files(&r));
+    let (r, snaps) = growing_snapshots();
+    let waited: Vec<u64> = r
+        .out()
+        .kv("STEP_DONE")
+        .iter()
+        .map(|l| l["waited"])
+        .collect();
+    assert_eq!(waited, vec![1; SNAP_STEPS as usize], "{}", r.describe());
+    // Two at least after each step.
+    assert!(
+        snaps.len() as u64 >= 2 * SNAP_STEPS,
+        "{}\n{:?}",
+        r.describe(),
+        dir_files(&r)
+    );
     for (p, v) in &snaps {
         assert_eq!(v["reason"], "snapshot");
         let name = file_name(p);
         assert!(
-            name.starts_with(&format!("gpuguard.hello_gpu.{}.", r.pid))
+            name.starts_with(&format!("gpuguard.gg.{}.", r.pid))
                 && name.ends_with(".snapshot.json"),
             "{name}"
         );
         assert_eq!(v["config"]["snapshot_every_ms"], 500);
     }
-    let leaked =
-        |v: &Value| -> u64 { live(v).iter().filter(|e| u(&e["bytes"]) == 8 << 20).count() as u64 };
+    // The leak grows from snapshot to snapshot, never shrinks, and each step's
+    // cache shows in the snapshot after it.
+    let counts: Vec<u64> = snaps.iter().map(|(_, v)| caches(v)).collect();
+    assert!(counts.windows(2).all(|w| w[0] <= w[1]), "{counts:?}");
+    after_each_step(&snaps);
     let (first, last) = (&snaps[0].1, &snaps[snaps.len() - 1].1);
-    assert!(leaked(last) > leaked(first), "{first:#}\n{last:#}");
-    assert!(live(last).len() > live(first).len());
-    // Spaced by about the interval.
-    let t: Vec<f64> = snaps
-        .iter()
-        .map(|(_, v)| v["uptime_s"].as_f64().unwrap())
-        .collect();
-    assert!(
-        t[0] >= 0.4 && t[1] - t[0] >= 0.4 && t[1] - t[0] < 1.0,
-        "{t:?}"
-    );
+    assert!(caches(last) > caches(first), "{first:#}\n{last:#}");
+    assert_eq!(caches(last), SNAP_STEPS);
+    // At the interval: the k-th snapshot comes no sooner than k intervals after
+    // gpuguard started (uptime_s counts from then); that they keep coming while the
+    // program runs is what the program's waits above prove.
+    for (i, (_, v)) in snaps.iter().enumerate() {
+        let t = v["uptime_s"].as_f64().unwrap();
+        assert!(t >= 0.5 * (i + 1) as f64 - 0.01, "snapshot {i} at {t} s");
+    }
     // The exit report still comes last.
     let (_, exit) = exit_report(&r);
     assert!(u(&exit["seq"]) > u(&last["seq"]));
+    assert_eq!(caches(&exit), SNAP_STEPS);
 }
 
 #[test]
@@ -316,9 +364,11 @@ fn diff_lists_grown_sites_first() {
 
 #[test]
 fn diff_and_show_of_snapshots_name_the_leak() {
-    let (r, snaps) = hello_snapshots();
-    assert!(snaps.len() >= 2, "{}", r.describe());
-    let (first, last) = (&snaps[0].0, &snaps[snaps.len() - 1].0);
+    let (r, snaps) = growing_snapshots();
+    // The snapshots after the first and the last step: the weights in both, no
+    // temporaries, one cache against three.
+    let steps = after_each_step(&snaps);
+    let (first, last) = (&steps[0].0, &steps[steps.len() - 1].0);
     let out = gpuguard(&["diff", s(first), s(last)]);
     succeeded(&out);
     let text = &out.stdout;
@@ -329,20 +379,28 @@ fn diff_and_show_of_snapshots_name_the_leak() {
         .expect(text);
     assert!(first_frame.contains("remember_batch_stats"), "{text}");
 
-    // Several snapshots and the exit report of one process: the leak only grew.
+    // Several snapshots and the exit report of one process: the leak only grew. The
+    // snapshots after each step (one more cache in each; those taken while a step
+    // ran may hold its temporaries, and the leak rises in only every other interval
+    // of the whole series, as the program waits out two snapshots a step).
     let (exit, _) = exit_report(&r);
     let mut args: Vec<&str> = vec!["show"];
     // Given in reverse: show orders by seq.
     args.push(s(&exit));
-    args.extend(snaps.iter().rev().map(|(p, _)| s(p)));
+    args.extend(steps.iter().rev().map(|(p, _)| s(p)));
     let out = gpuguard(&args);
     succeeded(&out);
     let text = &out.stdout;
-    let sect = text.find("suspected leaks in hello_gpu").expect(text);
+    let sect = text.find("suspected leaks in gg").expect(text);
     let section = &text[sect..];
     // Up to the details that follow the answer.
     let section = &section[..section.find("\ndetails of").unwrap_or(section.len())];
-    assert!(section.contains("across reports #1, #2"), "{section}");
+    // Every report given is in the series, in seq order.
+    let mut seqs: Vec<u64> = steps.iter().map(|(_, v)| u(&v["seq"])).collect();
+    seqs.push(u(&exit_report(&r).1["seq"]));
+    let series: Vec<String> = seqs.iter().map(|n| format!("#{n}")).collect();
+    let across = format!("across reports {}:", series.join(", "));
+    assert!(section.contains(&across), "{across}\n{section}");
     let first_frame = section
         .lines()
         .find(|l| l.starts_with("        "))

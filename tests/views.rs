@@ -342,7 +342,7 @@ fn flamegraph_of_a_native_leak_loads_in_a_browser_and_shows_the_leaking_function
 #[test]
 fn flamegraph_of_python_lines_shows_the_leaking_line() {
     let r = run_trainer(
-        &["torch", "ready:0.5", "cache:16", "leak:2", "leak:3"],
+        &["torch", "installed", "cache:16", "leak:2", "leak:3"],
         &[("GPUGUARD_PYTHON", "lines")],
         true,
     );

@@ -442,6 +442,42 @@ static int mode_leak(int argc, char **argv)
     return 0;
 }
 
+/* ---- snapshots K: K steps of a training loop (run with GPUGUARD_SNAPSHOT_EVERY), on
+ * 256 MiB of weights kept throughout. Each step makes temporaries, forgets an 8 MiB
+ * cache (remember_batch_stats), frees the temporaries, then waits until two more
+ * snapshot reports are in the folder: the second was begun after the first was in
+ * place, so after the step's leak, and before the next step. So for each step k
+ * there is a snapshot holding the weights and exactly k caches, whatever the timing;
+ * snapshots taken during a step may also hold its temporaries. ---- */
+__attribute__((noinline, noclone)) CUdeviceptr remember_batch_stats(size_t bytes)
+{
+    CUdeviceptr p;
+    MUST(cuMemAlloc_v2(&p, bytes));
+    __asm__ volatile("" ::: "memory");
+    return p;
+}
+
+static int mode_snapshots(int argc, char **argv)
+{
+    int k = argc > 1 ? atoi(argv[1]) : 3;
+    gg_setup(0);
+    CUdeviceptr weights = dev_alloc(256 * MiB, 0);
+    for (int s = 1; s <= k; s++) {
+        CUdeviceptr grads = dev_alloc(192 * MiB, 0);
+        CUdeviceptr acts = dev_alloc(64 * MiB, 0);
+        CUdeviceptr cache = remember_batch_stats(8 * MiB);
+        alloc_line(cache, 8 * MiB, 0, "device");
+        leak_line(cache, 8 * MiB);
+        dev_free(acts);
+        dev_free(grads);
+        int have = count_reports(".snapshot.json");
+        printf("STEP_DONE step=%d waited=%d\n", s, wait_reports(".snapshot.json", have + 2));
+    }
+    dev_free(weights);
+    finish();
+    return 0;
+}
+
 /* ---- burst MS: 4 KiB allocations kept, as fast as the program can for MS
  * milliseconds, from one function (`burst_for`): past GPUGUARD_STACK_RATE only some
  * get a stack ---- */
@@ -649,8 +685,9 @@ static int mode_pool_trim(int argc, char **argv)
     MUST(cuStreamSynchronize(s));
     step("before");
     pool_line("default", dp);
+    int trims = count_reports(".trim.json");
     raise(sig);
-    sleep_ms(700);
+    wait_reports(".trim.json", trims + 1); /* the trim is done when its report is there */
     step("after");
     pool_line("default", dp);
     leak_line(b, 1 * MiB);
@@ -666,8 +703,9 @@ static int mode_signal_after(int argc, char **argv)
     gg_setup(0);
     CUdeviceptr a = dev_alloc(1 * MiB, 0);
     leak_line(a, 1 * MiB);
+    int reports = count_reports(".signal.json");
     raise(sig);
-    sleep_ms(300);
+    wait_reports(".signal.json", reports + 1); /* the report the signal asked for */
     puts("OK");
     return 0;
 }
@@ -701,8 +739,9 @@ static int mode_own_handler(int argc, char **argv)
     raise(SIGUSR1);
     gg_setup(0);
     CUdeviceptr a = dev_alloc(1 * MiB, 0);
+    int reports = count_reports(".signal.json");
     raise(SIGUSR1);
-    sleep_ms(300); /* as in signal_after: time for a report the signal asked for */
+    wait_reports(".signal.json", reports + 1); /* as in signal_after */
     dev_free(a);
     printf("RAISED 2\nHANDLED %d\n", (int)g_handled);
     puts("OK");
@@ -750,7 +789,8 @@ static int mode_storm(int argc, char **argv)
      * CUDA call gpuguard tracks ask for nothing, by design. */
     while (__atomic_load_n(&g_storm_allocs, __ATOMIC_RELAXED) == 0) sched_yield();
     for (int i = 0; i < 2000; i++) kill(getpid(), SIGUSR1);
-    sleep_ms(100);
+    /* The worker goes on allocating while the reports the storm asked for are written. */
+    wait_reports(".signal.json", 1);
     __atomic_store_n(&g_stop, 1, __ATOMIC_RELAXED);
     pthread_join(th, NULL);
     printf("STORM sent=2000 allocs=%ld\n", __atomic_load_n(&g_storm_allocs, __ATOMIC_RELAXED));
@@ -907,6 +947,7 @@ static const struct gg_mode g_modes[] = {
     {"leak", mode_leak},
     {"twins", mode_twins},
     {"burst", mode_burst},
+    {"snapshots", mode_snapshots},
     {"threads", mode_threads},
     {"short", mode_short},
     {"fork", mode_fork},

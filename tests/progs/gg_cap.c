@@ -26,6 +26,7 @@
 #include "nvml_sim.h"
 
 #include <pthread.h>
+#include <sched.h>
 
 #define SENTINEL 0x5e5e5e5e5e5e5e5eULL
 #define SENTINEL32 0x5e5e5e5eu
@@ -542,12 +543,14 @@ static void *slow_free_thread(void *arg)
 
 static int mode_free_race(int argc, char **argv)
 {
-    int wait = argc > 1 ? atoi(argv[1]) : 50;
+    (void)argc; (void)argv;
     g_ctx0 = gg_setup(0);
     g_slow = dev_alloc(8 * MiB, 0);
     pthread_t th;
     MUST(pthread_create(&th, NULL, slow_free_thread, NULL));
-    sleep_ms(wait); /* the free is under way in the driver */
+    /* Until the free is under way in the driver (inside the sim's delay, the memory
+     * still held): the other thread asks only then. */
+    while (simcuda_frees_delayed() == 0) sched_yield();
     printf("DURING live=%llu\n", simcuda_live_bytes(0));
     CUdeviceptr b = SENTINEL;
     int rc = cuMemAlloc_v2(&b, 8 * MiB);
@@ -897,10 +900,13 @@ static int mode_warn(int argc, char **argv)
     return 0;
 }
 
-/* ---- trim_at: pools holding freed chunks, then a plain allocation ---- */
+/* ---- trim_at [wait|MS]: pools holding freed chunks, then a plain allocation; then,
+ * with `wait`, until the trim's report is in the folder (a run that must trim), else
+ * MS ms (a run that must not: nothing to wait for) ---- */
 static int mode_trim_at(int argc, char **argv)
 {
-    int pause = argc > 1 ? atoi(argv[1]) : 300;
+    int wait = argc > 1 && strcmp(argv[1], "wait") == 0;
+    int pause = argc > 1 && !wait ? atoi(argv[1]) : 300;
     gg_setup(0);
     CUstream s;
     MUST(cuStreamCreate(&s, 0));
@@ -920,8 +926,12 @@ static int mode_trim_at(int argc, char **argv)
     MUST(cuStreamSynchronize(s));
     step("before");
     print_sim();
+    int trims = count_reports(".trim.json");
     CUdeviceptr big = dev_alloc(20 * MiB, 0);
-    sleep_ms(pause);
+    if (wait)
+        wait_reports(".trim.json", trims + 1);
+    else
+        sleep_ms(pause);
     step("after");
     print_sim();
     print_gg();

@@ -169,6 +169,49 @@ static inline void sleep_ms(long ms)
     }
 }
 
+/* ---- handshakes with gpuguard's helper thread ----
+ * What that thread does (a report a signal asked for, a trim, a snapshot) shows as a
+ * file renamed into place in the report folder, $GPUGUARD_DIR. A program that must
+ * not go on before it is done waits for the file, not for a guessed time. */
+
+/* Report files in $GPUGUARD_DIR whose names end in `suffix` (e.g. ".signal.json");
+ * -1 without a folder. Temporaries (".gpuguard-*.tmp") never match. */
+static inline int count_reports(const char *suffix)
+{
+    const char *dir = getenv("GPUGUARD_DIR");
+    if (!dir || !*dir) return -1;
+    DIR *d = opendir(dir);
+    if (!d) return -1;
+    size_t ls = strlen(suffix);
+    int n = 0;
+    for (struct dirent *e; (e = readdir(d)) != NULL;) {
+        size_t l = strlen(e->d_name);
+        if (e->d_name[0] != '.' && l >= ls && strcmp(e->d_name + l - ls, suffix) == 0) n++;
+    }
+    closedir(d);
+    return n;
+}
+
+/* The bound on a handshake: far past any wait a loaded machine causes, it only keeps
+ * a broken build from hanging its test. */
+#define GG_WAIT_BOUND_MS 60000L
+
+/* Waits until $GPUGUARD_DIR holds at least `want` files ending in `suffix`. Returns
+ * 1 when they are there; 0 at once when gpuguard is not loaded or there is no
+ * folder; 0 after GG_WAIT_BOUND_MS, saying so on stderr (the test then fails on
+ * what is missing). */
+static inline int wait_reports(const char *suffix, int want)
+{
+    if (!dlsym(RTLD_DEFAULT, "gpuguard_device_counters") || count_reports(suffix) < 0) return 0;
+    for (long waited = 0; waited < GG_WAIT_BOUND_MS; waited++) {
+        if (count_reports(suffix) >= want) return 1;
+        struct timespec ts = {0, 1000000L};
+        nanosleep(&ts, NULL);
+    }
+    fprintf(stderr, "gave up waiting for %d file(s) *%s in GPUGUARD_DIR\n", want, suffix);
+    return 0;
+}
+
 /* ---- modes every program offers ---- */
 
 /* Entries of /proc/self/task: the threads of this process. */

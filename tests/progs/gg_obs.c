@@ -152,6 +152,111 @@ static int mode_warn_exit(int argc, char **argv)
     _exit(0);
 }
 
+/* ---- a tee of stderr: gpuguard writes its lines to fd 2, which becomes a pipe; a
+ * thread copies what comes through to the real stderr, in order, and counts
+ * gpuguard's `memory:` lines, so that the program can wait for the next one (a
+ * handshake) instead of guessing how long a period takes on a loaded machine ---- */
+static int g_tee_out = -1, g_tee_in = -1;
+static int g_memory_lines;
+/* MARK lines copied so far, and how many memory lines came before the last one */
+static int g_marks, g_memory_at_mark;
+static pthread_t g_tee;
+
+static void *tee_main(void *arg)
+{
+    (void)arg;
+    char buf[4096], line[512];
+    size_t len = 0;
+    ssize_t n;
+    while ((n = read(g_tee_in, buf, sizeof buf)) > 0) {
+        for (ssize_t off = 0; off < n;) {
+            ssize_t w = write(g_tee_out, buf + off, (size_t)(n - off));
+            if (w <= 0) break;
+            off += w;
+        }
+        for (ssize_t i = 0; i < n; i++) {
+            if (buf[i] != '\n') {
+                if (len < sizeof line - 1) line[len++] = buf[i];
+                continue;
+            }
+            line[len] = 0;
+            len = 0;
+            if (strncmp(line, "gpuguard[", 9) == 0 && strstr(line, "]: memory:")) {
+                __atomic_add_fetch(&g_memory_lines, 1, __ATOMIC_SEQ_CST);
+            } else if (strncmp(line, "MARK ", 5) == 0) {
+                __atomic_store_n(&g_memory_at_mark, __atomic_load_n(&g_memory_lines, __ATOMIC_SEQ_CST),
+                                 __ATOMIC_SEQ_CST);
+                __atomic_add_fetch(&g_marks, 1, __ATOMIC_SEQ_CST);
+            }
+        }
+    }
+    return NULL;
+}
+
+/* At exit (before gpuguard's own exit work, registered later): stderr is the real
+ * one again and what the pipe holds is copied out before anything else is written. */
+static void tee_stop(void)
+{
+    fflush(stderr);
+    dup2(g_tee_out, 2);
+    pthread_join(g_tee, NULL);
+}
+
+static void tee_stderr(void)
+{
+    int p[2];
+    MUST(pipe(p));
+    fflush(stderr);
+    g_tee_out = dup(2);
+    g_tee_in = p[0];
+    MUST(dup2(p[1], 2) < 0);
+    close(p[1]);
+    MUST(pthread_create(&g_tee, NULL, tee_main, NULL));
+    atexit(tee_stop);
+}
+
+/* Waits until gpuguard has written `n` memory lines in all (60 s at most). */
+static void wait_memory_lines(int n)
+{
+    for (long waited = 0; waited < GG_WAIT_BOUND_MS; waited++) {
+        if (__atomic_load_n(&g_memory_lines, __ATOMIC_SEQ_CST) >= n) return;
+        sleep_ms(1);
+    }
+    fprintf(stderr, "gave up waiting for memory line %d\n", n);
+}
+
+/* Writes MARK <name> and waits until the tee copied it: returns how many memory
+ * lines came before it in the output. */
+static int mark_seen(const char *name)
+{
+    int before = __atomic_load_n(&g_marks, __ATOMIC_SEQ_CST);
+    fprintf(stderr, "MARK %s\n", name);
+    while (__atomic_load_n(&g_marks, __ATOMIC_SEQ_CST) == before) sleep_ms(1);
+    return __atomic_load_n(&g_memory_at_mark, __ATOMIC_SEQ_CST);
+}
+
+/* ---- logevery_sync (run with GPUGUARD_LOG_EVERY): 10 MiB until two memory lines
+ * were written; MARK before; 30 MiB for a moment; MARK spike; 10 MiB until three
+ * more lines come after MARK spike in the output; MARK end. Of those three, the
+ * last two were begun after the first was written, so after the spike: they see
+ * 10 MiB live, and the last one's period holds no spike ---- */
+static int mode_logevery_sync(int argc, char **argv)
+{
+    (void)argc; (void)argv;
+    tee_stderr();
+    setup();
+    CUdeviceptr a = dev_alloc(10 * MiB);
+    wait_memory_lines(2);
+    fprintf(stderr, "MARK before\n");
+    CUdeviceptr b = dev_alloc(20 * MiB);
+    dev_free(b);
+    wait_memory_lines(mark_seen("spike") + 3);
+    fprintf(stderr, "MARK end\n");
+    dev_free(a);
+    puts("OK");
+    return 0;
+}
+
 /* ---- logevery PAUSE: 10 MiB; 30 MiB for a moment; 10 MiB again ---- */
 static int mode_logevery(int argc, char **argv)
 {
@@ -267,6 +372,7 @@ static const struct gg_mode g_modes[] = {
     {"warnloop", mode_warnloop},
     {"warn_exit", mode_warn_exit},
     {"logevery", mode_logevery},
+    {"logevery_sync", mode_logevery_sync},
     {"capi", mode_capi},
     {NULL, NULL},
 };

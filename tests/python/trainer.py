@@ -6,7 +6,8 @@ FRAMEWORK: torch, cupy, jax, torch+jax, none (Python without a framework), or no
 Actions, run in order:
   cache:MiB     allocate that much in 1 MiB blocks and drop it (the framework caches it)
   leak:N        one step of the leak: keep N 1 MiB blocks in a global list
-  small:N:MS    N training steps that each keep one 64 KiB tensor (MS ms a step)
+  small:N:MS    N training steps that each keep one 64 KiB tensor (MS ms a step);
+                N = sK: steps until K more snapshot reports are in GPUGUARD_DIR
   temps:N:MS    N such steps that keep nothing (temporaries only)
   userhook:US   (cupy) install a memory hook of the program's own beside gpuguard's,
                 whose malloc and free methods each wait US microseconds with the GIL
@@ -22,6 +23,10 @@ Actions, run in order:
   burst:SIG:N   send SIG N times at once, then wait for reports to settle
   state         print STATE reserved=<bytes> allocated=<bytes>
   ready:S       print READY, then run Python for S seconds (an outside signal may come)
+  installed     run Python until gpuguard's Python side is set up (its exit hook, the
+                last thing its setup registers, is in atexit): a handshake where a
+                pause would guess; prints INSTALLED, or NOT INSTALLED and exits 1
+                when it was not within 60 s
   capture       begin a CUDA graph capture (global mode) on a new stream and print
                 CAPTURING; then run Python while reading stdin, one command a line:
                 `end` ends the capture (prints CAPTURE rc=<code>, then ENDED), `quit`
@@ -42,11 +47,17 @@ Waits sleep in short steps, as a training loop's main thread releases the GIL in
 every framework call: gpuguard's Python work runs when the main thread takes the GIL
 back (CPython notices pending calls then).
 """
+import atexit
 import glob
 import os
 import signal
 import sys
 import time
+
+# Before any CUDA call (gpuguard is inactive until the first allocation): the exit
+# hooks registered so far. gpuguard's Python side registers one more when it is set
+# up (action `installed`).
+ATEXIT_AT_START = atexit._ncallbacks()
 
 FW = sys.argv[1]
 LEAKS = []
@@ -99,6 +110,10 @@ MiB = 1 << 20
 
 def reports():
     return set(glob.glob(os.path.join(DIR, "gpuguard.*.json")))
+
+
+def snapshots():
+    return len(glob.glob(os.path.join(DIR, "gpuguard.*.snapshot.json")))
 
 
 def wait_new(before, want=1, timeout=20.0):
@@ -164,7 +179,15 @@ for action in sys.argv[2:]:
         # sees a 64 KiB allocation) at the temporaries' line, each step.
         steps, _, ms = arg.partition(":")
         part = float(ms or 2) / 6000.0
-        for _ in range(int(steps)):
+        until = None
+        if steps.startswith("s"):
+            # A handshake with the snapshot thread: as many steps as K snapshot
+            # intervals take, however fast or slow this machine runs them.
+            until = snapshots() + int(steps[1:])
+            steps = sys.maxsize
+        for i in range(int(steps)):
+            if until is not None and i % 16 == 0 and snapshots() >= until:
+                break
             for _ in range(6):
                 time.sleep(part)
             tmp = [alloc(64 << 10) for _ in range(3)]
@@ -239,6 +262,14 @@ for action in sys.argv[2:]:
         time.sleep(0.002)
     elif name == "state":
         state()
+    elif name == "installed":
+        end = time.time() + 60
+        while atexit._ncallbacks() <= ATEXIT_AT_START and time.time() < end:
+            time.sleep(0.002)
+        if atexit._ncallbacks() <= ATEXIT_AT_START:
+            print("NOT INSTALLED", flush=True)
+            sys.exit("gpuguard's Python side was not set up within 60 s")
+        print("INSTALLED", flush=True)
     elif name == "ready":
         print("READY", flush=True)
         end = time.time() + float(arg)

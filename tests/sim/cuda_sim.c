@@ -329,6 +329,7 @@ static size_t g_mem = (size_t)8 << 30;
 static int g_initialized;
 static int g_fail_next;
 static unsigned g_free_delay_ms;
+static int g_frees_delayed; /* frees inside their SIMCUDA_FREE_DELAY_MS wait now */
 
 static unsigned long long g_live_bytes[MAX_DEVICES];
 static unsigned long long g_live_peak[MAX_DEVICES]; /* high-water mark of g_live_bytes */
@@ -1697,7 +1698,12 @@ CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flag
 static CUresult free_devptr(CUdeviceptr dptr)
 {
     if (dptr == 0) return CUDA_ERROR_INVALID_VALUE;
-    if (g_free_delay_ms) usleep(g_free_delay_ms * 1000u); /* still held meanwhile */
+    if (g_free_delay_ms) {
+        /* still held meanwhile; counted so a test can see the free under way */
+        __atomic_add_fetch(&g_frees_delayed, 1, __ATOMIC_SEQ_CST);
+        usleep(g_free_delay_ms * 1000u);
+        __atomic_sub_fetch(&g_frees_delayed, 1, __ATOMIC_SEQ_CST);
+    }
     lock();
     struct rec *r = rec_find(dptr, KM_DEVPTR);
     CUresult rc = CUDA_SUCCESS;
@@ -2568,6 +2574,8 @@ CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion, cu
 /* ==========================================================================
  * The sim's own API
  * ======================================================================== */
+int simcuda_frees_delayed(void) { return __atomic_load_n(&g_frees_delayed, __ATOMIC_SEQ_CST); }
+
 unsigned long long simcuda_live_bytes(int dev)
 {
     config();

@@ -318,6 +318,7 @@ typedef CUresult (*PFN_cuGetProcAddress_v2)(const char *, void **, int, cuuint64
 unsigned long long simcuda_live_bytes(int dev);   /* device bytes held now, all kinds */
 int simcuda_live_count(int dev);                  /* device allocations held now */
 unsigned long long simcuda_live_peak(int dev);    /* highest simcuda_live_bytes(dev) so far */
+int simcuda_frees_delayed(void); /* frees now inside their SIMCUDA_FREE_DELAY_MS wait (still held) */
 unsigned long long simcuda_mem(void);             /* memory per device (SIMCUDA_MEM) */
 int simcuda_uuid(int dev, unsigned char out[16]); /* cuDeviceGetUuid's bytes, without cuInit */
 /* CUDA_VISIBLE_DEVICES: the sim functions above take ordinals (devices as this

@@ -656,8 +656,21 @@ impl<R: BufRead> LineReader<R> {
                 self.line_no
             ));
         }
-        let text = String::from_utf8(buf)
-            .map_err(|_| format!("line {}: not UTF-8; not a gpuguard trace", self.line_no))?;
+        let text = match String::from_utf8(buf) {
+            Ok(t) => t,
+            // A last line cut inside a character (a killed writer): the whole
+            // characters before the cut, a line cut short like any other.
+            Err(e) if !complete && e.utf8_error().error_len().is_none() => {
+                let valid = e.utf8_error().valid_up_to();
+                String::from_utf8_lossy(&e.as_bytes()[..valid]).into_owned()
+            }
+            Err(_) => {
+                return Err(format!(
+                    "line {}: not UTF-8; not a gpuguard trace",
+                    self.line_no
+                ));
+            }
+        };
         Ok(Some((self.line_no, text, complete)))
     }
 }

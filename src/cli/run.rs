@@ -595,7 +595,8 @@ fn summary(
             human_bytes(released)
         );
     }
-    if let Some(trace) = trace.filter(|t| !t.exists()) {
+    // A FIFO or device there is not a trace: the library refused it and said why.
+    if let Some(trace) = trace.filter(|t| !gpuguard_core::regular_file::is_regular(t)) {
         put!(
             out,
             "  no trace was written to {} (a library that does not write traces says so above)",

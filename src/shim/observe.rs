@@ -248,9 +248,10 @@ fn start(books: &Books, pid: u32) -> Observer {
 
 /// The file the trace goes to: `path`, unless another running process (the parent
 /// of a fork, another program of the same job) is writing it; then `path` with
-/// `.<pid>` before its extension.
+/// `.<pid>` before its extension. Only a regular file is read (a FIFO's open or
+/// read would wait for a writer); anything else is refused when it is created.
 fn trace_path(path: &Path, pid: u32) -> PathBuf {
-    let owner = std::fs::File::open(path).ok().and_then(|f| {
+    let owner = gpuguard_core::regular_file::open(path).ok().and_then(|f| {
         use std::io::{BufRead, BufReader, Read};
         let mut head = String::new();
         let mut r = BufReader::new(f.take(4096));

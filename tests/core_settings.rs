@@ -89,3 +89,50 @@ fn unknown_variable_is_one_warning() {
     assert!(!String::from_utf8_lossy(&quiet.stderr).contains("GPUGUARD_CAPP"));
     let _ = fs::remove_dir_all(&dir);
 }
+
+/// The control characters of `stderr` a terminal would act on (all but the
+/// newline), as their low bytes.
+fn raw_controls(stderr: &[u8]) -> Vec<u8> {
+    String::from_utf8_lossy(stderr)
+        .chars()
+        .filter(|c| c.is_control() && *c != '\n')
+        .map(|c| c as u32 as u8)
+        .collect()
+}
+
+/// Names and paths from the environment reach stderr with their control characters
+/// escaped: an unknown variable's name, and a `GPUGUARD_DIR` (written to, and one
+/// that cannot be). Before, the escape sequences went to the terminal raw.
+#[test]
+fn control_characters_from_the_environment_are_escaped_on_stderr() {
+    let base = fresh_dir("esc");
+    let dir = base.join("r\x1b[31mred\x07");
+    fs::create_dir(&dir).unwrap();
+    let out = gg_leak(&[
+        ("GPUGUARD_DIR", dir.clone().into_os_string()),
+        ("GPUGUARD_\x1b[31mX", "1".into()),
+    ]);
+    assert!(out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(raw_controls(&out.stderr), b"", "{stderr:?}");
+    assert!(
+        stderr.contains("unknown variable GPUGUARD_\\x1b[31mX ignored"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("r\\x1b[31mred\\x07/gpuguard.gg."),
+        "{stderr}"
+    );
+    // A directory that cannot be written: the warning names it escaped, and the
+    // report that follows on stderr is JSON (escaped too).
+    let missing = base.join("gone\x1b]0;title\x07");
+    let out = gg_leak(&[("GPUGUARD_DIR", missing.into_os_string())]);
+    assert!(out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(raw_controls(&out.stderr), b"", "{stderr:?}");
+    assert!(
+        stderr.contains("cannot write reports to ") && stderr.contains("gone\\x1b]0;title\\x07"),
+        "{stderr}"
+    );
+    let _ = fs::remove_dir_all(&base);
+}

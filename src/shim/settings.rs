@@ -4,6 +4,7 @@ use super::hot::HOT;
 use super::sys::write_stderr;
 use gpuguard_core::config::Config;
 pub(crate) use gpuguard_core::config::LogLevel;
+use gpuguard_core::escape;
 use std::path::PathBuf;
 use std::sync::OnceLock;
 use std::sync::atomic::Ordering::*;
@@ -36,13 +37,24 @@ fn from_env() -> Settings {
         Ok(p) => {
             if p.config.log >= LogLevel::Warn {
                 for w in &p.warnings {
-                    write_stderr(format!("gpuguard[{}]: {w}\n", std::process::id()).as_bytes());
+                    let line = format!(
+                        "gpuguard[{}]: {}\n",
+                        std::process::id(),
+                        escape::controls(w)
+                    );
+                    write_stderr(line.as_bytes());
                 }
             }
             p.config
         }
         Err(e) => {
-            write_stderr(format!("gpuguard[{}]: {e}\n", std::process::id()).as_bytes());
+            let e = e.to_string();
+            let line = format!(
+                "gpuguard[{}]: {}\n",
+                std::process::id(),
+                escape::controls(&e)
+            );
+            write_stderr(line.as_bytes());
             // SAFETY: stopping before the program starts, as documented.
             unsafe { libc::_exit(2) };
         }
@@ -84,12 +96,20 @@ pub(crate) fn config_ptds_default() -> bool {
     settings().ptds_default
 }
 
-/// One line on stderr, `gpuguard[<pid>]: ...`, written with one write(2).
+/// One line on stderr, `gpuguard[<pid>]: ...`, written with one write(2). Control
+/// characters are escaped: messages carry names and paths from the environment and
+/// the program (a variable's name, `GPUGUARD_DIR`), which could hold terminal escape
+/// sequences, or a newline that would forge a line.
 pub(crate) fn log(level: LogLevel, args: std::fmt::Arguments<'_>) {
     if level > config().log || level == LogLevel::Off {
         return;
     }
-    let line = format!("gpuguard[{}]: {}\n", std::process::id(), args);
+    let text = args.to_string();
+    let line = format!(
+        "gpuguard[{}]: {}\n",
+        std::process::id(),
+        escape::controls(&text)
+    );
     write_stderr(line.as_bytes());
 }
 

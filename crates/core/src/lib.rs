@@ -13,13 +13,15 @@
 //!   (which call sites look like leaks across a series of reports);
 //! - `trace` (the memory timeline file, `GPUGUARD_TRACE`), `status` (the per-process
 //!   status files `gpuguard ps` lists), `regular_file` (opening files without
-//!   blocking, regular files only).
+//!   blocking, regular files only);
+//! - `escape` (control characters escaped for the terminal).
 
 #![forbid(unsafe_code)]
 
 pub mod cap;
 pub mod classify;
 pub mod config;
+pub mod escape;
 pub mod growth;
 pub mod ledger;
 pub mod pylines;

@@ -7,7 +7,7 @@ pub(crate) use gpuguard_core::config::LogLevel;
 use gpuguard_core::escape;
 use std::path::PathBuf;
 use std::sync::OnceLock;
-use std::sync::atomic::Ordering::*;
+use std::sync::atomic::{AtomicBool, Ordering::*};
 
 static CONFIG: OnceLock<Settings> = OnceLock::new();
 
@@ -20,6 +20,9 @@ pub(crate) struct Settings {
     pub ptds_default: bool,
     /// Rank, world size and host of a distributed run, read at load.
     pub launch: gpuguard_core::config::Launch,
+    /// What the settings' check noticed without refusing (an unknown variable),
+    /// said at activation (`say_warnings`).
+    warnings: Vec<String>,
 }
 
 /// The settings, read from the environment on first use, whichever path comes first
@@ -33,20 +36,8 @@ pub(crate) fn settings() -> &'static Settings {
 /// the program starts, as documented.
 fn from_env() -> Settings {
     // Values are read as bytes: a report directory keeps its exact name.
-    let cfg = match Config::from_env() {
-        Ok(p) => {
-            if p.config.log >= LogLevel::Warn {
-                for w in &p.warnings {
-                    let line = format!(
-                        "gpuguard[{}]: {}\n",
-                        std::process::id(),
-                        escape::controls(w)
-                    );
-                    write_stderr(line.as_bytes());
-                }
-            }
-            p.config
-        }
+    let (cfg, warnings) = match Config::from_env() {
+        Ok(p) => (p.config, p.warnings),
         Err(e) => {
             let e = e.to_string();
             let line = format!(
@@ -75,6 +66,23 @@ fn from_env() -> Settings {
         dir,
         ptds_default,
         launch,
+        warnings,
+    }
+}
+
+/// Set once the warnings were said; a forked child inherits it, so a process tree
+/// says them once per exec.
+static WARNINGS_SAID: AtomicBool = AtomicBool::new(false);
+
+/// Says what the settings' check noticed (an unknown `GPUGUARD_*` name), once, when
+/// gpuguard activates: a process that never uses CUDA (a shell, `ls`, a launcher)
+/// is left exactly as it was, stderr included.
+pub(crate) fn say_warnings() {
+    if WARNINGS_SAID.swap(true, AcqRel) {
+        return;
+    }
+    for w in &settings().warnings {
+        log(LogLevel::Warn, format_args!("{w}"));
     }
 }
 

@@ -170,7 +170,8 @@ pub const KNOWN_VARS: &[&str] = &[
 pub struct Parsed {
     pub config: Config,
     /// One line each, without a prefix or a newline (e.g. an unknown variable, with the
-    /// closest known name). The library prints each once when it loads.
+    /// closest known name). The library prints each once, when it activates (its
+    /// first CUDA call): a process that never uses CUDA prints nothing.
     pub warnings: Vec<String>,
 }
 

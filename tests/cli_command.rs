@@ -350,6 +350,37 @@ fn within(mut c: Command, limit: Duration) -> Done {
     d
 }
 
+/// `GPUGUARD_LIB` naming something that is not a shared library: before, the
+/// loader ignored it (one line of its own) and the command ran unguarded, status 0.
+/// Now refused before anything starts: one `gpuguard:` line naming the path,
+/// status 2.
+#[test]
+fn run_refuses_a_library_that_is_not_a_shared_object() {
+    let dir = scratch("not-a-lib");
+    let marker = dir.join("started");
+    let touch = format!("touch {}", s(&marker));
+    let empty = dir.join("empty.so");
+    std::fs::write(&empty, b"").unwrap();
+    let cut = dir.join("cut.so");
+    std::fs::write(&cut, &std::fs::read(shim()).unwrap()[..10]).unwrap();
+    let text = dir.join("libgpuguard.so");
+    std::fs::write(&text, b"#!/bin/sh\nexit 0\n").unwrap();
+    for lib in ["/etc/passwd", s(&empty), s(&cut), s(&text)] {
+        let (r, _) = guarded(&["--", "sh", "-c", &touch], &[("GPUGUARD_LIB", lib)]);
+        assert_eq!(r.code, Some(2), "{lib}\n{}", r.describe());
+        let lines: Vec<&str> = r.stderr.lines().collect();
+        assert_eq!(lines.len(), 1, "{lib}\n{}", r.describe());
+        assert!(
+            lines[0].starts_with("gpuguard: ")
+                && lines[0].contains(lib)
+                && lines[0].contains("not a shared library"),
+            "{lib}: {}",
+            lines[0]
+        );
+        assert!(!marker.exists(), "{lib}: the command ran");
+    }
+}
+
 // ---------------------------------------------------------------------------
 // lib: finding the library
 // ---------------------------------------------------------------------------

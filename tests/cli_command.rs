@@ -282,6 +282,105 @@ fn run_without_a_command_is_a_usage_error() {
     assert!(r.stderr.contains("COMMAND"), "{}", r.describe());
 }
 
+/// `--trace` naming a FIFO nobody reads: the command runs and ends (before, it
+/// never ended: its helper thread blocked opening the FIFO and the exit waited for
+/// it), the library says once what the file is, the summary says no trace was
+/// written, and the status is the command's.
+#[test]
+fn run_with_a_trace_fifo_ends() {
+    shim();
+    let fifo = scratch("run-fifo").join("t.json");
+    let made = Command::new("mkfifo").arg(&fifo).status().unwrap();
+    assert!(made.success());
+    let gg = sim_dir().join("gg");
+    let mut c = command(&["run", "--trace", s(&fifo), "--", s(&gg), "leak", "1"]);
+    c.env("LD_LIBRARY_PATH", sim_dir())
+        .current_dir(fifo.parent().unwrap());
+    let r = within(c, Duration::from_secs(30));
+    assert_eq!(r.code, Some(0), "{}", r.describe());
+    let said: Vec<&str> = r
+        .stderr
+        .lines()
+        .filter(|l| l.contains("it is a FIFO, not a regular file"))
+        .collect();
+    assert_eq!(said.len(), 1, "{}", r.describe());
+    assert!(
+        r.stderr
+            .contains(&format!("no trace was written to {}", s(&fifo))),
+        "{}",
+        r.describe()
+    );
+}
+
+/// Runs `c` in a process group of its own, its output in files; past `limit` the
+/// whole group is killed and the test fails (a command whose child hangs would
+/// otherwise hold the output open, and the test, for ever).
+fn within(mut c: Command, limit: Duration) -> Done {
+    use std::os::unix::process::CommandExt;
+    static CALLS: AtomicUsize = AtomicUsize::new(0);
+    let dir = scratch(&format!("within-{}", CALLS.fetch_add(1, Ordering::Relaxed)));
+    let (out, err) = (dir.join("stdout"), dir.join("stderr"));
+    c.process_group(0)
+        .stdout(std::fs::File::create(&out).unwrap())
+        .stderr(std::fs::File::create(&err).unwrap());
+    let mut child = c.spawn().expect("spawn");
+    let start = Instant::now();
+    let status = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break Some(st);
+        }
+        if start.elapsed() > limit {
+            // SAFETY: kill(2) of the group this test started.
+            unsafe { libc::kill(-(child.id() as libc::pid_t), libc::SIGKILL) };
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let d = Done {
+        code: status.and_then(|s| s.code()),
+        stdout: std::fs::read_to_string(&out).unwrap_or_default(),
+        stderr: std::fs::read_to_string(&err).unwrap_or_default(),
+    };
+    assert!(
+        status.is_some(),
+        "still running after {limit:?}, killed\n{}",
+        d.describe()
+    );
+    d
+}
+
+/// `GPUGUARD_LIB` naming something that is not a shared library: before, the
+/// loader ignored it (one line of its own) and the command ran unguarded, status 0.
+/// Now refused before anything starts: one `gpuguard:` line naming the path,
+/// status 2.
+#[test]
+fn run_refuses_a_library_that_is_not_a_shared_object() {
+    let dir = scratch("not-a-lib");
+    let marker = dir.join("started");
+    let touch = format!("touch {}", s(&marker));
+    let empty = dir.join("empty.so");
+    std::fs::write(&empty, b"").unwrap();
+    let cut = dir.join("cut.so");
+    std::fs::write(&cut, &std::fs::read(shim()).unwrap()[..10]).unwrap();
+    let text = dir.join("libgpuguard.so");
+    std::fs::write(&text, b"#!/bin/sh\nexit 0\n").unwrap();
+    for lib in ["/etc/passwd", s(&empty), s(&cut), s(&text)] {
+        let (r, _) = guarded(&["--", "sh", "-c", &touch], &[("GPUGUARD_LIB", lib)]);
+        assert_eq!(r.code, Some(2), "{lib}\n{}", r.describe());
+        let lines: Vec<&str> = r.stderr.lines().collect();
+        assert_eq!(lines.len(), 1, "{lib}\n{}", r.describe());
+        assert!(
+            lines[0].starts_with("gpuguard: ")
+                && lines[0].contains(lib)
+                && lines[0].contains("not a shared library"),
+            "{lib}: {}",
+            lines[0]
+        );
+        assert!(!marker.exists(), "{lib}: the command ran");
+    }
+}
+
 // ---------------------------------------------------------------------------
 // lib: finding the library
 // ---------------------------------------------------------------------------

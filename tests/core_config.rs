@@ -135,3 +135,50 @@ fn accepted_values_run() {
         assert_eq!(live_set(&rep), leak_set(r.out()), "{var}={value}");
     }
 }
+
+/// Only the documented values: spellings the README never listed (`yes`, `true`,
+/// `1`, `none` for `off`, `warning`, `min`) stop the program as any malformed value
+/// does. Before, `GPUGUARD_PYTHON=yes` and the others were taken silently.
+#[test]
+fn undocumented_values_are_refused() {
+    for (var, value) in [
+        ("GPUGUARD_PYTHON", "yes"),
+        ("GPUGUARD_PYTHON", "true"),
+        ("GPUGUARD_PYTHON", "1"),
+        ("GPUGUARD_PYTHON", "no"),
+        ("GPUGUARD_PYTHON", "false"),
+        ("GPUGUARD_PYTHON", "0"),
+        ("GPUGUARD_LOG", "none"),
+        ("GPUGUARD_LOG", "0"),
+        ("GPUGUARD_LOG", "warning"),
+        ("GPUGUARD_WARN_AT", "none"),
+        ("GPUGUARD_WARN_AT", "8e-1"),
+        ("GPUGUARD_TRIM_AT", "none"),
+        ("GPUGUARD_SNAPSHOT_EVERY", "none"),
+        ("GPUGUARD_SNAPSHOT_EVERY", "1min"),
+        ("GPUGUARD_LOG_EVERY", "none"),
+        ("GPUGUARD_TRIM_INTERVAL", "2min"),
+        ("GPUGUARD_REPORT_SIGNAL", "off"),
+        ("GPUGUARD_TRIM_SIGNAL", "off"),
+        ("GPUGUARD_FINAL_REPORT_SIGNALS", "off"),
+    ] {
+        assert_refused(var, value);
+    }
+    // The documented ones still run.
+    for (var, value) in [
+        ("GPUGUARD_PYTHON", "on"),
+        ("GPUGUARD_PYTHON", "lines"),
+        ("GPUGUARD_PYTHON", "off"),
+        ("GPUGUARD_LOG", "off"),
+        ("GPUGUARD_WARN_AT", "80%"),
+        ("GPUGUARD_WARN_AT", "off"),
+        ("GPUGUARD_SNAPSHOT_EVERY", "1.5s"),
+        ("GPUGUARD_SNAPSHOT_EVERY", "off"),
+        ("GPUGUARD_REPORT_SIGNAL", "none"),
+        ("GPUGUARD_FINAL_REPORT_SIGNALS", "none"),
+    ] {
+        let r = gg_run("gg", &["leak", "1"], &[(var, value)]);
+        r.assert_ok();
+        exit_report(&r);
+    }
+}

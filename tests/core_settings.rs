@@ -89,3 +89,106 @@ fn unknown_variable_is_one_warning() {
     assert!(!String::from_utf8_lossy(&quiet.stderr).contains("GPUGUARD_CAPP"));
     let _ = fs::remove_dir_all(&dir);
 }
+
+/// Runs `prog args` under gpuguard (the sim's libraries on the path), with `env`
+/// added as bytes.
+fn preloaded(prog: &str, args: &[&str], env: &[(&str, OsString)]) -> Output {
+    let mut cmd = Command::new(prog);
+    cmd.args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .env("LD_LIBRARY_PATH", sim_dir())
+        .env("LD_PRELOAD", shim());
+    for (k, _) in std::env::vars_os() {
+        if k.to_string_lossy().starts_with("GPUGUARD_") {
+            cmd.env_remove(k);
+        }
+    }
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.output().unwrap()
+}
+
+/// A process that never calls CUDA is not changed by gpuguard: an unknown
+/// `GPUGUARD_*` name gets no warning there (before: one per process, so
+/// `sh -c 'ls; ls'` printed it three times), while a CUDA program still says it once.
+#[test]
+fn a_process_without_cuda_says_nothing_about_unknown_variables() {
+    let dir = fresh_dir("quiet");
+    let env = [
+        ("GPUGUARD_DIR", dir.clone().into_os_string()),
+        ("GPUGUARD_FOO", OsString::from("1")),
+    ];
+    let out = preloaded("/bin/sh", &["-c", "/bin/true; /bin/true"], &env);
+    assert!(out.status.success());
+    assert_eq!(String::from_utf8_lossy(&out.stderr), "");
+    let out = preloaded("/bin/true", &[], &env);
+    assert!(out.status.success());
+    assert_eq!(String::from_utf8_lossy(&out.stderr), "");
+    // A CUDA program under a shell: the program says it once, the shell nothing.
+    let gg = sim_dir().join("gg");
+    let script = format!("/bin/true; '{}' leak 1 >/dev/null; /bin/true", gg.display());
+    let out = preloaded("/bin/sh", &["-c", &script], &env);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let warnings: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.contains("GPUGUARD_FOO"))
+        .collect();
+    assert_eq!(warnings.len(), 1, "{stderr}");
+    assert!(
+        warnings[0].contains("unknown variable GPUGUARD_FOO ignored"),
+        "{}",
+        warnings[0]
+    );
+    let _ = fs::remove_dir_all(&dir);
+}
+
+/// The control characters of `stderr` a terminal would act on (all but the
+/// newline), as their low bytes.
+fn raw_controls(stderr: &[u8]) -> Vec<u8> {
+    String::from_utf8_lossy(stderr)
+        .chars()
+        .filter(|c| c.is_control() && *c != '\n')
+        .map(|c| c as u32 as u8)
+        .collect()
+}
+
+/// Names and paths from the environment reach stderr with their control characters
+/// escaped: an unknown variable's name, and a `GPUGUARD_DIR` (written to, and one
+/// that cannot be). Before, the escape sequences went to the terminal raw.
+#[test]
+fn control_characters_from_the_environment_are_escaped_on_stderr() {
+    let base = fresh_dir("esc");
+    let dir = base.join("r\x1b[31mred\x07");
+    fs::create_dir(&dir).unwrap();
+    let out = gg_leak(&[
+        ("GPUGUARD_DIR", dir.clone().into_os_string()),
+        ("GPUGUARD_\x1b[31mX", "1".into()),
+    ]);
+    assert!(out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(raw_controls(&out.stderr), b"", "{stderr:?}");
+    assert!(
+        stderr.contains("unknown variable GPUGUARD_\\x1b[31mX ignored"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("r\\x1b[31mred\\x07/gpuguard.gg."),
+        "{stderr}"
+    );
+    // A directory that cannot be written: the warning names it escaped, and the
+    // report that follows on stderr is JSON (escaped too).
+    let missing = base.join("gone\x1b]0;title\x07");
+    let out = gg_leak(&[("GPUGUARD_DIR", missing.into_os_string())]);
+    assert!(out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(raw_controls(&out.stderr), b"", "{stderr:?}");
+    assert!(
+        stderr.contains("cannot write reports to ") && stderr.contains("gone\\x1b]0;title\\x07"),
+        "{stderr}"
+    );
+    let _ = fs::remove_dir_all(&base);
+}

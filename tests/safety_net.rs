@@ -180,3 +180,87 @@ fn a_second_real_pointer_for_a_function_still_gets_a_wrapper() {
     assert_eq!(gg["allocs"], 2, "{}", r.describe());
     assert_eq!(gg["current"], 3 << 20, "{}", r.describe());
 }
+
+// ---- the end's bound: a helper thread blocked for good never keeps a process ----
+
+/// gpuguard's lines saying a wait of the end ran out.
+fn bound_lines(r: &Run) -> Vec<&str> {
+    gg_stderr_lines(r, r.pid)
+        .into_iter()
+        .filter(|l| l.contains("the exit"))
+        .collect()
+}
+
+/// The helper thread blocks for good (`stall-report`: a write that never returns)
+/// holding the report lock, after the first snapshot report: the exit waits for it
+/// 5 s to finish what was asked, then for the lock up to the end's bound of 10 s,
+/// then goes on without the exit report and says so, once. The program ends with
+/// its own status. (Without the bounded lock it waited for ever.)
+#[test]
+fn a_helper_blocked_with_the_report_lock_costs_the_exit_its_bound_not_the_process() {
+    let r = run_timeout(
+        "gg_rel",
+        &["snapshots_then_exit", "0"],
+        &[
+            ("LD_PRELOAD", &fault_shim().display().to_string()),
+            ("GGTEST_FAULT", "stall-report"),
+            ("GPUGUARD_SNAPSHOT_EVERY", "20ms"),
+        ],
+        false,
+        std::time::Duration::from_secs(40),
+    );
+    r.assert_ok();
+    let lines = bound_lines(&r);
+    assert_eq!(lines.len(), 1, "said once\n{}", r.describe());
+    assert!(
+        lines[0].contains("did not finish the reports asked before exit within 5 s")
+            && lines[0].contains("at most 10 s in all"),
+        "{}",
+        lines[0]
+    );
+    assert_eq!(
+        reports_with_reason(&r, "snapshot").len(),
+        1,
+        "{}",
+        r.describe()
+    );
+    assert!(
+        reports_with_reason(&r, "exit").is_empty(),
+        "{}",
+        r.describe()
+    );
+}
+
+/// The helper thread blocks for good holding the timeline's lock (`stall-observe`,
+/// after the first report; a trace written meanwhile): the exit report is written
+/// after the 5 s wait, then closing the trace waits up to the end's bound and is
+/// given up. Before, the main thread waited on that lock for ever (the same hang
+/// as a trace FIFO nobody read).
+#[test]
+fn a_helper_blocked_with_the_timelines_lock_costs_the_exit_its_bound_not_the_process() {
+    let dir = fresh_dir("stall-observe");
+    let trace = dir.join("t.json");
+    let r = run_timeout(
+        "gg_rel",
+        &["snapshots_then_exit", "0"],
+        &[
+            ("LD_PRELOAD", &fault_shim().display().to_string()),
+            ("GGTEST_FAULT", "stall-observe"),
+            ("GPUGUARD_SNAPSHOT_EVERY", "20ms"),
+            ("GPUGUARD_TRACE", trace.to_str().unwrap()),
+        ],
+        false,
+        std::time::Duration::from_secs(40),
+    );
+    r.assert_ok();
+    let lines = bound_lines(&r);
+    assert_eq!(lines.len(), 1, "said once\n{}", r.describe());
+    let (_, rep) = exit_report(&r);
+    assert_eq!(live_set(&rep), leak_set(r.out()));
+    // The trace is left as the helper last flushed it: open, never closed.
+    let text = std::fs::read_to_string(&trace).unwrap();
+    assert!(
+        text.starts_with("[\n") && !text.trim_end().ends_with(']'),
+        "{text}"
+    );
+}

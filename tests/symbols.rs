@@ -65,3 +65,89 @@ fn leak_site_has_file_and_line_from_dwarf() {
     assert!(show.status.success(), "{}", show.describe());
     assert!(show.stdout.contains(&want), "{}", show.stdout);
 }
+
+/// A program started through a path that is not UTF-8 (`…/dir\xff/gg`): its frames
+/// are named and placed as from any other path. Before, the path was made UTF-8
+/// with U+FFFD in place of the byte, the file under that name did not exist, and
+/// the frames read `gg+0x…` without a line.
+#[test]
+fn a_program_under_a_non_utf8_path_keeps_its_names_and_lines() {
+    use std::os::unix::ffi::OsStringExt;
+    let base = fresh_dir("non-utf8");
+    let mut raw = base.clone().into_os_string().into_vec();
+    raw.extend_from_slice(b"/dir\xff");
+    let bin = std::path::PathBuf::from(std::ffi::OsString::from_vec(raw));
+    std::fs::create_dir(&bin).unwrap();
+    let exe = bin.join("gg");
+    std::fs::copy(sim_dir().join("gg"), &exe).unwrap();
+    let reports = base.join("reports");
+    std::fs::create_dir(&reports).unwrap();
+    let mut cmd = std::process::Command::new(&exe);
+    cmd.args(["leak", "2"])
+        .stdin(std::process::Stdio::null())
+        .env("LD_LIBRARY_PATH", sim_dir())
+        .env("LD_PRELOAD", shim())
+        .env("GPUGUARD_DIR", &reports);
+    for (k, _) in std::env::vars_os() {
+        if k.to_string_lossy().starts_with("GPUGUARD_") && k != "GPUGUARD_DIR" {
+            cmd.env_remove(k);
+        }
+    }
+    // A freshly copied executable may be busy for a moment (another test thread
+    // forked while it was open for writing).
+    let out = (0..100)
+        .find_map(|_| match cmd.output() {
+            Err(e) if e.raw_os_error() == Some(libc::ETXTBSY) => {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+                None
+            }
+            other => Some(other.expect("run the copy")),
+        })
+        .expect("the copy stayed busy");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let files: Vec<_> = std::fs::read_dir(&reports)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.to_string_lossy().ends_with(".exit.json"))
+        .collect();
+    assert_eq!(files.len(), 1, "{files:?}");
+    let rep: Value = serde_json::from_slice(&std::fs::read(&files[0]).unwrap()).unwrap();
+    let leaky = format!(
+        "gg.c:{}",
+        line_of(
+            "void leaky_function(int k)",
+            "MUST(cuMemAlloc_v2(&p, bytes));"
+        )
+    );
+    let sites = |rep: &Value| -> Vec<Vec<String>> {
+        let mut v: Vec<_> = live(rep)
+            .into_iter()
+            .map(|e| frame_list(site_of(rep, e)))
+            .collect();
+        v.sort();
+        v
+    };
+    let got = sites(&rep);
+    assert_eq!(got.len(), 2, "{rep:#}");
+    for frames in &got {
+        assert!(
+            frames[0].starts_with("leaky_function+0x") && frames[0].ends_with(&leaky),
+            "{frames:#?}"
+        );
+        assert!(
+            frames
+                .iter()
+                .any(|f| f.starts_with("main+0x") && f.contains(") at /")),
+            "{frames:#?}"
+        );
+    }
+    // Frame for frame what the same program says from its usual path.
+    let usual = gg_run("gg", &["leak", "2"], &[]);
+    usual.assert_ok();
+    assert_eq!(got, sites(&exit_report(&usual).1));
+    let _ = std::fs::remove_dir_all(&base);
+}

@@ -12,7 +12,8 @@
 
 use super::wake;
 use std::ffi::{c_int, c_void};
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering::*};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicI64, AtomicU64, Ordering::*};
+use std::sync::{Mutex, MutexGuard, TryLockError};
 use std::time::{Duration, Instant};
 
 /// The signals whose default action ends the process and which gpuguard watches.
@@ -121,6 +122,48 @@ static EXITING: AtomicBool = AtomicBool::new(false);
 /// The helper thread's id (it never waits for itself).
 static HELPER_TID: AtomicI32 = AtomicI32::new(0);
 
+/// The most the end of a process waits on the helper thread, every wait together:
+/// for it to finish what it was asked (`settle`, at most 5 s of it), then for a lock
+/// it holds (the report lock, the timeline's; `lock_at_exit`). A helper blocked for
+/// good (a write that never returns) then costs the exit 10 s, never the process.
+pub(crate) const EXIT_WAIT: Duration = Duration::from_secs(10);
+/// When the end began (monotonic ms; 0: not yet).
+static EXIT_BEGAN_MS: AtomicI64 = AtomicI64::new(0);
+/// Whether a wait of the end already ran out (it is said once).
+static GAVE_UP: AtomicBool = AtomicBool::new(false);
+
+/// The time by which every wait of the end is over (monotonic ms), the end
+/// beginning now if it had not.
+fn exit_deadline_ms() -> i64 {
+    let now = now_ms().max(1);
+    let began = match EXIT_BEGAN_MS.compare_exchange(0, now, AcqRel, Acquire) {
+        Ok(_) => now,
+        Err(earlier) => earlier,
+    };
+    began.saturating_add(EXIT_WAIT.as_millis() as i64)
+}
+
+/// `m` locked, waiting for it no later than the end's deadline (`EXIT_WAIT` after
+/// the end began); `None` past it. Polled, as `settle`: no lock a fork could leave
+/// held. A poisoned lock is taken as it is.
+pub(crate) fn lock_at_exit<T>(m: &Mutex<T>) -> Option<MutexGuard<'_, T>> {
+    let deadline = exit_deadline_ms();
+    loop {
+        match m.try_lock() {
+            Ok(g) => return Some(g),
+            Err(TryLockError::Poisoned(p)) => return Some(p.into_inner()),
+            Err(TryLockError::WouldBlock) if now_ms() >= deadline => return None,
+            Err(TryLockError::WouldBlock) => std::thread::sleep(Duration::from_millis(1)),
+        }
+    }
+}
+
+/// Whether this is the first wait of the end to run out: the caller says so on
+/// stderr, and later ones say nothing.
+pub(crate) fn first_to_give_up() -> bool {
+    !GAVE_UP.swap(true, AcqRel)
+}
+
 /// Called on the helper thread when it starts.
 pub(crate) fn helper_started() {
     // SAFETY: gettid has no preconditions.
@@ -138,6 +181,7 @@ pub(crate) fn exiting() -> bool {
 /// Returns false when the helper thread did not answer within `wait`.
 pub(crate) fn settle(wait: Duration) -> bool {
     EXITING.store(true, Release);
+    let end = exit_deadline_ms();
     // SAFETY: gettid has no preconditions.
     if !wake::running() || HELPER_TID.load(Acquire) == unsafe { libc::gettid() } {
         return true;
@@ -147,7 +191,7 @@ pub(crate) fn settle(wait: Duration) -> bool {
     // Polled, not a condition variable: no lock a fork could leave held.
     let deadline = Instant::now() + wait;
     while SETTLE_DONE.load(Acquire) < ticket {
-        if Instant::now() >= deadline {
+        if Instant::now() >= deadline || now_ms() >= end {
             return false;
         }
         std::thread::sleep(Duration::from_millis(1));
@@ -175,6 +219,8 @@ pub(crate) fn after_fork_in_child() {
     ENDING.store(0, Relaxed);
     DONE.store(false, Relaxed);
     EXITING.store(false, Relaxed);
+    EXIT_BEGAN_MS.store(0, Relaxed);
+    GAVE_UP.store(false, Relaxed);
     HELPER_TID.store(0, Relaxed);
     SETTLE_DONE.store(SETTLE_ASKED.load(Relaxed), Relaxed);
 }

@@ -3,7 +3,10 @@
 //! settings check) makes gpuguard fail at that point, so the tests
 //! can prove the safety net. Points: `record`, `report`, `activate` (a panic there),
 //! `no-dlsym` (glibc's `dlsym` not found), `spawn` (the first helper thread spawn
-//! fails). Without the feature every check is a constant `false`.
+//! fails), `stall-report`, `stall-observe` (the helper thread blocks for good holding
+//! the report lock after a snapshot report, or the timeline's lock after the first
+//! report, as in a write that never returns). Without the feature every check is a
+//! constant `false`.
 
 /// Whether the fault `name` was asked for (read once; always false without the
 /// feature).
@@ -28,13 +31,31 @@ pub(crate) fn point(name: &str) {
     }
 }
 
+/// Blocks this thread for good if the fault `name` was asked for.
+#[inline(always)]
+pub(crate) fn stall(name: &str) {
+    if hit(name) {
+        loop {
+            std::thread::park();
+        }
+    }
+}
+
 #[cfg(feature = "fault-injection")]
 mod imp {
     use std::sync::atomic::{AtomicU8, Ordering::*};
 
     /// The point asked for, as its index in `POINTS` (0: not read yet, 1: none).
     static WANT: AtomicU8 = AtomicU8::new(0);
-    const POINTS: [&str; 5] = ["record", "report", "activate", "no-dlsym", "spawn"];
+    const POINTS: [&str; 7] = [
+        "record",
+        "report",
+        "activate",
+        "no-dlsym",
+        "spawn",
+        "stall-report",
+        "stall-observe",
+    ];
 
     pub(super) fn hit(name: &str) -> bool {
         let mut w = WANT.load(Relaxed);

@@ -11,6 +11,8 @@ use std::sync::atomic::Ordering::*;
 /// the capped devices checked.
 fn on_activation() {
     fault::point("activate");
+    // Only now: a process that never uses CUDA hears nothing from gpuguard.
+    settings::say_warnings();
     real::find_driver_range();
     worker::signals_on_activation();
     endings::install(&ending_signals());

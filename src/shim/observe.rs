@@ -8,6 +8,7 @@
 //! written is dropped and the program runs on.
 
 use super::books::Books;
+use super::endings;
 use super::events::{self, Event};
 use super::settings::{LogLevel, log, settings};
 use super::state::active_books;
@@ -50,9 +51,15 @@ static OBSERVER: Mutex<Option<Observer>> = Mutex::new(None);
 /// Set in a forked child whose copy of the lock was held at the fork.
 static BROKEN: AtomicBool = AtomicBool::new(false);
 
+/// The observer, locked. While the process ends, waited for within the end's
+/// bound only (`endings::lock_at_exit`): the helper thread may hold it for good, in
+/// a write that never returns.
 fn lock() -> Option<std::sync::MutexGuard<'static, Option<Observer>>> {
     if BROKEN.load(Acquire) {
         return None;
+    }
+    if endings::exiting() {
+        return endings::lock_at_exit(&OBSERVER);
     }
     Some(OBSERVER.lock().unwrap_or_else(|e| e.into_inner()))
 }
@@ -103,6 +110,10 @@ pub(crate) fn tick() {
     if o.finished {
         return;
     }
+    if books.seq.load(Relaxed) > 0 {
+        // Test-only: a write that never returns, this lock held.
+        super::fault::stall("stall-observe");
+    }
     let now = monotonic_ns();
     sample(o, books, now);
     if o.status_dir.is_some() && now >= o.next_status_ns {
@@ -133,6 +144,16 @@ pub(crate) fn on_exit() {
         return;
     };
     let Some(mut guard) = lock() else {
+        if !BROKEN.load(Acquire) && endings::first_to_give_up() {
+            log(
+                LogLevel::Warn,
+                format_args!(
+                    "the helper thread held the timeline's lock past the exit's {} s bound; \
+                     ending without closing the trace or removing the status file",
+                    endings::EXIT_WAIT.as_secs()
+                ),
+            );
+        }
         return;
     };
     // A process that exits before the helper's first tick still leaves its trace.
@@ -251,9 +272,10 @@ fn start(books: &Books, pid: u32) -> Observer {
 
 /// The file the trace goes to: `path`, unless another running process (the parent
 /// of a fork, another program of the same job) is writing it; then `path` with
-/// `.<pid>` before its extension.
+/// `.<pid>` before its extension. Only a regular file is read (a FIFO's open or
+/// read would wait for a writer); anything else is refused when it is created.
 fn trace_path(path: &Path, pid: u32) -> PathBuf {
-    let owner = std::fs::File::open(path).ok().and_then(|f| {
+    let owner = gpuguard_core::regular_file::open(path).ok().and_then(|f| {
         use std::io::{BufRead, BufReader, Read};
         let mut head = String::new();
         let mut r = BufReader::new(f.take(4096));

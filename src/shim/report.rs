@@ -54,12 +54,14 @@ pub(crate) fn write_final_report(
     if active_books().is_none() || EXIT_WRITTEN.load(Acquire) {
         return;
     }
-    if !endings::settle(SETTLE_WAIT) {
+    if !endings::settle(SETTLE_WAIT) && endings::first_to_give_up() {
         log(
             LogLevel::Warn,
             format_args!(
-                "the helper thread did not finish the reports asked before exit within {} s; writing the exit report now",
-                SETTLE_WAIT.as_secs()
+                "the helper thread did not finish the reports asked before exit within {} s; \
+                 the exit goes on without waiting for it (at most {} s in all)",
+                SETTLE_WAIT.as_secs(),
+                endings::EXIT_WAIT.as_secs()
             ),
         );
     }
@@ -110,7 +112,26 @@ pub(crate) fn write(
             None
         }
     });
-    let _guard = books.report_lock.lock().unwrap_or_else(|e| e.into_inner());
+    // While the process ends, the helper thread may hold this lock for good (a write
+    // that never returns): waited for within the end's bound only.
+    let _guard = if endings::exiting() {
+        let Some(g) = endings::lock_at_exit(&books.report_lock) else {
+            if endings::first_to_give_up() {
+                log(
+                    LogLevel::Warn,
+                    format_args!(
+                        "the helper thread held the report lock past the exit's {} s bound; \
+                         ending without the {reason} report",
+                        endings::EXIT_WAIT.as_secs()
+                    ),
+                );
+            }
+            return None;
+        };
+        g
+    } else {
+        books.report_lock.lock().unwrap_or_else(|e| e.into_inner())
+    };
     fault::point("report");
     if reason != "exit" && EXIT_WRITTEN.load(Acquire) {
         // The exit report is the last one of the process; a trim is still said.
@@ -198,6 +219,10 @@ pub(crate) fn write(
         reporter::write_json(w, &report, &live, &input)?;
         w.write_all(b"\n")
     });
+    if reason == "snapshot" && written.is_ok() {
+        // Test-only: a write that never returns, the report lock held.
+        fault::stall("stall-report");
+    }
     // For the timeline: the trim, then the report.
     let t_ns = sys::monotonic_ns();
     if let Some(t) = &report.trim {

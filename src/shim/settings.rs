@@ -4,9 +4,10 @@ use super::hot::HOT;
 use super::sys::write_stderr;
 use gpuguard_core::config::Config;
 pub(crate) use gpuguard_core::config::LogLevel;
+use gpuguard_core::escape;
 use std::path::PathBuf;
 use std::sync::OnceLock;
-use std::sync::atomic::Ordering::*;
+use std::sync::atomic::{AtomicBool, Ordering::*};
 
 static CONFIG: OnceLock<Settings> = OnceLock::new();
 
@@ -19,6 +20,9 @@ pub(crate) struct Settings {
     pub ptds_default: bool,
     /// Rank, world size and host of a distributed run, read at load.
     pub launch: gpuguard_core::config::Launch,
+    /// What the settings' check noticed without refusing (an unknown variable),
+    /// said at activation (`say_warnings`).
+    warnings: Vec<String>,
 }
 
 /// The settings, read from the environment on first use, whichever path comes first
@@ -32,17 +36,16 @@ pub(crate) fn settings() -> &'static Settings {
 /// the program starts, as documented.
 fn from_env() -> Settings {
     // Values are read as bytes: a report directory keeps its exact name.
-    let cfg = match Config::from_env() {
-        Ok(p) => {
-            if p.config.log >= LogLevel::Warn {
-                for w in &p.warnings {
-                    write_stderr(format!("gpuguard[{}]: {w}\n", std::process::id()).as_bytes());
-                }
-            }
-            p.config
-        }
+    let (cfg, warnings) = match Config::from_env() {
+        Ok(p) => (p.config, p.warnings),
         Err(e) => {
-            write_stderr(format!("gpuguard[{}]: {e}\n", std::process::id()).as_bytes());
+            let e = e.to_string();
+            let line = format!(
+                "gpuguard[{}]: {}\n",
+                std::process::id(),
+                escape::controls(&e)
+            );
+            write_stderr(line.as_bytes());
             // SAFETY: stopping before the program starts, as documented.
             unsafe { libc::_exit(2) };
         }
@@ -63,6 +66,23 @@ fn from_env() -> Settings {
         dir,
         ptds_default,
         launch,
+        warnings,
+    }
+}
+
+/// Set once the warnings were said; a forked child inherits it, so a process tree
+/// says them once per exec.
+static WARNINGS_SAID: AtomicBool = AtomicBool::new(false);
+
+/// Says what the settings' check noticed (an unknown `GPUGUARD_*` name), once, when
+/// gpuguard activates: a process that never uses CUDA (a shell, `ls`, a launcher)
+/// is left exactly as it was, stderr included.
+pub(crate) fn say_warnings() {
+    if WARNINGS_SAID.swap(true, AcqRel) {
+        return;
+    }
+    for w in &settings().warnings {
+        log(LogLevel::Warn, format_args!("{w}"));
     }
 }
 
@@ -84,12 +104,20 @@ pub(crate) fn config_ptds_default() -> bool {
     settings().ptds_default
 }
 
-/// One line on stderr, `gpuguard[<pid>]: ...`, written with one write(2).
+/// One line on stderr, `gpuguard[<pid>]: ...`, written with one write(2). Control
+/// characters are escaped: messages carry names and paths from the environment and
+/// the program (a variable's name, `GPUGUARD_DIR`), which could hold terminal escape
+/// sequences, or a newline that would forge a line.
 pub(crate) fn log(level: LogLevel, args: std::fmt::Arguments<'_>) {
     if level > config().log || level == LogLevel::Off {
         return;
     }
-    let line = format!("gpuguard[{}]: {}\n", std::process::id(), args);
+    let text = args.to_string();
+    let line = format!(
+        "gpuguard[{}]: {}\n",
+        std::process::id(),
+        escape::controls(&text)
+    );
     write_stderr(line.as_bytes());
 }
 

@@ -11,19 +11,22 @@ use gpuguard_core::reporter::FrameInfo;
 use gpuguard_core::symbols::SymbolTable;
 use std::cell::RefCell;
 use std::collections::HashMap;
-use std::ffi::{CStr, c_void};
+use std::ffi::{CStr, OsStr, c_void};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
 
-/// What one report has read so far, by module path: symbol tables, and DWARF where
-/// the thread's own cache is gone (a thread exiting).
+/// What one report has read so far, by module path (as the loader holds it, bytes
+/// and all: a path need not be UTF-8): symbol tables, and DWARF where the thread's
+/// own cache is gone (a thread exiting).
 #[derive(Default)]
 pub(crate) struct Modules {
-    symbols: HashMap<String, Option<SymbolTable>>,
+    symbols: HashMap<PathBuf, Option<SymbolTable>>,
     lines: Lines,
 }
 
 pub(crate) type Tables = RefCell<Modules>;
 
-type Lines = HashMap<String, Option<addr2line::Loader>>;
+type Lines = HashMap<PathBuf, Option<addr2line::Loader>>;
 
 thread_local! {
     /// DWARF of each module this thread symbolized, by path (None: none readable).
@@ -37,11 +40,14 @@ fn skip_lines(module: &str) -> bool {
 }
 
 /// `file:line` of address `probe` (the module's own addresses) in `file`.
-fn file_line(file: &str, probe: u64, tables: &Tables) -> Option<String> {
+fn file_line(file: &Path, probe: u64, tables: &Tables) -> Option<String> {
     let look = |cache: &mut Lines| {
-        let loader = cache
-            .entry(file.to_string())
-            .or_insert_with(|| addr2line::Loader::new(file).ok());
+        let loader = cache.entry(file.to_path_buf()).or_insert_with(|| {
+            // addr2line opens the file itself: never a FIFO or device put in its place.
+            gpuguard_core::regular_file::is_regular(file)
+                .then(|| addr2line::Loader::new(file).ok())
+                .flatten()
+        });
         let loc = loader.as_ref()?.find_location(probe).ok()??;
         Some(format!("{}:{}", loc.file?, loc.line?))
     };
@@ -89,13 +95,14 @@ pub(crate) fn symbolize(pc: usize, tables: &Tables) -> FrameInfo {
         };
     }
     // SAFETY: dladdr filled these with C strings owned by the loader.
-    let path = unsafe { CStr::from_ptr(dl.dli_fname) }
-        .to_string_lossy()
-        .into_owned();
+    let path = PathBuf::from(OsStr::from_bytes(
+        unsafe { CStr::from_ptr(dl.dli_fname) }.to_bytes(),
+    ));
     let base = dl.dli_fbase as usize;
-    let module = match path.rsplit('/').next() {
-        Some(m) if !m.is_empty() => m.to_string(),
-        _ => program_name(),
+    // The name only shows; the file is opened by its exact bytes.
+    let module = match path.file_name() {
+        Some(m) => m.to_string_lossy().into_owned(),
+        None => program_name(),
     };
     let off = at - base;
     let internal = real::is_own_code(at) || skip_lines(&module);
@@ -105,8 +112,8 @@ pub(crate) fn symbolize(pc: usize, tables: &Tables) -> FrameInfo {
         || module.starts_with("python")
         || module.starts_with("libffi.so")
         || module.starts_with("_ctypes");
-    let file = if path.is_empty() {
-        "/proc/self/exe".to_string()
+    let file = if path.as_os_str().is_empty() {
+        PathBuf::from("/proc/self/exe")
     } else {
         path
     };
@@ -115,7 +122,7 @@ pub(crate) fn symbolize(pc: usize, tables: &Tables) -> FrameInfo {
         let table = tables
             .symbols
             .entry(file.clone())
-            .or_insert_with(|| SymbolTable::load(std::path::Path::new(&file)));
+            .or_insert_with(|| SymbolTable::load(&file));
         let absolute = table.as_ref().is_some_and(|t| t.absolute);
         let probe = if absolute { at } else { off } as u64;
         let named = table

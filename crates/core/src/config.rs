@@ -80,10 +80,10 @@ pub const FINAL_REPORT_SIGNALS: [(i32, &str); 3] = [
     (libc::SIGHUP, "HUP"),
 ];
 
-/// `TERM,INT,HUP` (any subset, `SIG` prefix and case free), or `none`/`off`.
+/// `TERM,INT,HUP` (any subset, `SIG` prefix and case free), or `none`.
 pub fn parse_final_report_signals(v: &str) -> Option<Vec<i32>> {
     let t = v.trim();
-    if t.eq_ignore_ascii_case("none") || t.eq_ignore_ascii_case("off") {
+    if t.eq_ignore_ascii_case("none") {
         return Some(Vec::new());
     }
     let mut out = Vec::new();
@@ -170,7 +170,8 @@ pub const KNOWN_VARS: &[&str] = &[
 pub struct Parsed {
     pub config: Config,
     /// One line each, without a prefix or a newline (e.g. an unknown variable, with the
-    /// closest known name). The library prints each once when it loads.
+    /// closest known name). The library prints each once, when it activates (its
+    /// first CUDA call): a process that never uses CUDA prints nothing.
     pub warnings: Vec<String>,
 }
 
@@ -294,10 +295,12 @@ impl Config {
                 .ok_or_else(|| refuse("GPUGUARD_TRIM_INTERVAL", &v))?;
         }
         if let Some(v) = vars.text("GPUGUARD_PYTHON")? {
+            // The documented words only: `yes` or `1` would read as on to one person
+            // and as a typo to another.
             (cfg.python, cfg.python_recorders) = match v.trim().to_ascii_lowercase().as_str() {
-                "on" | "1" | "yes" | "true" => (true, false),
+                "on" => (true, false),
                 "lines" => (true, true),
-                "off" | "0" | "no" | "false" => (false, false),
+                "off" => (false, false),
                 _ => return Err(refuse("GPUGUARD_PYTHON", &v)),
             };
         }
@@ -465,10 +468,11 @@ fn edit_distance(a: &str, b: &str) -> usize {
 }
 
 /// `500ms`, `60s`, `1.5s`, `2m`, `1h` or `off`: `Some(None)` for off, `None` when
-/// malformed or under a millisecond.
+/// malformed or under a millisecond. Letter case and blanks are free; the number is
+/// plain decimal and the unit one of those four.
 pub fn parse_interval_ms(v: &str) -> Option<Option<u64>> {
     let t = v.trim().to_ascii_lowercase();
-    if t == "off" || t == "none" {
+    if t == "off" {
         return Some(None);
     }
     let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.'))?;
@@ -476,26 +480,38 @@ pub fn parse_interval_ms(v: &str) -> Option<Option<u64>> {
     let scale = match unit.trim() {
         "ms" => 1.0,
         "s" => 1e3,
-        "m" | "min" => 60e3,
+        "m" => 60e3,
         "h" => 3600e3,
         _ => return None,
     };
-    let n: f64 = num.parse().ok()?;
+    let n = plain_decimal(num)?;
     let ms = (n * scale).round();
     (ms.is_finite() && (1.0..=1e15).contains(&ms)).then_some(Some(ms as u64))
 }
 
-/// `0.8`, `80%` or `off`: `Some(None)` for off, `None` when malformed.
+/// `0.8`, `80%` or `off`: `Some(None)` for off, `None` when malformed. The number is
+/// plain decimal (no sign, exponent, `inf` or `nan`).
 pub fn parse_threshold(v: &str) -> Option<Option<f64>> {
     let t = v.trim().to_ascii_lowercase();
-    if t == "off" || t == "none" {
+    if t == "off" {
         return Some(None);
     }
     let f = match t.strip_suffix('%') {
-        Some(p) => p.trim().parse::<f64>().ok()? / 100.0,
-        None => t.parse::<f64>().ok()?,
+        Some(p) => plain_decimal(p.trim())? / 100.0,
+        None => plain_decimal(&t)?,
     };
     (f > 0.0 && f <= 1.0).then_some(Some(f))
+}
+
+/// A number written with decimal digits and at most one point (`0.8`, `80`, `1.5`,
+/// `.5`): what the README shows, and nothing `f64`'s parser takes beside it
+/// (`8e-1`, `+0.8`, `inf`).
+fn plain_decimal(s: &str) -> Option<f64> {
+    let digits = s.bytes().filter(u8::is_ascii_digit).count();
+    let points = s.bytes().filter(|&b| b == b'.').count();
+    (digits > 0 && points <= 1 && digits + points == s.len())
+        .then(|| s.parse().ok())
+        .flatten()
 }
 
 fn err(var: &str, value: &str, accepted: &str) -> ConfigError {
@@ -506,10 +522,11 @@ fn err(var: &str, value: &str, accepted: &str) -> ConfigError {
     }
 }
 
+/// `off`, `warn`, `info` or `debug` (letter case and blanks free).
 pub fn parse_log(v: &str) -> Option<LogLevel> {
     match v.trim().to_ascii_lowercase().as_str() {
-        "off" | "none" | "0" => Some(LogLevel::Off),
-        "warn" | "warning" => Some(LogLevel::Warn),
+        "off" => Some(LogLevel::Off),
+        "warn" => Some(LogLevel::Warn),
         "info" => Some(LogLevel::Info),
         "debug" => Some(LogLevel::Debug),
         _ => None,
@@ -615,8 +632,8 @@ fn realtime_form(s: &str) -> Option<Option<i32>> {
     }
 }
 
-/// `Some(None)` for `none`/`off`, `Some(Some(n))` for a signal gpuguard can take,
-/// `None` otherwise.
+/// `Some(None)` for `none`, `Some(Some(n))` for a signal gpuguard can take, `None`
+/// otherwise.
 ///
 /// Forms, any letter case, blanks around allowed: a name with or without `SIG` (`USR1`,
 /// `SIGHUP`); `RTMIN`, `RTMIN+n`, `RTMAX`, `RTMAX-n` (with or without `SIG`; `n` in
@@ -626,7 +643,7 @@ fn realtime_form(s: &str) -> Option<Option<i32>> {
 /// the C library's reserved 32 and 33, or anything past `SIGRTMAX()`.
 pub fn parse_signal(v: &str) -> Option<Option<i32>> {
     let s = v.trim().to_ascii_uppercase();
-    if s == "NONE" || s == "OFF" {
+    if s == "NONE" {
         return Some(None);
     }
     let (rtmin, rtmax) = rt_range();
@@ -800,7 +817,9 @@ mod tests {
         ] {
             assert_eq!(parse_interval_ms(v), Some(ms), "{v}");
         }
-        for bad in ["", "5", "0s", "0.1ms", "-1s", "5x", "s", "1..2s", "ms5"] {
+        for bad in [
+            "", "5", "0s", "0.1ms", "-1s", "5x", "s", "1..2s", "ms5", "none", "1min", "1e3ms",
+        ] {
             assert_eq!(parse_interval_ms(bad), None, "{bad}");
             let e = parse(&[("GPUGUARD_SNAPSHOT_EVERY", bad)]).unwrap_err();
             assert_eq!(e.var, "GPUGUARD_SNAPSHOT_EVERY");
@@ -992,6 +1011,17 @@ mod tests {
         assert_eq!(c.trim_signal, Some(libc::SIGUSR2));
         assert_eq!(c.trim_interval_ms, 5_000);
         assert!(c.python && !c.python_recorders);
+        // Only the documented words.
+        for bad in ["yes", "true", "1", "no", "false", "0", ""] {
+            let e = parse(&[("GPUGUARD_PYTHON", bad)]).unwrap_err();
+            assert_eq!((e.var.as_str(), e.value.as_str()), ("GPUGUARD_PYTHON", bad));
+            assert_eq!(e.accepted, "on, lines or off");
+        }
+        for bad in ["none", "8e-1", "+0.8", "inf", "nan", "0.8.1", "80 %%"] {
+            assert_eq!(parse_threshold(bad), None, "{bad}");
+        }
+        assert_eq!(parse_threshold(".5"), Some(Some(0.5)));
+        assert_eq!(parse_final_report_signals("off"), None);
         assert!(
             parse(&[("GPUGUARD_PYTHON", "lines")])
                 .unwrap()

@@ -12,16 +12,20 @@
 //!   `symbols` (ELF function names), `pylines` (Python line tables), `growth`
 //!   (which call sites look like leaks across a series of reports);
 //! - `trace` (the memory timeline file, `GPUGUARD_TRACE`), `status` (the per-process
-//!   status files `gpuguard ps` lists).
+//!   status files `gpuguard ps` lists), `regular_file` (opening files without
+//!   blocking, regular files only);
+//! - `escape` (control characters escaped for the terminal).
 
 #![forbid(unsafe_code)]
 
 pub mod cap;
 pub mod classify;
 pub mod config;
+pub mod escape;
 pub mod growth;
 pub mod ledger;
 pub mod pylines;
+pub mod regular_file;
 pub mod report;
 pub mod report_stream;
 pub mod reporter;

@@ -44,9 +44,10 @@ fn u64_at(b: &[u8], o: usize) -> Option<u64> {
 
 impl SymbolTable {
     /// Reads a 64-bit little-endian ELF file's function symbols; `None` for anything
-    /// else or a file without symbols.
+    /// else (a FIFO or device put at a module's path is never opened to wait) or a
+    /// file without symbols.
     pub fn load(path: &Path) -> Option<SymbolTable> {
-        let mut f = File::open(path).ok()?;
+        let mut f = crate::regular_file::open(path).ok()?;
         let eh = read_at(&mut f, 0, 64)?;
         if &eh[0..4] != b"\x7fELF" || eh[4] != 2 || eh[5] != 1 {
             return None;

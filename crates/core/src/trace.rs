@@ -145,16 +145,10 @@ pub struct TraceWriter {
 
 impl TraceWriter {
     /// Creates (or truncates) `path`, mode 0600, never through a symlink, and writes the
-    /// opening `[` and the metadata events.
+    /// opening `[` and the metadata events. Anything but a regular file (a FIFO, a
+    /// device) is refused without blocking (`regular_file`).
     pub fn create(path: &Path, options: TraceOptions) -> io::Result<TraceWriter> {
-        use std::os::unix::fs::OpenOptionsExt;
-        let file = std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-            .open(path)?;
+        let file = crate::regular_file::create(path, true)?;
         let max_bytes = options.max_bytes.max(4 * CLOSING_RESERVE);
         let mut w = TraceWriter {
             out: BufWriter::with_capacity(64 << 10, file),

@@ -208,20 +208,24 @@ fn every_signal_form() {
             assert_eq!(parse_signal(&form), Some(Some(n)), "{form}");
         }
     }
-    for off in ["none", "OFF", " None "] {
+    for off in ["none", "NONE", " None "] {
         assert_eq!(parse_signal(off), Some(None));
+    }
+    // Spellings the README never listed.
+    for undocumented in ["off", "OFF", "0", "no"] {
+        assert_eq!(parse_signal(undocumented), None, "{undocumented}");
     }
 }
 
-/// Every log level, any case, blanks around.
+/// Every log level, any case, blanks around; nothing but the documented four.
 #[test]
 fn every_log_level() {
+    for undocumented in ["none", "0", "warning", "1", "error"] {
+        assert_eq!(parse_log(undocumented), None, "{undocumented}");
+    }
     for (text, level) in [
         ("off", LogLevel::Off),
-        ("none", LogLevel::Off),
-        ("0", LogLevel::Off),
         ("warn", LogLevel::Warn),
-        ("warning", LogLevel::Warn),
         ("info", LogLevel::Info),
         ("debug", LogLevel::Debug),
     ] {

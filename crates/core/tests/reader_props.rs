@@ -475,6 +475,7 @@ fn status_doc() -> impl Strategy<Value = Status> {
             start_ticks,
             started_unix_ms: 1,
             report_dir: "/tmp/r".into(),
+            report_dir_hex: None,
             updated_unix_ms: 2,
             devices: devs
                 .into_iter()

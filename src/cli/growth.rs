@@ -3,7 +3,8 @@
 //! like any other, and a wrapped sum would hide growth.
 
 use gpuguard_core::report::Report;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::hash_map::Entry;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 /// A site's identity across reports.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -154,12 +155,24 @@ pub struct MergedSite<'r> {
     pub live_count: u64,
 }
 
+/// Site ids named in a merged site's label; the rest are counted.
+const IDS_SHOWN: usize = 8;
+
 impl MergedSite<'_> {
     /// `site 3`, `sites 3, 7` (`py site`, `py sites` for Python lines).
     pub fn label(&self) -> String {
-        let ids: Vec<String> = self.ids.iter().map(u32::to_string).collect();
+        let mut ids: Vec<String> = self
+            .ids
+            .iter()
+            .take(IDS_SHOWN)
+            .map(u32::to_string)
+            .collect();
+        if self.ids.len() > IDS_SHOWN {
+            // Thousands of ids with the same frames would fill the screen.
+            ids.push(format!("… ({} in all)", self.ids.len()));
+        }
         let py = if self.python.is_some() { "py " } else { "" };
-        let noun = if ids.len() == 1 { "site" } else { "sites" };
+        let noun = if self.ids.len() == 1 { "site" } else { "sites" };
         format!("{py}{noun} {}", ids.join(", "))
     }
 }
@@ -168,23 +181,27 @@ fn merge<'r>(
     sites: impl Iterator<Item = (u32, Option<&'r str>, &'r [String], u64, u64)>,
 ) -> Vec<MergedSite<'r>> {
     let mut out: Vec<MergedSite<'r>> = Vec::new();
+    // Where each identity's line is in `out`: a hash lookup per site, where a search
+    // of `out` made a report of 200,000 sites take minutes.
+    let mut at: HashMap<(Option<&'r str>, &'r [String]), usize> = HashMap::new();
     for (id, python, frames, bytes, count) in sites {
-        match out
-            .iter_mut()
-            .find(|m| m.python == python && m.frames == frames)
-        {
-            Some(m) => {
+        match at.entry((python, frames)) {
+            Entry::Occupied(i) => {
+                let m = &mut out[*i.get()];
                 m.ids.push(id);
                 m.live_bytes = m.live_bytes.saturating_add(bytes);
                 m.live_count = m.live_count.saturating_add(count);
             }
-            None => out.push(MergedSite {
-                ids: vec![id],
-                python,
-                frames,
-                live_bytes: bytes,
-                live_count: count,
-            }),
+            Entry::Vacant(slot) => {
+                slot.insert(out.len());
+                out.push(MergedSite {
+                    ids: vec![id],
+                    python,
+                    frames,
+                    live_bytes: bytes,
+                    live_count: count,
+                });
+            }
         }
     }
     // Stable: equal sums keep the report's order.

@@ -22,7 +22,7 @@
 //! says nothing of them, rather than that they held nothing).
 
 use crate::report::Report;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 
 /// A site's identity across reports (ids differ from report to report).
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -106,21 +106,44 @@ pub fn site_map(r: &Report) -> BTreeMap<SiteKey, (u64, u64)> {
     m
 }
 
-/// Whether `r` has figures for the site `k`: the hooks' own sites always; a
-/// framework's lines where that framework answered for the report (it is classified
-/// there, or the report has lines of it).
-fn has_figures(r: &Report, k: &SiteKey) -> bool {
-    let Some(fw) = k.framework.as_deref() else {
-        return true;
-    };
-    if fw == crate::classify::FROM_STACK {
-        return true;
+/// The frameworks that answered for a report: those classified there, and those it
+/// has lines of. Gathered once per report: looked up per site, a search of the
+/// report's lines made a series with many Python lines quadratic.
+struct Answered<'r> {
+    classified: HashSet<&'r str>,
+    with_lines: HashSet<&'r str>,
+}
+
+impl<'r> Answered<'r> {
+    fn of(r: &'r Report) -> Answered<'r> {
+        Answered {
+            classified: r
+                .classification
+                .iter()
+                .filter(|c| c.status == "classified")
+                .map(|c| c.framework.as_str())
+                .collect(),
+            with_lines: r
+                .python_sites
+                .iter()
+                .map(|s| s.framework.as_str())
+                .collect(),
+        }
     }
-    let base = fw.strip_suffix(crate::classify::SAMPLED).unwrap_or(fw);
-    r.classification
-        .iter()
-        .any(|c| c.framework == base && c.status == "classified")
-        || r.python_sites.iter().any(|s| s.framework == fw)
+
+    /// Whether the report has figures for the site `k`: the hooks' own sites always;
+    /// a framework's lines where that framework answered for the report (it is
+    /// classified there, or the report has lines of it).
+    fn has_figures(&self, k: &SiteKey) -> bool {
+        let Some(fw) = k.framework.as_deref() else {
+            return true;
+        };
+        if fw == crate::classify::FROM_STACK {
+            return true;
+        }
+        let base = fw.strip_suffix(crate::classify::SAMPLED).unwrap_or(fw);
+        self.classified.contains(base) || self.with_lines.contains(fw)
+    }
 }
 
 /// The judgment on one series of live bytes: (rose, intervals, growth, first
@@ -150,6 +173,7 @@ pub fn suspects(reports: &[&Report]) -> Vec<Suspect> {
         return Vec::new();
     }
     let maps: Vec<_> = series.iter().map(|r| site_map(r)).collect();
+    let answered: Vec<Answered> = series.iter().map(|r| Answered::of(r)).collect();
     let keys: std::collections::BTreeSet<&SiteKey> = maps.iter().flat_map(|m| m.keys()).collect();
     let ends_at_exit = series.last().is_some_and(|r| r.reason == "exit");
     let mut out: Vec<Suspect> = keys
@@ -161,7 +185,7 @@ pub fn suspects(reports: &[&Report]) -> Vec<Suspect> {
                 .collect();
             // The reports with figures for this site, and its bytes in each.
             let with: Vec<usize> = (0..series.len())
-                .filter(|&i| has_figures(series[i], k))
+                .filter(|&i| answered[i].has_figures(k))
                 .collect();
             let bytes: Vec<u64> = with.iter().map(|&i| live[i].0).collect();
             let n = bytes.len();

@@ -373,10 +373,11 @@ impl Splicer {
             }
             return;
         }
-        let whole = !self.esc
-            && self.hex_left == 0
-            && !(0x80..0xc0).contains(&b)
-            && !(b == b'\\' && self.high_surrogate);
+        let inside = self.esc
+            || self.hex_left > 0
+            || (0x80..0xc0).contains(&b)
+            || (b == b'\\' && self.high_surrogate);
+        let whole = !inside;
         if whole && b != b'"' && self.outer.len() - self.str_start >= RAW_STRING_BYTES {
             self.dropping = true;
             self.esc = b == b'\\';

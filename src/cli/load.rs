@@ -97,6 +97,25 @@ pub fn read_bounded(path: &Path, what: &str) -> Result<Vec<u8>, Failure> {
     Ok(bytes)
 }
 
+/// A trace (or, as `what` says, another file) checked as [`open_bounded`] does,
+/// handed to `read` as a buffered stream: it is never held whole. Past
+/// [`MAX_REPORT_BYTES`] while it is read, refused as [`open_bounded`] refuses it.
+pub fn read_streamed<T>(
+    path: &Path,
+    what: &str,
+    read: impl FnOnce(&mut dyn std::io::BufRead) -> T,
+) -> Result<T, Failure> {
+    let file = open_bounded(path, what)?;
+    let bounded = Bounded::new(&file)
+        .map_err(|e| Failure::Input(format!("{}: cannot read: {e}", shown(path))))?;
+    let mut reader = std::io::BufReader::with_capacity(256 << 10, bounded);
+    let out = read(&mut reader);
+    if reader.get_ref().over() {
+        return Err(too_big(path, what));
+    }
+    Ok(out)
+}
+
 /// A file read at most [`MAX_REPORT_BYTES`] + 1 bytes, counting them: the bound
 /// kept while a report streams in (a file may grow after its size was taken).
 struct Bounded<'a> {

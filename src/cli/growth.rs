@@ -4,7 +4,7 @@
 
 use gpuguard_core::report::Report;
 use std::collections::hash_map::Entry;
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{HashMap, HashSet};
 
 /// A site's identity across reports.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -28,22 +28,22 @@ impl Live {
     }
 }
 
-/// Live bytes and count per site of one report, native and Python sites both.
-pub fn site_map(r: &Report) -> BTreeMap<SiteKey, Live> {
-    let mut map: BTreeMap<SiteKey, Live> = BTreeMap::new();
+/// A site's identity borrowed from a report: (framework, frames).
+type Borrowed<'r> = (Option<&'r str>, &'r [String]);
+
+/// Live bytes and count per site of one report, native and Python sites both,
+/// keyed by the report's own strings (nothing is copied).
+fn site_map(r: &Report) -> HashMap<Borrowed<'_>, Live> {
+    let mut map: HashMap<Borrowed, Live> = HashMap::new();
     for s in &r.sites {
-        let key = SiteKey {
-            python: None,
-            frames: s.frames.clone(),
-        };
-        map.entry(key).or_default().add(s.live_bytes, s.live_count);
+        map.entry((None, s.frames.as_slice()))
+            .or_default()
+            .add(s.live_bytes, s.live_count);
     }
     for s in &r.python_sites {
-        let key = SiteKey {
-            python: Some(s.framework.clone()),
-            frames: s.frames.clone(),
-        };
-        map.entry(key).or_default().add(s.live_bytes, s.live_count);
+        map.entry((Some(s.framework.as_str()), s.frames.as_slice()))
+            .or_default()
+            .add(s.live_bytes, s.live_count);
     }
     map
 }
@@ -79,17 +79,24 @@ impl SiteTrend {
     }
 }
 
-/// Every site of any report, with its live figures in each.
-fn trends(reports: &[&Report]) -> Vec<SiteTrend> {
+/// The sites of any report whose live figures `keep` selects (given the first
+/// report's and the last's bytes), with their live figures in each report. Only
+/// those kept are copied out of the reports.
+fn trends(reports: &[&Report], keep: fn(u64, u64) -> bool) -> Vec<SiteTrend> {
     let maps: Vec<_> = reports.iter().map(|r| site_map(r)).collect();
-    let keys: BTreeSet<&SiteKey> = maps.iter().flat_map(|m| m.keys()).collect();
+    let keys: HashSet<&Borrowed> = maps.iter().flat_map(|m| m.keys()).collect();
+    let figure = |m: &HashMap<Borrowed, Live>, k: &Borrowed| m.get(k).copied().unwrap_or_default();
     keys.into_iter()
+        .filter(|k| match (maps.first(), maps.last()) {
+            (Some(first), Some(last)) => keep(figure(first, k).bytes, figure(last, k).bytes),
+            _ => false,
+        })
         .map(|k| SiteTrend {
-            key: k.clone(),
-            live: maps
-                .iter()
-                .map(|m| m.get(k).copied().unwrap_or_default())
-                .collect(),
+            key: SiteKey {
+                python: k.0.map(str::to_string),
+                frames: k.1.to_vec(),
+            },
+            live: maps.iter().map(|m| figure(m, k)).collect(),
         })
         .collect()
 }
@@ -109,20 +116,14 @@ fn order(sites: &mut [SiteTrend], amount: fn(&SiteTrend) -> u64) {
 /// Sites whose live bytes grew from the first report to the last (`diff`). Which
 /// sites of a series are suspected leaks is `gpuguard_core::growth::suspects`.
 pub fn growing_sites(reports: &[&Report]) -> Vec<SiteTrend> {
-    let mut out: Vec<SiteTrend> = trends(reports)
-        .into_iter()
-        .filter(|t| t.grew() > 0)
-        .collect();
+    let mut out = trends(reports, |first, last| last > first);
     order(&mut out, SiteTrend::grew);
     out
 }
 
 /// Sites whose live bytes fell from the first report to the last.
 pub fn shrinking_sites(reports: &[&Report]) -> Vec<SiteTrend> {
-    let mut out: Vec<SiteTrend> = trends(reports)
-        .into_iter()
-        .filter(|t| t.shrank() > 0)
-        .collect();
+    let mut out = trends(reports, |first, last| last < first);
     order(&mut out, SiteTrend::shrank);
     out
 }

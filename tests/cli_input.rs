@@ -134,7 +134,7 @@ fn a_trace_or_an_array_given_to_show_is_named() {
     for (path, words) in [
         (
             &trace,
-            "a gpuguard trace, not a report; use `gpuguard plot`",
+            "a gpuguard trace, not a gpuguard report; use `gpuguard plot`",
         ),
         (&array, "a JSON array, not a gpuguard report"),
     ] {

@@ -211,7 +211,7 @@ fn other_document(head: &[u8]) -> Option<String> {
         .next();
     Some(match first {
         Some(Ok(e)) if e.name == gpuguard_core::trace::HEADER_EVENT => {
-            "a gpuguard trace, not a report; use `gpuguard plot` to draw it".to_string()
+            "a gpuguard trace, not a gpuguard report; use `gpuguard plot` to draw it".to_string()
         }
         _ => "a JSON array, not a gpuguard report (a report is a JSON object)".to_string(),
     })
@@ -355,7 +355,7 @@ mod tests {
             (
                 "trace.json",
                 "[\n{\"name\":\"gpuguard_trace\",\"ph\":\"M\",\"args\":{}},\n{\"name\":\"x\",",
-                "a gpuguard trace, not a report; use `gpuguard plot`",
+                "a gpuguard trace, not a gpuguard report; use `gpuguard plot`",
             ),
         ] {
             let path = write(name, body.as_bytes());

@@ -1,29 +1,33 @@
 #!/usr/bin/env bash
 # `gpuguard show` at scale (issue 30): wall time and peak memory, median of N runs, on
 # two generated reports: 1,000,000 live allocations over 40 sites (~128 MB), and
-# 200,000 distinct call sites (~38 MB). Release build.
+# 200,000 distinct call sites (~33 MB). Release build.
 #
 #   bash scripts/bench/cli_scale.sh            (~1 minute after the build)
 #   N=9 GG=/path/to/other/gpuguard bash scripts/bench/cli_scale.sh   (another build)
 #
 # Prints one line per input for docs/performance.md:
 #   | show, 1M live (128 MB) | 0.45 s [0.43-0.47] | 4 MB |
-# Peak memory is the child's own (os.wait4's ru_maxrss), wall time from its start
-# to its end; output goes to /dev/null.
+# Wall time and peak RSS from /usr/bin/time (Debian: `apt-get install time`), whose
+# own small size is what a child's peak starts from (a child's ru_maxrss counts its
+# parent's resident memory as it was spawned: a Python parent that generated the
+# input would add its own). Output goes to /dev/null.
 set -eu
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cd "$ROOT"
 N=${N:-5}
+[ -x /usr/bin/time ] || { echo "cli_scale.sh: /usr/bin/time is needed (apt-get install time)" >&2; exit 2; }
 if [ -z "${GG:-}" ]; then
   [ "${SKIP_BUILD:-0}" = 1 ] || cargo build -q --release --bin gpuguard
   GG=$ROOT/target/release/gpuguard
 fi
+# TMP_DIR keeps the generated reports between runs (to compare builds).
 TMP=${TMP_DIR:-$(mktemp -d)}
 [ -n "${TMP_DIR:-}" ] || trap 'rm -rf "$TMP"' EXIT
-python3 - "$GG" "$TMP" "$N" <<'EOF'
-import json, os, statistics, subprocess, sys, time
+python3 - "$TMP" <<'EOF'
+import json, os, sys
 
-gg, tmp, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+tmp = sys.argv[1]
 
 def report(path, live, sites):
     """A report of `live` allocations (largest first) and `sites` distinct sites."""
@@ -53,23 +57,22 @@ def report(path, live, sites):
             f.write(("," if start else "") + ",".join(chunk))
         f.write("]" + tail)
 
-def measure(path):
-    walls, rss = [], []
-    for _ in range(n):
-        t = time.perf_counter()
-        p = subprocess.Popen([gg, "show", path], stdout=subprocess.DEVNULL)
-        _, status, usage = os.wait4(p.pid, 0)
-        walls.append(time.perf_counter() - t)
-        rss.append(usage.ru_maxrss / 1024)
-        if status != 0:
-            sys.exit(f"{gg} show {path}: status {status}")
-    return walls, rss
-
-for name, live, sites in [("1M live", 1_000_000, 40), ("200k sites", 10, 200_000)]:
-    path = os.path.join(tmp, name.replace(" ", "_") + ".json")
-    report(path, live, sites)
-    mb = os.path.getsize(path) / 1e6
-    walls, rss = measure(path)
-    print(f"| show, {name} ({mb:.0f} MB) | {statistics.median(walls):.2f} s "
-          f"[{min(walls):.2f}-{max(walls):.2f}] | {statistics.median(rss):.0f} MB |")
+for name, live, sites in [("1M_live", 1_000_000, 40), ("200k_sites", 10, 200_000)]:
+    report(os.path.join(tmp, name + ".json"), live, sites)
 EOF
+for name in 1M_live 200k_sites; do
+  f=$TMP/$name.json
+  : >"$TMP/runs"
+  for _ in $(seq "$N"); do
+    /usr/bin/time -f "%e %M" -o "$TMP/t" "$GG" show "$f" >/dev/null
+    cat "$TMP/t" >>"$TMP/runs"
+  done
+  mid=$(((N + 1) / 2))
+  t=$(sort -n -k1 "$TMP/runs" | awk '{ printf "%s ", $1 }')
+  m=$(sort -n -k2 "$TMP/runs" | awk -v mid="$mid" 'NR == mid { print $2 }')
+  set -- $t
+  eval "median=\${$mid}"
+  eval "last=\${$N}"
+  printf '| show, %s (%d MB) | %.2f s [%.2f-%.2f] | %d MB |\n' "${name/_/ }" \
+    "$(($(stat -c %s "$f") / 1000000))" "$median" "$1" "$last" "$((m / 1024))"
+done

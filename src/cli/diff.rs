@@ -1,7 +1,7 @@
 //! `gpuguard diff A B`: what changed from one report to another, per device and per
 //! call site, growth and shrinkage; `--fail-on-growth SIZE` makes it a CI check.
 
-use super::growth::{SiteTrend, growing_sites, shrinking_sites};
+use super::growth::{SiteTrend, changed_sites};
 use super::json;
 use super::load::{load_keeping, shown};
 use super::output::print;
@@ -226,8 +226,7 @@ pub fn main(args: DiffArgs) -> Outcome {
     let ra = load_keeping(&args.a, 0)?;
     let rb = load_keeping(&args.b, 0)?;
     let (fa, fb) = (shown(&args.a), shown(&args.b));
-    let grown = growing_sites(&[&ra, &rb]);
-    let shrunk = shrinking_sites(&[&ra, &rb]);
+    let (grown, shrunk) = changed_sites(&[&ra, &rb]);
     let (devices, total) = device_changes(&ra, &rb);
     let growth = total.b.live_bytes.saturating_sub(total.a.live_bytes);
     let different = different_programs(&ra, &rb);

@@ -3,8 +3,8 @@
 //! like any other, and a wrapped sum would hide growth.
 
 use gpuguard_core::report::Report;
+use std::collections::HashMap;
 use std::collections::hash_map::Entry;
-use std::collections::{HashMap, HashSet};
 
 /// A site's identity across reports.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -79,26 +79,39 @@ impl SiteTrend {
     }
 }
 
-/// The sites of any report whose live figures `keep` selects (given the first
-/// report's and the last's bytes), with their live figures in each report. Only
-/// those kept are copied out of the reports.
-fn trends(reports: &[&Report], keep: fn(u64, u64) -> bool) -> Vec<SiteTrend> {
+/// The sites whose live bytes changed from the first report to the last: (grew,
+/// shrank), with their live figures in each report. The site maps are built once
+/// for both, and only the sites returned are copied out of the reports.
+fn trends(reports: &[&Report]) -> (Vec<SiteTrend>, Vec<SiteTrend>) {
     let maps: Vec<_> = reports.iter().map(|r| site_map(r)).collect();
-    let keys: HashSet<&Borrowed> = maps.iter().flat_map(|m| m.keys()).collect();
+    let (mut grew, mut shrank) = (Vec::new(), Vec::new());
+    let (Some(first), Some(last)) = (maps.first(), maps.last()) else {
+        return (grew, shrank);
+    };
     let figure = |m: &HashMap<Borrowed, Live>, k: &Borrowed| m.get(k).copied().unwrap_or_default();
-    keys.into_iter()
-        .filter(|k| match (maps.first(), maps.last()) {
-            (Some(first), Some(last)) => keep(figure(first, k).bytes, figure(last, k).bytes),
-            _ => false,
-        })
-        .map(|k| SiteTrend {
-            key: SiteKey {
-                python: k.0.map(str::to_string),
-                frames: k.1.to_vec(),
-            },
-            live: maps.iter().map(|m| figure(m, k)).collect(),
-        })
-        .collect()
+    let trend = |k: &Borrowed| SiteTrend {
+        key: SiteKey {
+            python: k.0.map(str::to_string),
+            frames: k.1.to_vec(),
+        },
+        live: maps.iter().map(|m| figure(m, k)).collect(),
+    };
+    // A site in neither the first report nor the last changed by nothing: the keys
+    // of those two are all there is to judge.
+    for (k, a) in first {
+        let b = figure(last, k);
+        if b.bytes > a.bytes {
+            grew.push(trend(k));
+        } else if b.bytes < a.bytes {
+            shrank.push(trend(k));
+        }
+    }
+    for (k, b) in last {
+        if b.bytes > 0 && !first.contains_key(k) {
+            grew.push(trend(k));
+        }
+    }
+    (grew, shrank)
 }
 
 /// Python lines (the program's own code) first: in a framework process the native
@@ -113,19 +126,14 @@ fn order(sites: &mut [SiteTrend], amount: fn(&SiteTrend) -> u64) {
     });
 }
 
-/// Sites whose live bytes grew from the first report to the last (`diff`). Which
-/// sites of a series are suspected leaks is `gpuguard_core::growth::suspects`.
-pub fn growing_sites(reports: &[&Report]) -> Vec<SiteTrend> {
-    let mut out = trends(reports, |first, last| last > first);
-    order(&mut out, SiteTrend::grew);
-    out
-}
-
-/// Sites whose live bytes fell from the first report to the last.
-pub fn shrinking_sites(reports: &[&Report]) -> Vec<SiteTrend> {
-    let mut out = trends(reports, |first, last| last < first);
-    order(&mut out, SiteTrend::shrank);
-    out
+/// Sites whose live bytes grew from the first report to the last, then those whose
+/// live bytes fell (`diff`), each ordered. Which sites of a series are suspected
+/// leaks is `gpuguard_core::growth::suspects`.
+pub fn changed_sites(reports: &[&Report]) -> (Vec<SiteTrend>, Vec<SiteTrend>) {
+    let (mut grew, mut shrank) = trends(reports);
+    order(&mut grew, SiteTrend::grew);
+    order(&mut shrank, SiteTrend::shrank);
+    (grew, shrank)
 }
 
 /// The framework name the library gives Python lines read from the allocating
@@ -267,11 +275,11 @@ mod tests {
         let a = rep(&[("weights", 100), ("cache", 10), ("gone", 5)]);
         // Ids are reassigned between reports: only frames match sites.
         let b = rep(&[("cache", 50), ("new", 20), ("weights", 100)]);
-        let g = growing_sites(&[&a, &b]);
+        let (g, _) = changed_sites(&[&a, &b]);
         assert_eq!(names(&g), ["cache", "new"]);
         assert_eq!(g[0].grew(), 40);
         assert_eq!(g[1].live[0], Live::default());
-        assert_eq!(names(&shrinking_sites(&[&a, &b])), ["gone"]);
+        assert_eq!(names(&changed_sites(&[&a, &b]).1), ["gone"]);
     }
 
     #[test]
@@ -292,7 +300,7 @@ mod tests {
         let a = rep(&[]);
         let mut b = rep(&[("huge", 1 << 63)]);
         b.sites.push(b.sites[0].clone());
-        let g = growing_sites(&[&a, &b]);
+        let (g, _) = changed_sites(&[&a, &b]);
         assert_eq!(g[0].grew(), u64::MAX);
         b.live_omitted = u64::MAX;
         assert_eq!(live_allocations(&b), u64::MAX);

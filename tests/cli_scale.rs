@@ -388,3 +388,30 @@ fn a_long_trace_plots_in_bounded_memory() {
     assert!(m.max_rss < MEMORY, "plot: {} MB", m.max_rss >> 20);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn a_deep_stack_draws_without_overflowing() {
+    // The flame graph's tree is built, sorted and encoded by recursion: a site of
+    // 200,000 frames overflowed the stack (SIGABRT) before it kept 512.
+    let dir = scratch("deep");
+    let mut r = shell(1);
+    r.sites = vec![Site {
+        id: 0,
+        frames: (0..200_000).map(|i| format!("f{i}")).collect(),
+        live_bytes: 1 << 20,
+        live_count: 1,
+    }];
+    r.devices = vec![device(0, 1 << 20)];
+    let path = dir.join("deep.json");
+    write_json(&path, &r);
+    let html = dir.join("deep.html");
+    ok_within(&["flamegraph", s(&path), "-o", s(&html)], LIMIT);
+    let page = std::fs::read_to_string(&html).unwrap();
+    assert!(
+        page.contains("(199489 outer frames left out)"),
+        "{}",
+        page.len()
+    );
+    assert!(page.contains("\"f0\""), "the innermost frame is kept");
+    let _ = std::fs::remove_dir_all(&dir);
+}

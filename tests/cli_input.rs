@@ -151,3 +151,48 @@ fn a_trace_or_an_array_given_to_show_is_named() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn bidi_overrides_are_escaped_in_the_ps_table() {
+    use gpuguard_core::status::{self, DeviceStatus, Status};
+    let runtime = scratch("ps");
+    let dir = runtime.join("gpuguard");
+    status::ensure_dir(&dir).unwrap();
+    let mut sleeper = Command::new("sleep").arg("60").spawn().unwrap();
+    let ticks = status::process_start_ticks(Path::new("/proc"), sleeper.id()).unwrap();
+    let st = Status {
+        schema: status::SCHEMA.into(),
+        gpuguard_version: "test".into(),
+        pid: sleeper.id(),
+        program: "train\u{202e}gnp.py".into(),
+        argv: vec!["train\u{202e}gnp.py".into()],
+        start_ticks: ticks,
+        started_unix_ms: 1,
+        report_dir: "/data/\u{2066}reports".into(),
+        updated_unix_ms: 1,
+        devices: vec![DeviceStatus {
+            device: 0,
+            live_bytes: 1 << 20,
+            peak_bytes: 1 << 20,
+            cap_bytes: None,
+            pool_held_bytes: 0,
+        }],
+    };
+    status::write_status(&dir, &st).unwrap();
+    let out = Command::new(cli())
+        .arg("ps")
+        .env("XDG_RUNTIME_DIR", &runtime)
+        .output()
+        .unwrap();
+    let _ = sleeper.kill();
+    let _ = sleeper.wait();
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.contains("train\\u{202e}gnp.py"), "{text}");
+    assert!(!text.chars().any(steering), "{text:?}");
+    let _ = std::fs::remove_dir_all(&runtime);
+}

@@ -136,7 +136,7 @@ fn accepted_values_run() {
     }
 }
 
-/// Only the documented values: spellings the README never listed (`yes`, `true`,
+/// Only the documented values: spellings docs/configuration.md never listed (`yes`, `true`,
 /// `1`, `none` for `off`, `warning`, `min`) stop the program as any malformed value
 /// does. Before, `GPUGUARD_PYTHON=yes` and the others were taken silently.
 #[test]

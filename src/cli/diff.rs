@@ -1,15 +1,16 @@
 //! `gpuguard diff A B`: what changed from one report to another, per device and per
 //! call site, growth and shrinkage; `--fail-on-growth SIZE` makes it a CI check.
 
-use super::growth::{SiteTrend, growing_sites, shrinking_sites};
+use super::growth::{SiteTrend, changed_sites};
+use super::json;
 use super::load::{load_keeping, shown};
 use super::output::print;
 use super::show::{JsonGrowth, render_trend};
-use super::text::{clean, count};
+use super::text::{clean, command_line, count};
 use super::{Failure, Outcome};
 use gpuguard_core::report::{Report, human_bytes};
 use serde::Serialize;
-use std::collections::BTreeSet;
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 /// `gpuguard diff` options.
@@ -51,15 +52,11 @@ struct DeviceFigures {
 }
 
 impl DeviceFigures {
-    fn of(r: &Report, device: i32) -> DeviceFigures {
-        r.devices
-            .iter()
-            .filter(|d| d.device == device)
-            .fold(DeviceFigures::default(), |acc, d| DeviceFigures {
-                live_bytes: acc.live_bytes.saturating_add(d.current_bytes),
-                peak_bytes: acc.peak_bytes.saturating_add(d.peak_bytes),
-                live_count: acc.live_count.saturating_add(d.live_count),
-            })
+    /// Adds one of a report's device entries (a report may name a device twice).
+    fn add(&mut self, d: &gpuguard_core::report::DeviceReport) {
+        self.live_bytes = self.live_bytes.saturating_add(d.current_bytes);
+        self.peak_bytes = self.peak_bytes.saturating_add(d.peak_bytes);
+        self.live_count = self.live_count.saturating_add(d.live_count);
     }
 
     fn plus(self, o: DeviceFigures) -> DeviceFigures {
@@ -120,18 +117,21 @@ fn written_backwards(a: &Report, b: &Report) -> bool {
 }
 
 fn device_changes(a: &Report, b: &Report) -> (Vec<DeviceChange>, DeviceChange) {
-    let devices: BTreeSet<i32> = a
-        .devices
-        .iter()
-        .chain(&b.devices)
-        .map(|d| d.device)
-        .collect();
-    let changes: Vec<DeviceChange> = devices
+    // One pass over each report's devices: looking each device up in both lists
+    // was quadratic in devices.
+    let mut by_device: BTreeMap<i32, (DeviceFigures, DeviceFigures)> = BTreeMap::new();
+    for d in &a.devices {
+        by_device.entry(d.device).or_default().0.add(d);
+    }
+    for d in &b.devices {
+        by_device.entry(d.device).or_default().1.add(d);
+    }
+    let changes: Vec<DeviceChange> = by_device
         .into_iter()
-        .map(|d| DeviceChange {
+        .map(|(d, (a, b))| DeviceChange {
             device: Some(d),
-            a: DeviceFigures::of(a, d),
-            b: DeviceFigures::of(b, d),
+            a,
+            b,
         })
         .collect();
     let total = changes.iter().fold(
@@ -226,8 +226,7 @@ pub fn main(args: DiffArgs) -> Outcome {
     let ra = load_keeping(&args.a, 0)?;
     let rb = load_keeping(&args.b, 0)?;
     let (fa, fb) = (shown(&args.a), shown(&args.b));
-    let grown = growing_sites(&[&ra, &rb]);
-    let shrunk = shrinking_sites(&[&ra, &rb]);
+    let (grown, shrunk) = changed_sites(&[&ra, &rb]);
     let (devices, total) = device_changes(&ra, &rb);
     let growth = total.b.live_bytes.saturating_sub(total.a.live_bytes);
     let different = different_programs(&ra, &rb);
@@ -268,10 +267,8 @@ pub fn main(args: DiffArgs) -> Outcome {
                 .map(|t| JsonGrowth::new(t, t.shrank()))
                 .collect(),
         };
-        let mut t = serde_json::to_string_pretty(&summary)
-            .map_err(|e| Failure::Input(format!("cannot encode the diff: {e}")))?;
-        t.push('\n');
-        t
+        json::pretty(&summary)
+            .map_err(|e| Failure::Input(format!("cannot encode the diff: {e}")))?
     } else {
         let mut out = String::new();
         put!(out, "gpuguard diff");
@@ -281,8 +278,8 @@ pub fn main(args: DiffArgs) -> Outcome {
             put!(
                 out,
                 "  warning: A and B come from different programs ({:?} and {:?}): their call sites are not the same code run twice",
-                clean(&ra.argv.join(" ")),
-                clean(&rb.argv.join(" "))
+                command_line(&ra.argv),
+                command_line(&rb.argv)
             );
         }
         if written_backwards(&ra, &rb) {

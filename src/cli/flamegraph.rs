@@ -20,6 +20,7 @@ use super::plot::xml;
 use super::text::readable_frames;
 use gpuguard_core::report::{PY_FRAME, Report, human_bytes};
 use serde::Serialize;
+use std::collections::HashMap;
 use std::path::PathBuf;
 
 /// `gpuguard flamegraph` options.
@@ -59,6 +60,11 @@ struct Node {
     /// `root`, `group` (a framework), `py` (a Python line) or `native`.
     k: &'static str,
     ch: Vec<Node>,
+    /// Where each child is in `ch`, by its text, while stacks are added: a hash
+    /// lookup per frame, where a search of `ch` was quadratic in a frame's children.
+    /// Dropped once the tree is built.
+    #[serde(skip)]
+    at: HashMap<String, usize>,
 }
 
 impl Node {
@@ -77,25 +83,28 @@ impl Node {
         bytes: u64,
         count: u64,
     ) {
-        self.b += bytes;
-        self.c += count;
+        // Saturating: a report's figures are input like any other.
+        self.b = self.b.saturating_add(bytes);
+        self.c = self.c.saturating_add(count);
         let mut node = self;
         for (frame, kind) in stack {
-            let i = match node.ch.iter().position(|c| c.n == frame) {
-                Some(i) => i,
+            let i = match node.at.get(frame) {
+                Some(&i) => i,
                 None => {
+                    node.at.insert(frame.to_string(), node.ch.len());
                     node.ch.push(Node::new(frame.to_string(), kind));
                     node.ch.len() - 1
                 }
             };
             node = &mut node.ch[i];
-            node.b += bytes;
-            node.c += count;
+            node.b = node.b.saturating_add(bytes);
+            node.c = node.c.saturating_add(count);
         }
     }
 
     /// Children widest first, all the way down.
     fn sort(&mut self) {
+        self.at = HashMap::new();
         self.ch
             .sort_by(|a, b| b.b.cmp(&a.b).then_with(|| a.n.cmp(&b.n)));
         for c in &mut self.ch {
@@ -153,14 +162,33 @@ fn python_words(report: &Report) -> (&'static str, &'static str) {
     }
 }
 
+/// Frames a stack keeps in the page: the tree is built, sorted, encoded and drawn
+/// by recursion as deep as its stacks, and a report is input like any other.
+const MAX_DEPTH: usize = 512;
+
+/// A stack's frames, innermost first, bounded to [`MAX_DEPTH`]: the innermost are
+/// kept (they say where), the outer ones left out are named by one frame.
+fn bounded<S: AsRef<str>>(frames: &[S]) -> (Option<String>, &[S]) {
+    if frames.len() <= MAX_DEPTH {
+        return (None, frames);
+    }
+    let left_out = frames.len() - (MAX_DEPTH - 1);
+    (
+        Some(format!("({left_out} outer frames left out)")),
+        &frames[..MAX_DEPTH - 1],
+    )
+}
+
 /// The Python view: framework blocks in use (and python-stack allocations), by
 /// framework, then Python line.
 fn python_view(report: &Report) -> Node {
     let mut root = Node::new(python_words(report).0.into(), "root");
     for site in &report.python_sites {
         let group = format!("[{}]", site.framework);
+        let (cut, frames) = bounded(&site.frames);
         let stack = std::iter::once((group.as_str(), "group"))
-            .chain(site.frames.iter().rev().map(|f| (f.as_str(), "py")));
+            .chain(cut.as_deref().map(|c| (c, "py")))
+            .chain(frames.iter().rev().map(|f| (f.as_str(), "py")));
         root.add(stack, site.live_bytes, site.live_count);
     }
     root.sort();
@@ -180,13 +208,24 @@ fn native_view(report: &Report) -> Node {
         } else {
             // Start-up frames cut and names demangled, as `show` prints them.
             let frames = readable_frames(&site.frames);
-            let stack = frames.iter().rev().map(|f| (f.as_str(), frame_kind(f)));
+            let (cut, frames) = bounded(&frames);
+            let stack = cut
+                .as_deref()
+                .map(|c| (c, "native"))
+                .into_iter()
+                .chain(frames.iter().rev().map(|f| (f.as_str(), frame_kind(f))));
             root.add(stack, site.live_bytes, site.live_count);
         }
     }
     // Live allocations without a site (stacks off) still count in the total.
-    let sited: u64 = report.sites.iter().map(|s| s.live_bytes).sum();
-    let total: u64 = report.devices.iter().map(|d| d.current_bytes).sum();
+    let sited = report
+        .sites
+        .iter()
+        .fold(0u64, |a, s| a.saturating_add(s.live_bytes));
+    let total = report
+        .devices
+        .iter()
+        .fold(0u64, |a, d| a.saturating_add(d.current_bytes));
     if total > sited && report.sites.is_empty() {
         root.add(
             std::iter::once(("(no stacks recorded)", "native")),

@@ -3,7 +3,8 @@
 //! like any other, and a wrapped sum would hide growth.
 
 use gpuguard_core::report::Report;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::HashMap;
+use std::collections::hash_map::Entry;
 
 /// A site's identity across reports.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -27,22 +28,22 @@ impl Live {
     }
 }
 
-/// Live bytes and count per site of one report, native and Python sites both.
-pub fn site_map(r: &Report) -> BTreeMap<SiteKey, Live> {
-    let mut map: BTreeMap<SiteKey, Live> = BTreeMap::new();
+/// A site's identity borrowed from a report: (framework, frames).
+type Borrowed<'r> = (Option<&'r str>, &'r [String]);
+
+/// Live bytes and count per site of one report, native and Python sites both,
+/// keyed by the report's own strings (nothing is copied).
+fn site_map(r: &Report) -> HashMap<Borrowed<'_>, Live> {
+    let mut map: HashMap<Borrowed, Live> = HashMap::new();
     for s in &r.sites {
-        let key = SiteKey {
-            python: None,
-            frames: s.frames.clone(),
-        };
-        map.entry(key).or_default().add(s.live_bytes, s.live_count);
+        map.entry((None, s.frames.as_slice()))
+            .or_default()
+            .add(s.live_bytes, s.live_count);
     }
     for s in &r.python_sites {
-        let key = SiteKey {
-            python: Some(s.framework.clone()),
-            frames: s.frames.clone(),
-        };
-        map.entry(key).or_default().add(s.live_bytes, s.live_count);
+        map.entry((Some(s.framework.as_str()), s.frames.as_slice()))
+            .or_default()
+            .add(s.live_bytes, s.live_count);
     }
     map
 }
@@ -78,19 +79,39 @@ impl SiteTrend {
     }
 }
 
-/// Every site of any report, with its live figures in each.
-fn trends(reports: &[&Report]) -> Vec<SiteTrend> {
+/// The sites whose live bytes changed from the first report to the last: (grew,
+/// shrank), with their live figures in each report. The site maps are built once
+/// for both, and only the sites returned are copied out of the reports.
+fn trends(reports: &[&Report]) -> (Vec<SiteTrend>, Vec<SiteTrend>) {
     let maps: Vec<_> = reports.iter().map(|r| site_map(r)).collect();
-    let keys: BTreeSet<&SiteKey> = maps.iter().flat_map(|m| m.keys()).collect();
-    keys.into_iter()
-        .map(|k| SiteTrend {
-            key: k.clone(),
-            live: maps
-                .iter()
-                .map(|m| m.get(k).copied().unwrap_or_default())
-                .collect(),
-        })
-        .collect()
+    let (mut grew, mut shrank) = (Vec::new(), Vec::new());
+    let (Some(first), Some(last)) = (maps.first(), maps.last()) else {
+        return (grew, shrank);
+    };
+    let figure = |m: &HashMap<Borrowed, Live>, k: &Borrowed| m.get(k).copied().unwrap_or_default();
+    let trend = |k: &Borrowed| SiteTrend {
+        key: SiteKey {
+            python: k.0.map(str::to_string),
+            frames: k.1.to_vec(),
+        },
+        live: maps.iter().map(|m| figure(m, k)).collect(),
+    };
+    // A site in neither the first report nor the last changed by nothing: the keys
+    // of those two are all there is to judge.
+    for (k, a) in first {
+        let b = figure(last, k);
+        if b.bytes > a.bytes {
+            grew.push(trend(k));
+        } else if b.bytes < a.bytes {
+            shrank.push(trend(k));
+        }
+    }
+    for (k, b) in last {
+        if b.bytes > 0 && !first.contains_key(k) {
+            grew.push(trend(k));
+        }
+    }
+    (grew, shrank)
 }
 
 /// Python lines (the program's own code) first: in a framework process the native
@@ -105,25 +126,14 @@ fn order(sites: &mut [SiteTrend], amount: fn(&SiteTrend) -> u64) {
     });
 }
 
-/// Sites whose live bytes grew from the first report to the last (`diff`). Which
-/// sites of a series are suspected leaks is `gpuguard_core::growth::suspects`.
-pub fn growing_sites(reports: &[&Report]) -> Vec<SiteTrend> {
-    let mut out: Vec<SiteTrend> = trends(reports)
-        .into_iter()
-        .filter(|t| t.grew() > 0)
-        .collect();
-    order(&mut out, SiteTrend::grew);
-    out
-}
-
-/// Sites whose live bytes fell from the first report to the last.
-pub fn shrinking_sites(reports: &[&Report]) -> Vec<SiteTrend> {
-    let mut out: Vec<SiteTrend> = trends(reports)
-        .into_iter()
-        .filter(|t| t.shrank() > 0)
-        .collect();
-    order(&mut out, SiteTrend::shrank);
-    out
+/// Sites whose live bytes grew from the first report to the last, then those whose
+/// live bytes fell (`diff`), each ordered. Which sites of a series are suspected
+/// leaks is `gpuguard_core::growth::suspects`.
+pub fn changed_sites(reports: &[&Report]) -> (Vec<SiteTrend>, Vec<SiteTrend>) {
+    let (mut grew, mut shrank) = trends(reports);
+    order(&mut grew, SiteTrend::grew);
+    order(&mut shrank, SiteTrend::shrank);
+    (grew, shrank)
 }
 
 /// The framework name the library gives Python lines read from the allocating
@@ -154,12 +164,24 @@ pub struct MergedSite<'r> {
     pub live_count: u64,
 }
 
+/// Site ids named in a merged site's label; the rest are counted.
+const IDS_SHOWN: usize = 8;
+
 impl MergedSite<'_> {
     /// `site 3`, `sites 3, 7` (`py site`, `py sites` for Python lines).
     pub fn label(&self) -> String {
-        let ids: Vec<String> = self.ids.iter().map(u32::to_string).collect();
+        let mut ids: Vec<String> = self
+            .ids
+            .iter()
+            .take(IDS_SHOWN)
+            .map(u32::to_string)
+            .collect();
+        if self.ids.len() > IDS_SHOWN {
+            // Thousands of ids with the same frames would fill the screen.
+            ids.push(format!("… ({} in all)", self.ids.len()));
+        }
         let py = if self.python.is_some() { "py " } else { "" };
-        let noun = if ids.len() == 1 { "site" } else { "sites" };
+        let noun = if self.ids.len() == 1 { "site" } else { "sites" };
         format!("{py}{noun} {}", ids.join(", "))
     }
 }
@@ -168,23 +190,27 @@ fn merge<'r>(
     sites: impl Iterator<Item = (u32, Option<&'r str>, &'r [String], u64, u64)>,
 ) -> Vec<MergedSite<'r>> {
     let mut out: Vec<MergedSite<'r>> = Vec::new();
+    // Where each identity's line is in `out`: a hash lookup per site, where a search
+    // of `out` made a report of 200,000 sites take minutes.
+    let mut at: HashMap<(Option<&'r str>, &'r [String]), usize> = HashMap::new();
     for (id, python, frames, bytes, count) in sites {
-        match out
-            .iter_mut()
-            .find(|m| m.python == python && m.frames == frames)
-        {
-            Some(m) => {
+        match at.entry((python, frames)) {
+            Entry::Occupied(i) => {
+                let m = &mut out[*i.get()];
                 m.ids.push(id);
                 m.live_bytes = m.live_bytes.saturating_add(bytes);
                 m.live_count = m.live_count.saturating_add(count);
             }
-            None => out.push(MergedSite {
-                ids: vec![id],
-                python,
-                frames,
-                live_bytes: bytes,
-                live_count: count,
-            }),
+            Entry::Vacant(slot) => {
+                slot.insert(out.len());
+                out.push(MergedSite {
+                    ids: vec![id],
+                    python,
+                    frames,
+                    live_bytes: bytes,
+                    live_count: count,
+                });
+            }
         }
     }
     // Stable: equal sums keep the report's order.
@@ -249,11 +275,11 @@ mod tests {
         let a = rep(&[("weights", 100), ("cache", 10), ("gone", 5)]);
         // Ids are reassigned between reports: only frames match sites.
         let b = rep(&[("cache", 50), ("new", 20), ("weights", 100)]);
-        let g = growing_sites(&[&a, &b]);
+        let (g, _) = changed_sites(&[&a, &b]);
         assert_eq!(names(&g), ["cache", "new"]);
         assert_eq!(g[0].grew(), 40);
         assert_eq!(g[1].live[0], Live::default());
-        assert_eq!(names(&shrinking_sites(&[&a, &b])), ["gone"]);
+        assert_eq!(names(&changed_sites(&[&a, &b]).1), ["gone"]);
     }
 
     #[test]
@@ -274,7 +300,7 @@ mod tests {
         let a = rep(&[]);
         let mut b = rep(&[("huge", 1 << 63)]);
         b.sites.push(b.sites[0].clone());
-        let g = growing_sites(&[&a, &b]);
+        let (g, _) = changed_sites(&[&a, &b]);
         assert_eq!(g[0].grew(), u64::MAX);
         b.live_omitted = u64::MAX;
         assert_eq!(live_allocations(&b), u64::MAX);

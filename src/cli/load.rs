@@ -97,6 +97,25 @@ pub fn read_bounded(path: &Path, what: &str) -> Result<Vec<u8>, Failure> {
     Ok(bytes)
 }
 
+/// A trace (or, as `what` says, another file) checked as [`open_bounded`] does,
+/// handed to `read` as a buffered stream: it is never held whole. Past
+/// [`MAX_REPORT_BYTES`] while it is read, refused as [`open_bounded`] refuses it.
+pub fn read_streamed<T>(
+    path: &Path,
+    what: &str,
+    read: impl FnOnce(&mut dyn std::io::BufRead) -> T,
+) -> Result<T, Failure> {
+    let file = open_bounded(path, what)?;
+    let bounded = Bounded::new(&file)
+        .map_err(|e| Failure::Input(format!("{}: cannot read: {e}", shown(path))))?;
+    let mut reader = std::io::BufReader::with_capacity(256 << 10, bounded);
+    let out = read(&mut reader);
+    if reader.get_ref().over() {
+        return Err(too_big(path, what));
+    }
+    Ok(out)
+}
+
 /// A file read at most [`MAX_REPORT_BYTES`] + 1 bytes, counting them: the bound
 /// kept while a report streams in (a file may grow after its size was taken).
 struct Bounded<'a> {
@@ -153,10 +172,49 @@ pub fn load_keeping(path: &Path, keep: usize) -> Result<Report, Failure> {
             Ok(report)
         }
         Err(Unread::Io(e)) => Err(cannot(e)),
+        Err(Unread::Limit(why)) => Err(Failure::Input(format!("{name}: {why}"))),
         // Broken, or written unusually (rare): read whole, as always, to say what
-        // is wrong in the words and at the position reading it whole gave.
-        Err(Unread::Whole) => load_whole(path, &read_bounded(path, "report")?, keep),
+        // is wrong in the words and at the position reading it whole gave; unless
+        // its first bytes already say what else it is.
+        Err(Unread::Whole) => {
+            if let Some(what) = other_document(&head(&file).map_err(cannot)?) {
+                return Err(Failure::Input(format!("{name}: {what}")));
+            }
+            load_whole(path, &read_bounded(path, "report")?, keep)
+        }
     }
+}
+
+/// The first bytes of `file`: enough for a trace's first event.
+fn head(mut file: &File) -> std::io::Result<Vec<u8>> {
+    const HEAD: u64 = 64 << 10;
+    file.seek(SeekFrom::Start(0))?;
+    let mut bytes = Vec::new();
+    file.take(HEAD).read_to_end(&mut bytes)?;
+    Ok(bytes)
+}
+
+/// The first event of a trace, as far as telling one apart needs.
+#[derive(serde::Deserialize)]
+struct FirstEvent {
+    name: String,
+}
+
+/// What a document that is not a JSON object is, from its first bytes, when that
+/// can be said better than a JSON parser's words (`trailing characters` for
+/// `[1,2,3]`): a gpuguard trace, or another JSON array.
+fn other_document(head: &[u8]) -> Option<String> {
+    let text = head.trim_ascii_start();
+    let rest = text.strip_prefix(b"[")?;
+    let first = serde_json::Deserializer::from_slice(rest.trim_ascii_start())
+        .into_iter::<FirstEvent>()
+        .next();
+    Some(match first {
+        Some(Ok(e)) if e.name == gpuguard_core::trace::HEADER_EVENT => {
+            "a gpuguard trace, not a gpuguard report; use `gpuguard plot` to draw it".to_string()
+        }
+        _ => "a JSON array, not a gpuguard report (a report is a JSON object)".to_string(),
+    })
 }
 
 /// A report's bytes checked in order: whether they are JSON at all, then whether
@@ -282,6 +340,34 @@ mod tests {
     }
 
     #[test]
+    fn arrays_and_traces_are_named() {
+        for (name, body, words) in [
+            (
+                "array.json",
+                "[1,2,3]",
+                "a JSON array, not a gpuguard report",
+            ),
+            (
+                "empty_array.json",
+                " [ ]",
+                "a JSON array, not a gpuguard report",
+            ),
+            (
+                "trace.json",
+                "[\n{\"name\":\"gpuguard_trace\",\"ph\":\"M\",\"args\":{}},\n{\"name\":\"x\",",
+                "a gpuguard trace, not a gpuguard report; use `gpuguard plot`",
+            ),
+        ] {
+            let path = write(name, body.as_bytes());
+            for keep in [0, usize::MAX] {
+                let m = message(load_keeping(&path, keep));
+                assert!(m.contains(words), "{name}: {m}");
+                assert!(!m.contains("trailing"), "{name}: {m}");
+            }
+        }
+    }
+
+    #[test]
     fn broken_files_are_refused_with_the_messages_of_reading_them_whole() {
         let text = serde_json::to_string(&report(300)).unwrap();
         let mut cases = vec![
@@ -289,7 +375,6 @@ mod tests {
             ("empty.json", String::new()),
             ("not_json.json", "hello".to_string()),
             ("trailing.json", format!("{text} x")),
-            ("array.json", "[1,2]".to_string()),
             (
                 "no_schema.json",
                 text.replace("\"schema\":\"gpuguard-report/1\",", ""),

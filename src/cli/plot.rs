@@ -3,7 +3,7 @@
 //! (dashed: live plus what pools hold, when they hold any), each device's peak and cap
 //! as lines, and marks for cap refusals, trims, warnings and reports.
 
-use super::load::{read_bounded, shown};
+use super::load::{read_streamed, shown};
 use super::output::{warn, write_view};
 use super::{Failure, Outcome};
 use gpuguard_core::report::human_bytes;
@@ -29,8 +29,8 @@ pub struct PlotArgs {
 }
 
 pub fn main(args: PlotArgs) -> Outcome {
-    let bytes = read_bounded(&args.trace, "trace")?;
-    let trace = trace::read(&bytes[..])
+    // Streamed: the reader keeps what the plot draws, whatever the file's size.
+    let trace = read_streamed(&args.trace, "trace", |r| trace::read(r))?
         .map_err(|e| Failure::Input(format!("{}: {e}", shown(&args.trace))))?;
     let out = args
         .output
@@ -133,8 +133,15 @@ fn title(svg: &mut String, trace: &Trace) {
     if trace.unfinished {
         sub.push_str("; the trace ends early (the process was killed or is still running)");
     }
-    if trace.instants.iter().any(|i| i.name == event::THINNED) {
+    if trace.count(event::THINNED) > 0 {
         sub.push_str("; sampled less often as the trace grew");
+    }
+    if trace.samples_left_out > 0 {
+        let _ = write!(
+            sub,
+            "; devices past the first {} not drawn",
+            trace::MAX_DEVICES
+        );
     }
     let _ = writeln!(
         svg,
@@ -424,10 +431,12 @@ fn marks(svg: &mut String, frame: &Frame, trace: &Trace, legend_y: f64) {
                 xml(&tip)
             );
         }
-        let more = if events.len() > MAX_MARKS {
-            format!(" ({} shown of {})", MAX_MARKS, events.len())
-        } else if events.len() > 1 {
-            format!(" ({})", events.len())
+        // Counted by the reader: it keeps only the first few of each kind.
+        let all = trace.count(kind.name).max(events.len() as u64);
+        let more = if all > MAX_MARKS as u64 {
+            format!(" ({MAX_MARKS} shown of {all})")
+        } else if all > 1 {
+            format!(" ({all})")
         } else {
             String::new()
         };

@@ -9,13 +9,15 @@ use super::growth::{
     Live, MergedSite, PYTHON_STACK, SiteKey, SiteTrend, live_allocations, native_sites,
     python_sites, unit,
 };
+use super::json;
 use super::load::{load_all_keeping, shown};
 use super::output::print;
-use super::text::{clean, count, frames, human_byte_counts, readable_frames};
+use super::text::{clean, command_line, count, frames, human_byte_counts, readable_frames};
 use super::{Failure, Outcome};
 use gpuguard_core::growth::{Suspect, suspects};
 use gpuguard_core::report::{self, Report, human_bytes};
 use serde::Serialize;
+use std::collections::HashMap;
 use std::path::PathBuf;
 
 /// `gpuguard show` options.
@@ -44,11 +46,7 @@ pub fn main(args: ShowArgs) -> Outcome {
     let named: Vec<(String, &Report)> = args.files.iter().map(|f| shown(f)).zip(&reports).collect();
     let text = if args.json {
         let summary = json_summary(&named, &args);
-        serde_json::to_string_pretty(&summary)
-            .map(|mut t| {
-                t.push('\n');
-                t
-            })
+        json::pretty(&summary)
             .map_err(|e| Failure::Input(format!("cannot encode the summary: {e}")))?
     } else {
         render(&named, &args)
@@ -95,7 +93,7 @@ fn render_header(out: &mut String, file: &str, r: &Report) {
         r.uptime_s
     );
     if !r.argv.is_empty() {
-        put!(out, "  command: {}", clean(&r.argv.join(" ")));
+        put!(out, "  command: {}", command_line(&r.argv));
     }
 }
 
@@ -296,17 +294,20 @@ fn render_native_sites(out: &mut String, r: &Report, top: usize) {
 fn processes<'a>(reports: &[&'a Report]) -> Vec<Vec<&'a Report>> {
     // A process is its host and pid.
     type Process<'r> = (Option<&'r str>, u32);
-    let mut groups: Vec<(Process, Vec<&Report>)> = Vec::new();
+    // In the order of their first report; found by a hash lookup, not a search.
+    let mut groups: Vec<Vec<&Report>> = Vec::new();
+    let mut at: HashMap<Process, usize> = HashMap::new();
     for r in reports {
         let key = (r.host.as_deref(), r.pid);
-        match groups.iter_mut().find(|(k, _)| *k == key) {
-            Some((_, g)) => g.push(r),
-            None => groups.push((key, vec![r])),
-        }
+        let i = *at.entry(key).or_insert_with(|| {
+            groups.push(Vec::new());
+            groups.len() - 1
+        });
+        groups[i].push(r);
     }
     groups
         .into_iter()
-        .filter_map(|(_, mut group)| {
+        .filter_map(|mut group| {
             group.sort_by_key(|r| r.seq);
             group.dedup_by_key(|r| r.seq);
             (group.len() >= 2).then_some(group)
@@ -379,7 +380,7 @@ fn suspect_trend(s: &Suspect) -> SiteTrend {
 }
 
 /// For each process with 2 or more reports: its suspected leaks, by
-/// `gpuguard_core::growth::suspects` (the criterion is there and in README).
+/// `gpuguard_core::growth::suspects` (the criterion is there and in docs/command.md).
 fn render_suspected(out: &mut String, reports: &[&Report], top: usize) {
     for group in processes(reports) {
         let grown = suspects(&group);
@@ -438,15 +439,17 @@ fn render_suspected(out: &mut String, reports: &[&Report], top: usize) {
 
 /// One line per rank (its latest report) when the reports carry ranks.
 fn render_ranks(out: &mut String, reports: &[&Report]) {
-    let mut latest: Vec<&Report> = Vec::new();
+    type Rank<'r> = (Option<u64>, Option<&'r str>, u32);
+    let mut by_rank: HashMap<Rank, &Report> = HashMap::new();
     for r in reports.iter().filter(|r| r.rank.is_some()) {
-        let same = |o: &&mut &Report| o.rank == r.rank && o.host == r.host && o.pid == r.pid;
-        match latest.iter_mut().find(same) {
-            Some(slot) if slot.seq < r.seq => *slot = r,
-            Some(_) => {}
-            None => latest.push(r),
+        let slot = by_rank
+            .entry((r.rank, r.host.as_deref(), r.pid))
+            .or_insert(r);
+        if slot.seq < r.seq {
+            *slot = r;
         }
     }
+    let mut latest: Vec<&Report> = by_rank.into_values().collect();
     if latest.is_empty() {
         return;
     }

@@ -14,11 +14,21 @@ pub fn count(n: u64, noun: &str) -> String {
     }
 }
 
-/// A string from a report, with control characters escaped: a report is written
-/// from a program's argv, file names and symbol names, which anyone can fill with
-/// terminal escape sequences.
+/// Characters never sent raw to a terminal: C0 controls, DEL and C1 controls (a
+/// C1 `U+009B` is a CSI on some terminals), and the bidirectional overrides,
+/// embeddings, isolates and marks, which reorder what follows them on the line
+/// (`U+202E` shows `exe.txt` as `txt.exe`).
+pub fn is_unsafe(c: char) -> bool {
+    c.is_control()
+        || matches!(c, '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+        || matches!(c, '\u{200e}' | '\u{200f}' | '\u{061c}')
+}
+
+/// A string from a report, with the characters of [`is_unsafe`] escaped (`\x1b`,
+/// `\u{202e}`): a report is written from a program's argv, file names and symbol
+/// names, which anyone can fill with terminal escape sequences.
 pub fn clean(s: &str) -> Cow<'_, str> {
-    if !s.chars().any(char::is_control) {
+    if !s.chars().any(is_unsafe) {
         return Cow::Borrowed(s);
     }
     let mut out = String::with_capacity(s.len() + 8);
@@ -27,16 +37,49 @@ pub fn clean(s: &str) -> Cow<'_, str> {
             '\n' => out.push_str("\\n"),
             '\t' => out.push_str("\\t"),
             '\r' => out.push_str("\\r"),
-            c if c.is_control() && (c as u32) < 0x80 => {
+            c if is_unsafe(c) && (c as u32) < 0x80 => {
                 let _ = write!(out, "\\x{:02x}", c as u32);
             }
-            c if c.is_control() => {
+            c if is_unsafe(c) => {
                 let _ = write!(out, "\\u{{{:x}}}", c as u32);
             }
             c => out.push(c),
         }
     }
     Cow::Owned(out)
+}
+
+/// The longest text [`clip`] leaves whole, in bytes.
+pub const MAX_LINE_TEXT: usize = 8 << 10;
+
+/// Text for one line of output, cut past [`MAX_LINE_TEXT`] bytes (at a character)
+/// and marked with `…`: a report's strings are each cut when read, but a command
+/// line joins any number of them.
+pub fn clip(s: &str) -> Cow<'_, str> {
+    if s.len() <= MAX_LINE_TEXT {
+        return Cow::Borrowed(s);
+    }
+    let mut end = MAX_LINE_TEXT;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    Cow::Owned(format!("{}…", &s[..end]))
+}
+
+/// `args` joined by spaces for one line of output: cleaned, and cut as [`clip`]
+/// says without joining more than it keeps.
+pub fn command_line(args: &[String]) -> String {
+    let mut line = String::new();
+    for (i, a) in args.iter().enumerate() {
+        if i > 0 {
+            line.push(' ');
+        }
+        line.push_str(a);
+        if line.len() > MAX_LINE_TEXT {
+            break;
+        }
+    }
+    clean(&clip(&line)).into_owned()
 }
 
 /// A frame with its function name demangled if it arrived mangled (the library
@@ -193,6 +236,30 @@ mod tests {
         assert_eq!(clean("plain"), "plain");
         assert_eq!(clean("a\x1b[2Jb\n"), "a\\x1b[2Jb\\n");
         assert_eq!(clean("c1\u{9b}x"), "c1\\u{9b}x");
+        assert_eq!(clean("del\u{7f}"), "del\\x7f");
+        assert_eq!(clean("a\u{202e}txt.exe"), "a\\u{202e}txt.exe");
+        assert_eq!(clean("\u{2066}x\u{2069}"), "\\u{2066}x\\u{2069}");
+        assert_eq!(
+            clean("\u{201c}quoted\u{201d} é"),
+            "\u{201c}quoted\u{201d} é"
+        );
+    }
+
+    #[test]
+    fn long_text_is_clipped_at_a_character() {
+        let short = "x".repeat(MAX_LINE_TEXT);
+        assert_eq!(clip(&short), short);
+        let long = format!("{}é{}", "x".repeat(MAX_LINE_TEXT - 1), "y".repeat(100));
+        let c = clip(&long);
+        assert!(
+            c.ends_with('…') && c.len() <= MAX_LINE_TEXT + 3,
+            "{}",
+            c.len()
+        );
+        let args: Vec<String> = (0..10_000).map(|i| format!("--arg{i}")).collect();
+        let line = command_line(&args);
+        assert!(line.starts_with("--arg0 --arg1 ") && line.ends_with('…'));
+        assert!(line.len() <= MAX_LINE_TEXT + 3);
     }
 
     #[test]

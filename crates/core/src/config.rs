@@ -504,7 +504,7 @@ pub fn parse_threshold(v: &str) -> Option<Option<f64>> {
 }
 
 /// A number written with decimal digits and at most one point (`0.8`, `80`, `1.5`,
-/// `.5`): what the README shows, and nothing `f64`'s parser takes beside it
+/// `.5`): what docs/configuration.md shows, and nothing `f64`'s parser takes beside it
 /// (`8e-1`, `+0.8`, `inf`).
 fn plain_decimal(s: &str) -> Option<f64> {
     let digits = s.bytes().filter(u8::is_ascii_digit).count();

@@ -1,6 +1,6 @@
 //! Which call sites look like leaks across a series of reports of one process.
 //!
-//! The criterion (README, "Suspected leaks"): over the reports in order, a site is
+//! The criterion (docs/command.md, "Suspected leaks"): over the reports in order, a site is
 //! a suspect when its live bytes ended higher than they started and rose in most
 //! intervals between consecutive reports (more than half, and at least two when
 //! there are two or more intervals). A site that grew once (a warm-up, a new input
@@ -22,7 +22,7 @@
 //! says nothing of them, rather than that they held nothing).
 
 use crate::report::Report;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 /// A site's identity across reports (ids differ from report to report).
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -106,21 +106,71 @@ pub fn site_map(r: &Report) -> BTreeMap<SiteKey, (u64, u64)> {
     m
 }
 
-/// Whether `r` has figures for the site `k`: the hooks' own sites always; a
-/// framework's lines where that framework answered for the report (it is classified
-/// there, or the report has lines of it).
-fn has_figures(r: &Report, k: &SiteKey) -> bool {
-    let Some(fw) = k.framework.as_deref() else {
-        return true;
-    };
-    if fw == crate::classify::FROM_STACK {
-        return true;
-    }
-    let base = fw.strip_suffix(crate::classify::SAMPLED).unwrap_or(fw);
-    r.classification
+/// A site's identity borrowed from a report: (framework, frames).
+type Borrowed<'r> = (Option<&'r str>, &'r [String]);
+
+/// [`site_map`] keyed by the report's own strings.
+fn borrowed_site_map(r: &Report) -> HashMap<Borrowed<'_>, (u64, u64)> {
+    let mut m: HashMap<Borrowed, (u64, u64)> = HashMap::new();
+    let sites = r
+        .sites
         .iter()
-        .any(|c| c.framework == base && c.status == "classified")
-        || r.python_sites.iter().any(|s| s.framework == fw)
+        .map(|s| (None, s.frames.as_slice(), s.live_bytes, s.live_count));
+    let lines = r.python_sites.iter().map(|s| {
+        (
+            Some(s.framework.as_str()),
+            s.frames.as_slice(),
+            s.live_bytes,
+            s.live_count,
+        )
+    });
+    for (fw, frames, bytes, count) in sites.chain(lines) {
+        let e = m.entry((fw, frames)).or_default();
+        // Saturating: a report's figures are input like any other.
+        e.0 = e.0.saturating_add(bytes);
+        e.1 = e.1.saturating_add(count);
+    }
+    m
+}
+
+/// The frameworks that answered for a report: those classified there, and those it
+/// has lines of. Gathered once per report: looked up per site, a search of the
+/// report's lines made a series with many Python lines quadratic.
+struct Answered<'r> {
+    classified: HashSet<&'r str>,
+    with_lines: HashSet<&'r str>,
+}
+
+impl<'r> Answered<'r> {
+    fn of(r: &'r Report) -> Answered<'r> {
+        Answered {
+            classified: r
+                .classification
+                .iter()
+                .filter(|c| c.status == "classified")
+                .map(|c| c.framework.as_str())
+                .collect(),
+            with_lines: r
+                .python_sites
+                .iter()
+                .map(|s| s.framework.as_str())
+                .collect(),
+        }
+    }
+
+    /// Whether the report has figures for the site `k`: the hooks' own sites always;
+    /// a framework's lines where that framework answered for the report (it is
+    /// classified there, or the report has lines of it).
+    fn has_figures(&self, framework: Option<&str>) -> bool {
+        let Some(fw) = framework else {
+            return true;
+        };
+        if fw == crate::classify::FROM_STACK {
+            return true;
+        }
+        let base = fw.strip_suffix(crate::classify::SAMPLED).unwrap_or(fw);
+        self.classified.contains(base) || self.with_lines.contains(fw)
+    }
 }
 
 /// The judgment on one series of live bytes: (rose, intervals, growth, first
@@ -149,8 +199,10 @@ pub fn suspects(reports: &[&Report]) -> Vec<Suspect> {
     if series.len() < 2 {
         return Vec::new();
     }
-    let maps: Vec<_> = series.iter().map(|r| site_map(r)).collect();
-    let keys: std::collections::BTreeSet<&SiteKey> = maps.iter().flat_map(|m| m.keys()).collect();
+    // Keyed by the reports' own strings: a key is copied only for a suspect.
+    let maps: Vec<_> = series.iter().map(|r| borrowed_site_map(r)).collect();
+    let answered: Vec<Answered> = series.iter().map(|r| Answered::of(r)).collect();
+    let keys: HashSet<&Borrowed> = maps.iter().flat_map(|m| m.keys()).collect();
     let ends_at_exit = series.last().is_some_and(|r| r.reason == "exit");
     let mut out: Vec<Suspect> = keys
         .into_iter()
@@ -161,7 +213,7 @@ pub fn suspects(reports: &[&Report]) -> Vec<Suspect> {
                 .collect();
             // The reports with figures for this site, and its bytes in each.
             let with: Vec<usize> = (0..series.len())
-                .filter(|&i| has_figures(series[i], k))
+                .filter(|&i| answered[i].has_figures(k.0))
                 .collect();
             let bytes: Vec<u64> = with.iter().map(|&i| live[i].0).collect();
             let n = bytes.len();
@@ -181,7 +233,10 @@ pub fn suspects(reports: &[&Report]) -> Vec<Suspect> {
             let last = if exit_drop_ignored { n - 2 } else { n - 1 };
             let secs = series[with[last]].uptime_s - series[with[first]].uptime_s;
             Some(Suspect {
-                key: k.clone(),
+                key: SiteKey {
+                    framework: k.0.map(str::to_string),
+                    frames: k.1.to_vec(),
+                },
                 live,
                 rose,
                 intervals,

@@ -9,6 +9,12 @@
 //!   256 KiB buffer; each `live[]` entry is parsed where it lies, the rest of the
 //!   document is gathered and parsed at the end. Memory: the document less its
 //!   entries; time: about that of `serde_json::from_slice` over the whole text.
+//! - Strings are bounded: any string of the report longer than [`MAX_STRING_BYTES`]
+//!   is cut there (at a character) and marked with `…`, by every reader here; the
+//!   spliced reader drops such a string's tail as it streams in, so a report with a
+//!   1 GB program name costs kilobytes. A `live[]` entry longer than
+//!   [`MAX_ENTRY_BYTES`] is refused ([`Unread::Limit`]): the library writes entries
+//!   of a few hundred bytes.
 //! - [`from_slice_keeping`], [`from_reader_keeping`]: plain `serde_json` parses in
 //!   which `Report::live` deserializes through [`live`], which reads how many
 //!   entries to keep from a thread-local set only for the duration of the call;
@@ -17,6 +23,7 @@
 use crate::report::{LiveAllocation, Report};
 use serde::Deserializer;
 use serde::de::{SeqAccess, Visitor};
+use std::borrow::Cow;
 use std::cell::Cell;
 use std::io::Read;
 
@@ -46,6 +53,7 @@ pub fn from_reader_keeping<R: Read>(reader: R, keep: usize) -> serde_json::Resul
     let mut report: Report = serde_json::from_reader(reader)?;
     let dropped = DROPPED.with(|d| d.replace(0));
     report.live_omitted = report.live_omitted.saturating_add(dropped);
+    bound_strings(&mut report);
     Ok(report)
 }
 
@@ -56,6 +64,7 @@ pub fn from_slice_keeping(bytes: &[u8], keep: usize) -> serde_json::Result<Repor
     let mut report: Report = serde_json::from_slice(bytes)?;
     let dropped = DROPPED.with(|d| d.replace(0));
     report.live_omitted = report.live_omitted.saturating_add(dropped);
+    bound_strings(&mut report);
     Ok(report)
 }
 
@@ -68,6 +77,116 @@ pub enum Unread {
     /// theory, valid but cut where an entry's parse did not say "end of input").
     /// Read it whole to know which, and why.
     Whole,
+    /// Past a stated limit (a `live[]` entry longer than [`MAX_ENTRY_BYTES`]): not
+    /// a report the library wrote. Why, in words.
+    Limit(String),
+}
+
+/// The longest string kept from a report, in bytes: a program name, an argument, a
+/// frame. Longer ones are cut there, at a character, and end in `…`.
+pub const MAX_STRING_BYTES: usize = 4 << 10;
+
+/// The longest `live[]` entry taken, in bytes (the library's are a few hundred).
+pub const MAX_ENTRY_BYTES: usize = 64 << 10;
+
+/// Text of a string kept by the spliced reader before its tail is dropped, in
+/// bytes as written: enough for [`MAX_STRING_BYTES`] + 1 bytes of text however it
+/// is escaped (at most 6 written bytes, `\u00XX`, for one byte of text), so that
+/// [`bound_strings`] then cuts it exactly where it cuts the string read whole.
+const RAW_STRING_BYTES: usize = 6 * (MAX_STRING_BYTES + 1);
+
+/// `s` cut to [`MAX_STRING_BYTES`] (at a character) and marked with `…`.
+fn cut(s: &mut String) {
+    if s.len() > MAX_STRING_BYTES {
+        let mut end = MAX_STRING_BYTES;
+        while !s.is_char_boundary(end) {
+            end -= 1;
+        }
+        s.truncate(end);
+        s.push('…');
+    }
+}
+
+fn cut_cow(s: &mut Cow<'static, str>) {
+    if s.len() > MAX_STRING_BYTES {
+        let mut owned = s.to_string();
+        cut(&mut owned);
+        *s = Cow::Owned(owned);
+    }
+}
+
+fn cut_all(v: &mut [String]) {
+    v.iter_mut().for_each(cut);
+}
+
+/// Every string of `r` cut as [`cut`] says.
+fn bound_strings(r: &mut Report) {
+    for s in [
+        &mut r.schema,
+        &mut r.gpuguard_version,
+        &mut r.reason,
+        &mut r.program,
+    ] {
+        cut(s);
+    }
+    cut_all(&mut r.argv);
+    r.host.iter_mut().for_each(cut);
+    cut(&mut r.config.dir);
+    for d in &mut r.devices {
+        if d.by_kind.keys().any(|k| k.len() > MAX_STRING_BYTES) {
+            let kinds = std::mem::take(&mut d.by_kind);
+            for (mut k, b) in kinds {
+                cut(&mut k);
+                let e = d.by_kind.entry(k).or_default();
+                *e = e.saturating_add(b);
+            }
+        }
+    }
+    for a in &mut r.live {
+        cut_cow(&mut a.kind);
+        cut_cow(&mut a.api);
+        a.owner.iter_mut().for_each(cut);
+    }
+    for s in &mut r.sites {
+        cut_all(&mut s.frames);
+    }
+    for s in &mut r.python_sites {
+        cut(&mut s.framework);
+        cut_all(&mut s.frames);
+    }
+    for c in &mut r.classification {
+        cut(&mut c.framework);
+        cut(&mut c.status);
+        c.detail.iter_mut().for_each(cut);
+    }
+    if let Some(d) = &mut r.denial {
+        cut(&mut d.api);
+        cut_all(&mut d.frames);
+    }
+    if let Some(t) = &mut r.trim {
+        cut(&mut t.trigger);
+        cut(&mut t.python);
+        for m in &mut t.mechanisms {
+            cut(&mut m.name);
+            cut(&mut m.status);
+            m.detail.iter_mut().for_each(cut);
+        }
+        if let Some(d) = &mut t.deferred {
+            cut(&mut d.outcome);
+            cut(&mut d.detail);
+        }
+    }
+    if let Some(e) = &mut r.ending {
+        cut(&mut e.name);
+    }
+    if let Some(c) = &mut r.python_cost {
+        for w in &mut c.windows {
+            cut(&mut w.framework);
+        }
+    }
+    if let Some(c) = &mut r.capture {
+        cut(&mut c.detail);
+    }
 }
 
 /// The size of the reads; an entry longer than what is left of it grows it.
@@ -114,6 +233,9 @@ pub fn from_reader_spliced<R: Read>(mut reader: R, keep: usize) -> Result<Report
             let mut entries =
                 serde_json::Deserializer::from_slice(&buf[pos..end]).into_iter::<LiveAllocation>();
             match entries.next() {
+                Some(Ok(_)) if entries.byte_offset() > MAX_ENTRY_BYTES => {
+                    return Err(entry_too_long());
+                }
                 Some(Ok(entry)) => {
                     pos += entries.byte_offset();
                     s.take(entry);
@@ -122,6 +244,10 @@ pub fn from_reader_spliced<R: Read>(mut reader: R, keep: usize) -> Result<Report
                 Some(Err(e)) if e.is_eof() && !eof => {
                     buf.copy_within(pos..end, 0);
                     (pos, end) = (0, end - pos);
+                    if end > MAX_ENTRY_BYTES {
+                        // Growing the buffer for it would hold a file's worth.
+                        return Err(entry_too_long());
+                    }
                     if end == buf.len() {
                         buf.resize(buf.len() * 2, 0);
                     }
@@ -134,6 +260,13 @@ pub fn from_reader_spliced<R: Read>(mut reader: R, keep: usize) -> Result<Report
         }
     }
     s.finish()
+}
+
+fn entry_too_long() -> Unread {
+    Unread::Limit(format!(
+        "a live[] entry longer than {} KiB; not a report gpuguard wrote",
+        MAX_ENTRY_BYTES >> 10
+    ))
 }
 
 /// One read, retried when interrupted.
@@ -174,6 +307,14 @@ struct Splicer {
     /// it began at depth 1 (a key of the top-level object, or a value there).
     str_start: usize,
     str_top: bool,
+    /// In a string past [`RAW_STRING_BYTES`]: its tail is dropped up to the
+    /// closing quote.
+    dropping: bool,
+    /// Hex digits still to come in a `\uXXXX` escape, and the value so far; the
+    /// last one read was a high surrogate (its low half must not be cut off).
+    hex_left: u8,
+    hex: u32,
+    high_surrogate: bool,
     /// The last token at depth 1 was the string `"live"`; then `:` came after it.
     after_live: bool,
     live_value: bool,
@@ -188,19 +329,11 @@ fn is_ws(b: u8) -> bool {
 
 impl Splicer {
     fn outer_byte(&mut self, b: u8) {
-        self.outer.push(b);
         if self.in_str {
-            if self.esc {
-                self.esc = false;
-            } else if b == b'\\' {
-                self.esc = true;
-            } else if b == b'"' {
-                self.in_str = false;
-                self.after_live =
-                    self.str_top && &self.outer[self.str_start..self.outer.len() - 1] == b"live";
-            }
+            self.string_byte(b);
             return;
         }
+        self.outer.push(b);
         if is_ws(b) {
             return;
         }
@@ -221,6 +354,58 @@ impl Splicer {
             b'{' | b'[' => self.depth += 1,
             b'}' | b']' => self.depth = self.depth.saturating_sub(1),
             _ => {}
+        }
+    }
+
+    /// A byte of a string outside `live[]`: kept up to [`RAW_STRING_BYTES`], then
+    /// dropped to the closing quote, cut where the text kept is whole (not inside
+    /// an escape or a UTF-8 sequence, not between a surrogate pair's halves).
+    fn string_byte(&mut self, b: u8) {
+        if self.dropping {
+            if self.esc {
+                self.esc = false;
+            } else if b == b'\\' {
+                self.esc = true;
+            } else if b == b'"' {
+                self.outer.push(b);
+                self.in_str = false;
+                self.dropping = false;
+            }
+            return;
+        }
+        let inside = self.esc
+            || self.hex_left > 0
+            || (0x80..0xc0).contains(&b)
+            || (b == b'\\' && self.high_surrogate);
+        let whole = !inside;
+        if whole && b != b'"' && self.outer.len() - self.str_start >= RAW_STRING_BYTES {
+            self.dropping = true;
+            self.esc = b == b'\\';
+            return;
+        }
+        self.outer.push(b);
+        if self.hex_left > 0 {
+            self.hex = self.hex << 4 | (b as char).to_digit(16).unwrap_or(0);
+            self.hex_left -= 1;
+            if self.hex_left == 0 {
+                self.high_surrogate = (0xd800..0xdc00).contains(&self.hex);
+            }
+        } else if self.esc {
+            self.esc = false;
+            if b == b'u' {
+                (self.hex_left, self.hex) = (4, 0);
+            } else {
+                self.high_surrogate = false;
+            }
+        } else if b == b'\\' {
+            self.esc = true;
+        } else if b == b'"' {
+            self.in_str = false;
+            self.high_surrogate = false;
+            self.after_live =
+                self.str_top && &self.outer[self.str_start..self.outer.len() - 1] == b"live";
+        } else {
+            self.high_surrogate = false;
         }
     }
 
@@ -257,6 +442,8 @@ impl Splicer {
         if self.spliced {
             report.live = self.kept;
             report.live_omitted = report.live_omitted.saturating_add(self.dropped);
+            // The rest was bounded by `from_slice_keeping`.
+            bound_strings(&mut report);
         }
         Ok(report)
     }
@@ -410,6 +597,58 @@ mod tests {
         let pretty = serde_json::to_vec_pretty(&full).unwrap();
         let r = from_reader_spliced(Trickle(&pretty, 100), 2).unwrap();
         assert_eq!(r, from_slice_keeping(&text, 2).unwrap());
+    }
+
+    #[test]
+    fn long_strings_are_cut_the_same_by_every_reader() {
+        let mut full = report(30, 0);
+        let long = |unit: &str| unit.repeat((6 * MAX_STRING_BYTES) / unit.len() + 7);
+        full.program = long("p");
+        full.argv = vec![long("é"), long("\u{1f600}"), long("a\u{1}"), "short".into()];
+        full.sites = vec![crate::report::Site {
+            frames: vec![long("\u{202e}x"), long("\n"), "main".into()],
+            ..Default::default()
+        }];
+        full.live[3].api = Cow::Owned(long("api"));
+        let text = serde_json::to_vec(&full).unwrap();
+        // Surrogate pairs written as escapes, as some writers do.
+        let escaped = String::from_utf8(text.clone())
+            .unwrap()
+            .replace('\u{1f600}', "\\ud83d\\ude00");
+        for text in [text, escaped.into_bytes()] {
+            let whole = from_slice_keeping(&text, 5).unwrap();
+            for step in [1, 333, usize::MAX] {
+                let r = from_reader_spliced(Trickle(&text, step), 5).unwrap();
+                assert_eq!(r, whole, "step {step}");
+            }
+            let strings = [
+                &whole.program,
+                &whole.argv[0],
+                &whole.argv[1],
+                &whole.argv[2],
+            ]
+            .into_iter()
+            .chain(&whole.sites[0].frames[..2]);
+            for s in strings {
+                assert!(s.ends_with('…'), "{}", &s[..20]);
+                assert!(s.len() <= MAX_STRING_BYTES + '…'.len_utf8(), "{}", s.len());
+                assert!(s.len() > MAX_STRING_BYTES - 4, "{}", s.len());
+            }
+            assert_eq!(whole.argv[3], "short");
+            assert!(whole.live[3].api.ends_with('…'));
+            assert!(whole.program.starts_with("ppp"));
+        }
+    }
+
+    #[test]
+    fn an_absurd_entry_is_refused_without_holding_it() {
+        let mut full = report(3, 0);
+        full.live[1].kind = Cow::Owned("k".repeat(MAX_ENTRY_BYTES));
+        let text = serde_json::to_vec(&full).unwrap();
+        match from_reader_spliced(Trickle(&text, 4096), 1) {
+            Err(Unread::Limit(why)) => assert!(why.contains("64 KiB"), "{why}"),
+            other => panic!("{:?}", other.map(|r| r.live.len())),
+        }
     }
 
     #[test]

@@ -457,16 +457,25 @@ pub struct Instant {
     pub args: Value,
 }
 
-/// A trace as `gpuguard plot` needs it.
+/// A trace as `gpuguard plot` needs it, bounded whatever the file's size: the
+/// reader streams the file and keeps, per device, the samples that draw it (see
+/// [`MAX_BUCKETS`]), and per kind of instant event the first
+/// [`MAX_INSTANTS_PER_NAME`], counting all.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Trace {
     pub program: String,
     pub pid: u32,
     pub start_unix_ms: u64,
-    /// Samples per device, in time order.
+    /// Samples per device, in time order (thinned past [`MAX_BUCKETS`] buckets).
     pub devices: BTreeMap<i32, Vec<Sample>>,
-    /// In time order.
+    /// Samples of devices past the first [`MAX_DEVICES`], left out.
+    pub samples_left_out: u64,
+    /// In time order: of each kind in [`event`], the first [`MAX_INSTANTS_PER_NAME`].
     pub instants: Vec<Instant>,
+    /// How many instant events of each kind in [`event`] the trace has.
+    pub instant_counts: BTreeMap<&'static str, u64>,
+    /// The last timestamp read, kept or not.
+    pub last_us: u64,
     /// The writer never finished (the process was killed or is still running).
     pub unfinished: bool,
 }
@@ -480,7 +489,164 @@ impl Trace {
             .filter_map(|s| s.last())
             .map(|s| s.t_us);
         let instants = self.instants.iter().map(|i| i.t_us);
-        samples.chain(instants).max().unwrap_or(0)
+        samples
+            .chain(instants)
+            .chain([self.last_us])
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// How many instant events named `name` (one of [`event`]) the trace has.
+    pub fn count(&self, name: &str) -> u64 {
+        self.instant_counts.get(name).copied().unwrap_or(0)
+    }
+}
+
+/// Devices whose samples are kept (more than any host has).
+pub const MAX_DEVICES: usize = 64;
+
+/// Time buckets kept per device: past them, the buckets double in width and merge.
+/// Each keeps its samples of lowest and highest live bytes and its last, so a
+/// plot a few thousand pixels wide draws the shape of any length of trace.
+pub const MAX_BUCKETS: usize = 4096;
+
+/// Instant events kept per kind (the plot marks at most a few hundred).
+pub const MAX_INSTANTS_PER_NAME: usize = 400;
+
+/// Keys of an instant's args kept, and the longest string value kept (bytes).
+const MAX_ARGS: usize = 16;
+const MAX_ARG_TEXT: usize = 1 << 10;
+
+/// The instant events a trace reader keeps (those it names).
+const KEPT_EVENTS: [&str; 7] = [
+    event::CAP_REFUSAL,
+    event::TRIM,
+    event::WARNING,
+    event::REPORT,
+    event::THINNED,
+    event::BUDGET_REACHED,
+    event::END,
+];
+
+/// Up to three samples of one time bucket: the lowest and highest live bytes, and
+/// the last (latest `t_us`, the later one read among equals).
+#[derive(Clone, Copy)]
+struct Bucket {
+    low: Sample,
+    high: Sample,
+    last: Sample,
+}
+
+impl Bucket {
+    fn new(s: Sample) -> Bucket {
+        Bucket {
+            low: s,
+            high: s,
+            last: s,
+        }
+    }
+
+    fn add(&mut self, s: Sample) {
+        if s.live < self.low.live {
+            self.low = s;
+        }
+        if s.live > self.high.live {
+            self.high = s;
+        }
+        if s.t_us >= self.last.t_us {
+            self.last = s;
+        }
+    }
+
+    fn merge(&mut self, o: &Bucket) {
+        // `o` comes later in time than `self` when buckets merge.
+        for s in [o.low, o.high, o.last] {
+            self.add(s);
+        }
+    }
+}
+
+/// A device's samples, thinned into at most [`MAX_BUCKETS`] buckets of `width` µs.
+struct Thinned {
+    width: u64,
+    buckets: BTreeMap<u64, Bucket>,
+}
+
+impl Thinned {
+    fn new() -> Thinned {
+        Thinned {
+            width: 1,
+            buckets: BTreeMap::new(),
+        }
+    }
+
+    fn add(&mut self, s: Sample) {
+        match self.buckets.entry(s.t_us / self.width) {
+            std::collections::btree_map::Entry::Occupied(mut b) => b.get_mut().add(s),
+            std::collections::btree_map::Entry::Vacant(v) => {
+                v.insert(Bucket::new(s));
+            }
+        }
+        while self.buckets.len() > MAX_BUCKETS {
+            self.width = self.width.saturating_mul(2);
+            let old = std::mem::take(&mut self.buckets);
+            for (k, b) in old {
+                match self.buckets.entry(k / 2) {
+                    std::collections::btree_map::Entry::Occupied(mut m) => m.get_mut().merge(&b),
+                    std::collections::btree_map::Entry::Vacant(v) => {
+                        v.insert(b);
+                    }
+                }
+            }
+        }
+    }
+
+    /// The samples kept, in time order (a sample kept for two reasons once).
+    fn samples(self) -> Vec<Sample> {
+        let mut out = Vec::with_capacity(self.buckets.len() * 3);
+        for b in self.buckets.into_values() {
+            let mut three = [b.low, b.high, b.last];
+            three.sort_by_key(|s| s.t_us);
+            for s in three {
+                if out.last() != Some(&s) {
+                    out.push(s);
+                }
+            }
+        }
+        out
+    }
+}
+
+/// An instant's args, bounded: at most [`MAX_ARGS`] keys, strings cut at
+/// [`MAX_ARG_TEXT`] bytes, nested values named by their kind only.
+fn bounded_args(args: Value) -> Value {
+    let Value::Object(map) = args else {
+        return Value::Null;
+    };
+    let kept = map.into_iter().take(MAX_ARGS).map(|(mut k, v)| {
+        cut_text(&mut k, MAX_ARG_TEXT);
+        let v = match v {
+            Value::String(mut t) => {
+                cut_text(&mut t, MAX_ARG_TEXT);
+                Value::String(t)
+            }
+            Value::Array(_) => Value::String("[…]".into()),
+            Value::Object(_) => Value::String("{…}".into()),
+            other => other,
+        };
+        (k, v)
+    });
+    Value::Object(kept.collect())
+}
+
+fn cut_text(t: &mut String, max: usize) {
+    if t.len() > max {
+        let mut end = max;
+        while !t.is_char_boundary(end) {
+            end -= 1;
+        }
+        t.truncate(end);
+        t.push('…');
     }
 }
 
@@ -507,6 +673,7 @@ pub fn read(input: impl BufRead) -> Result<Trace, String> {
         unfinished: true,
         ..Default::default()
     };
+    let mut thinned: BTreeMap<i32, Thinned> = BTreeMap::new();
     let mut lines = LineReader { input, line_no: 0 };
     let mut saw_header = false;
     let mut closed = false;
@@ -547,9 +714,11 @@ pub fn read(input: impl BufRead) -> Result<Trace, String> {
             saw_header = true;
             trace.pid = event.pid.unwrap_or(0);
             trace.program = event.args["program"].as_str().unwrap_or("").to_string();
+            // As a report's strings (`report_stream::MAX_STRING_BYTES`).
+            cut_text(&mut trace.program, crate::report_stream::MAX_STRING_BYTES);
             trace.start_unix_ms = event.args["start_unix_ms"].as_u64().unwrap_or(0);
         } else {
-            add_event(&mut trace, event, line_no)?;
+            add_event(&mut trace, &mut thinned, event, line_no)?;
         }
         if last {
             closed = true;
@@ -559,12 +728,10 @@ pub fn read(input: impl BufRead) -> Result<Trace, String> {
         return Err(not_a_trace());
     }
     if closed {
-        trace.unfinished = !trace.instants.iter().any(|i| i.name == event::END);
+        trace.unfinished = trace.count(event::END) == 0;
     }
-    for samples in trace.devices.values_mut() {
-        samples.sort_by_key(|s| s.t_us);
-    }
-    trace.instants.sort_by_key(|i| i.t_us);
+    trace.devices = thinned.into_iter().map(|(d, t)| (d, t.samples())).collect();
+    keep_first_instants(&mut trace.instants);
     Ok(trace)
 }
 
@@ -585,7 +752,24 @@ fn check_header(event: &RawEvent) -> Result<(), String> {
     }
 }
 
-fn add_event(trace: &mut Trace, event: RawEvent, line_no: u64) -> Result<(), String> {
+/// The instants in time order (stable: equal times in the order read), of each
+/// name the first [`MAX_INSTANTS_PER_NAME`].
+fn keep_first_instants(instants: &mut Vec<Instant>) {
+    instants.sort_by_key(|i| i.t_us);
+    let mut kept: BTreeMap<String, usize> = BTreeMap::new();
+    instants.retain(|i| {
+        let n = kept.entry(i.name.clone()).or_default();
+        *n += 1;
+        *n <= MAX_INSTANTS_PER_NAME
+    });
+}
+
+fn add_event(
+    trace: &mut Trace,
+    thinned: &mut BTreeMap<i32, Thinned>,
+    event: RawEvent,
+    line_no: u64,
+) -> Result<(), String> {
     let ts = event.ts.filter(|t| t.is_finite() && *t >= 0.0);
     match event.ph.as_str() {
         "C" => {
@@ -599,17 +783,32 @@ fn add_event(trace: &mut Trace, event: RawEvent, line_no: u64) -> Result<(), Str
             let (Some(ts), Some(live)) = (ts, event.args["live"].as_u64()) else {
                 return Err(format!("line {line_no}: counter without ts or live bytes"));
             };
-            trace.devices.entry(device).or_default().push(Sample {
-                t_us: ts as u64,
-                live,
-                pool_held: event.args["pool_held"].as_u64().unwrap_or(0),
-                cap: event.args["cap"].as_u64(),
-            });
+            trace.last_us = trace.last_us.max(ts as u64);
+            if !thinned.contains_key(&device) && thinned.len() >= MAX_DEVICES {
+                trace.samples_left_out += 1;
+                return Ok(());
+            }
+            thinned
+                .entry(device)
+                .or_insert_with(Thinned::new)
+                .add(Sample {
+                    t_us: ts as u64,
+                    live,
+                    pool_held: event.args["pool_held"].as_u64().unwrap_or(0),
+                    cap: event.args["cap"].as_u64(),
+                });
         }
         "i" | "I" => {
             let Some(ts) = ts else {
                 return Err(format!("line {line_no}: instant event without ts"));
             };
+            trace.last_us = trace.last_us.max(ts as u64);
+            // Only the kinds a plot draws or reads are kept, and of each a bounded
+            // number (the earliest, the plot's order): all are counted.
+            let Some(name) = KEPT_EVENTS.into_iter().find(|n| *n == event.name) else {
+                return Ok(());
+            };
+            *trace.instant_counts.entry(name).or_default() += 1;
             let device = event.args["device"]
                 .as_i64()
                 .and_then(|d| i32::try_from(d).ok());
@@ -617,8 +816,11 @@ fn add_event(trace: &mut Trace, event: RawEvent, line_no: u64) -> Result<(), Str
                 t_us: ts as u64,
                 name: event.name,
                 device,
-                args: event.args,
+                args: bounded_args(event.args),
             });
+            if trace.instants.len() > 2 * KEPT_EVENTS.len() * MAX_INSTANTS_PER_NAME {
+                keep_first_instants(&mut trace.instants);
+            }
         }
         _ => {}
     }
@@ -859,6 +1061,48 @@ mod tests {
         let c = counters(&events, 0);
         assert!(c.len() > 100);
         assert!(c.last().unwrap().0 >= t - 1_000_000, "{:?}", c.last());
+    }
+
+    #[test]
+    fn a_long_trace_is_read_into_bounded_memory_keeping_its_shape() {
+        let mut text = String::from("[\n");
+        text.push_str(r#"{"name":"gpuguard_trace","ph":"M","pid":7,"args":{"schema":"gpuguard-trace/1","program":"p"}},"#);
+        text.push('\n');
+        let n = 200_000u64;
+        for i in 0..n {
+            let live = if i == 123_457 { 1 << 40 } else { i % 1000 };
+            text.push_str(&format!(
+                "{{\"name\":\"device 0\",\"ph\":\"C\",\"ts\":{},\"args\":{{\"live\":{live}}}}},\n",
+                i * 10
+            ));
+            if i % 20 == 0 {
+                let long = "m".repeat(5000);
+                text.push_str(&format!(
+                    "{{\"name\":\"warning\",\"ph\":\"i\",\"ts\":{},\"args\":{{\"device\":0,\"message\":\"{long}\"}}}},\n",
+                    i * 10
+                ));
+            }
+        }
+        let trace = read(text.as_bytes()).unwrap();
+        let samples = &trace.devices[&0];
+        assert!(samples.len() <= 3 * MAX_BUCKETS, "{}", samples.len());
+        assert!(samples.len() > MAX_BUCKETS, "{}", samples.len());
+        assert!(samples.windows(2).all(|w| w[0].t_us <= w[1].t_us));
+        assert!(
+            samples.iter().any(|s| s.live == 1 << 40),
+            "the peak is kept"
+        );
+        assert_eq!(
+            samples.last().unwrap().t_us,
+            (n - 1) * 10,
+            "the last is kept"
+        );
+        assert_eq!(trace.count(event::WARNING), n / 20);
+        assert_eq!(trace.instants.len(), MAX_INSTANTS_PER_NAME);
+        assert_eq!(trace.instants[0].t_us, 0, "the first are kept");
+        let message = trace.instants[0].args["message"].as_str().unwrap();
+        assert!(message.len() <= MAX_ARG_TEXT + 3 && message.ends_with('…'));
+        assert_eq!(trace.end_us(), (n - 1) * 10);
     }
 
     #[test]

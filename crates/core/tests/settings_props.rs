@@ -211,7 +211,7 @@ fn every_signal_form() {
     for off in ["none", "NONE", " None "] {
         assert_eq!(parse_signal(off), Some(None));
     }
-    // Spellings the README never listed.
+    // Spellings the documentation never listed.
     for undocumented in ["off", "OFF", "0", "no"] {
         assert_eq!(parse_signal(undocumented), None, "{undocumented}");
     }

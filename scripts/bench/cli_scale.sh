@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# `gpuguard show` at scale (issue 30): wall time and peak memory, median of N runs, on
+# `gpuguard show` at scale: wall time and peak memory, median of N runs, on
 # two generated reports: 1,000,000 live allocations over 40 sites (~128 MB), and
 # 200,000 distinct call sites (~33 MB). Release build.
 #

@@ -378,6 +378,21 @@ fn run_refuses_a_library_that_is_not_a_shared_object() {
             lines[0]
         );
         assert!(!marker.exists(), "{lib}: the command ran");
+        // `gpuguard lib` names no such file either: `LD_PRELOAD=$(gpuguard lib)`
+        // would run the program unguarded.
+        let r = done(
+            command(&["lib"])
+                .env("GPUGUARD_LIB", lib)
+                .output()
+                .expect("run gpuguard lib"),
+        );
+        assert_eq!(r.code, Some(2), "lib {lib}\n{}", r.describe());
+        assert!(r.stdout.is_empty(), "lib {lib}\n{}", r.describe());
+        assert!(
+            r.stderr.contains("not a shared library"),
+            "{}",
+            r.describe()
+        );
     }
 }
 

@@ -185,6 +185,11 @@ fn bidi_overrides_are_escaped_in_the_ps_table() {
         .env("XDG_RUNTIME_DIR", &runtime)
         .output()
         .unwrap();
+    let json = Command::new(cli())
+        .args(["ps", "--json"])
+        .env("XDG_RUNTIME_DIR", &runtime)
+        .output()
+        .unwrap();
     let _ = sleeper.kill();
     let _ = sleeper.wait();
     let text = String::from_utf8(out.stdout).unwrap();
@@ -195,5 +200,11 @@ fn bidi_overrides_are_escaped_in_the_ps_table() {
     );
     assert!(text.contains("train\\u{202e}gnp.py"), "{text}");
     assert!(!text.chars().any(steering), "{text:?}");
+    // `ps --json` escapes them as `\uXXXX`: the same value once parsed.
+    let json_text = String::from_utf8(json.stdout).unwrap();
+    assert!(json.status.success(), "{json_text}");
+    assert!(!json_text.chars().any(steering), "{json_text:?}");
+    let parsed: serde_json::Value = serde_json::from_str(&json_text).unwrap();
+    assert_eq!(parsed[0]["program"], "train\u{202e}gnp.py", "{json_text}");
     let _ = std::fs::remove_dir_all(&runtime);
 }

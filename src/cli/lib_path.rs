@@ -6,14 +6,22 @@ use super::Failure;
 use super::Outcome;
 use super::load::shown;
 use super::output::print;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 /// The variable that names the library when it lives elsewhere.
 pub const LIB_VAR: &str = "GPUGUARD_LIB";
 const LIB_NAME: &str = "libgpuguard.so";
 
-/// The library's absolute path, or a message naming every place looked at.
+/// The library's absolute path, checked to be a shared library ([`check`]), or a
+/// message naming every place looked at.
 pub fn find() -> Result<PathBuf, Failure> {
+    let lib = locate()?;
+    check(&lib)?;
+    Ok(lib)
+}
+
+/// Where the library is, or a message naming every place looked at.
+fn locate() -> Result<PathBuf, Failure> {
     let mut looked: Vec<String> = Vec::new();
     match std::env::var_os(LIB_VAR).filter(|v| !v.is_empty()) {
         Some(path) => {
@@ -45,6 +53,62 @@ pub fn find() -> Result<PathBuf, Failure> {
         "cannot find {LIB_NAME}; looked at: {}. Install both with scripts/install.sh, or set {LIB_VAR} to its path",
         looked.join(", ")
     )))
+}
+
+/// The library, checked wherever it was found: the loader skips a preload that is
+/// not a shared object of this machine with one line of its own, and `run`'s COMMAND
+/// (or `LD_PRELOAD=$(gpuguard lib)`'s) would run unguarded while this says nothing
+/// is wrong. A readable ELF file of this
+/// machine's class, byte order and architecture, of the shared-object type
+/// (`ET_DYN`), passes; the file is opened without blocking and only if it is a
+/// regular one.
+fn check(lib: &Path) -> Result<(), Failure> {
+    use std::io::Read;
+    let refuse = |why: &str| {
+        Failure::Input(format!(
+            "{} is not a shared library ({why}); set {LIB_VAR} to the path of libgpuguard.so",
+            shown(lib)
+        ))
+    };
+    let mut head = Vec::with_capacity(64);
+    gpuguard_core::regular_file::open(lib)
+        .and_then(|f| f.take(64).read_to_end(&mut head))
+        .map_err(|e| refuse(&format!("cannot read it: {e}")))?;
+    if head.len() < 20 || &head[..4] != b"\x7fELF" {
+        return Err(refuse("no ELF header"));
+    }
+    const ELFCLASS: u8 = if cfg!(target_pointer_width = "64") {
+        2
+    } else {
+        1
+    };
+    const ELFDATA: u8 = if cfg!(target_endian = "little") { 1 } else { 2 };
+    if head[4] != ELFCLASS || head[5] != ELFDATA {
+        return Err(refuse("built for another kind of machine"));
+    }
+    let half = |at: usize| {
+        let b = [head[at], head[at + 1]];
+        if ELFDATA == 1 {
+            u16::from_le_bytes(b)
+        } else {
+            u16::from_be_bytes(b)
+        }
+    };
+    const ET_DYN: u16 = 3;
+    if half(16) != ET_DYN {
+        return Err(refuse("an ELF file of another type"));
+    }
+    let machine: Option<u16> = if cfg!(target_arch = "x86_64") {
+        Some(62)
+    } else if cfg!(target_arch = "aarch64") {
+        Some(183)
+    } else {
+        None
+    };
+    if machine.is_some_and(|m| half(18) != m) {
+        return Err(refuse("built for another architecture"));
+    }
+    Ok(())
 }
 
 /// `gpuguard lib`: the path, for `LD_PRELOAD=$(gpuguard lib) python train.py`.

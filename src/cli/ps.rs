@@ -171,12 +171,10 @@ fn render(dir: &Path, format: Format, warned: &mut bool) -> Result<String, Failu
     let statuses = look(dir, warned)?;
     Ok(match format {
         Format::Table => render_table(&statuses, dir, now_unix_ms()),
-        Format::Json => {
-            let mut text = serde_json::to_string_pretty(&statuses)
-                .map_err(|e| Failure::Input(format!("cannot encode the statuses: {e}")))?;
-            text.push('\n');
-            text
-        }
+        // A status file's program and argv come from the process: escaped as `show
+        // --json` escapes a report's strings.
+        Format::Json => super::json::pretty(&statuses)
+            .map_err(|e| Failure::Input(format!("cannot encode the statuses: {e}")))?,
     })
 }
 

@@ -299,7 +299,6 @@ pub fn main(args: RunArgs) -> Outcome {
         ));
     };
     let lib = find()?;
-    check_library(&lib)?;
     let mut preload = lib.into_os_string();
     // Keep what the caller preloads: gpuguard's library first, theirs after.
     if let Some(existing) = std::env::var_os("LD_PRELOAD").filter(|v| !v.is_empty()) {
@@ -642,61 +641,6 @@ fn show_patterns(dir: &Path, reports: &[(PathBuf, Report)]) -> String {
         .map(|p| format!("{}*.json", shell_word(&format!("{folder}{p}"))))
         .collect();
     clean(&patterns.join(" ")).into_owned()
-}
-
-/// The library, checked before COMMAND starts: the loader skips a preload that is not
-/// a shared object of this machine with one line of its own, and COMMAND would run
-/// unguarded while this says nothing is wrong. A readable ELF file of this
-/// machine's class, byte order and architecture, of the shared-object type
-/// (`ET_DYN`), passes; the file is opened without blocking and only if it is a
-/// regular one.
-fn check_library(lib: &Path) -> Result<(), Failure> {
-    use std::io::Read;
-    let refuse = |why: &str| {
-        Failure::Input(format!(
-            "{} is not a shared library ({why}); set {LIB_VAR} to the path of libgpuguard.so",
-            shown(lib)
-        ))
-    };
-    let mut head = Vec::with_capacity(64);
-    gpuguard_core::regular_file::open(lib)
-        .and_then(|f| f.take(64).read_to_end(&mut head))
-        .map_err(|e| refuse(&format!("cannot read it: {e}")))?;
-    if head.len() < 20 || &head[..4] != b"\x7fELF" {
-        return Err(refuse("no ELF header"));
-    }
-    const ELFCLASS: u8 = if cfg!(target_pointer_width = "64") {
-        2
-    } else {
-        1
-    };
-    const ELFDATA: u8 = if cfg!(target_endian = "little") { 1 } else { 2 };
-    if head[4] != ELFCLASS || head[5] != ELFDATA {
-        return Err(refuse("built for another kind of machine"));
-    }
-    let half = |at: usize| {
-        let b = [head[at], head[at + 1]];
-        if ELFDATA == 1 {
-            u16::from_le_bytes(b)
-        } else {
-            u16::from_be_bytes(b)
-        }
-    };
-    const ET_DYN: u16 = 3;
-    if half(16) != ET_DYN {
-        return Err(refuse("an ELF file of another type"));
-    }
-    let machine: Option<u16> = if cfg!(target_arch = "x86_64") {
-        Some(62)
-    } else if cfg!(target_arch = "aarch64") {
-        Some(183)
-    } else {
-        None
-    };
-    if machine.is_some_and(|m| half(18) != m) {
-        return Err(refuse("built for another architecture"));
-    }
-    Ok(())
 }
 
 /// The report folder, checked before COMMAND starts: the summary reads the reports

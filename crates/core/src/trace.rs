@@ -517,8 +517,8 @@ pub const MAX_INSTANTS_PER_NAME: usize = 400;
 const MAX_ARGS: usize = 16;
 const MAX_ARG_TEXT: usize = 1 << 10;
 
-/// The instant events a trace reader keeps (those it names).
-const KEPT_EVENTS: [&str; 7] = [
+/// The instant events a trace reader keeps (those it names); others are skipped.
+pub const KEPT_EVENTS: [&str; 7] = [
     event::CAP_REFUSAL,
     event::TRIM,
     event::WARNING,

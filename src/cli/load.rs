@@ -7,30 +7,13 @@ use gpuguard_core::report::{Report, SCHEMA};
 use gpuguard_core::report_stream::{Unread, from_reader_spliced, from_slice_keeping};
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom};
-use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 
 /// The largest report read. The library's reports stay far below it (a report
 /// lists at most `GPUGUARD_MAX_LIVE` allocations); past it the file is not one of
 /// them, and reading it would only fill memory.
 pub const MAX_REPORT_BYTES: u64 = 1 << 30;
-
-/// What kind of thing a path is, in words, when it is not a regular file.
-fn kind_of(file_type: std::fs::FileType) -> &'static str {
-    if file_type.is_dir() {
-        "a directory"
-    } else if file_type.is_fifo() {
-        "a FIFO"
-    } else if file_type.is_char_device() {
-        "a character device"
-    } else if file_type.is_block_device() {
-        "a block device"
-    } else if file_type.is_socket() {
-        "a socket"
-    } else {
-        "not a regular file"
-    }
-}
 
 /// A path for a message, with control characters escaped.
 pub fn shown(path: &Path) -> String {
@@ -63,7 +46,7 @@ fn open_bounded(path: &Path, what: &str) -> Result<File, Failure> {
     if !meta.file_type().is_file() {
         return Err(fail(format!(
             "{}, not a {what} file; gpuguard reads regular files only",
-            kind_of(meta.file_type())
+            gpuguard_core::regular_file::kind(meta.file_type())
         )));
     }
     if meta.len() > MAX_REPORT_BYTES {

@@ -7,7 +7,7 @@
 use super::load::shown;
 use super::{EXIT_BROKEN_PIPE, EXIT_USAGE, Failure};
 use std::io::Write;
-use std::os::unix::fs::{FileTypeExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 /// Writes `text` to stdout and flushes it.
@@ -129,19 +129,7 @@ fn refuse_unless_file(path: &Path) -> Result<Option<u32>, Failure> {
             shown(path)
         )));
     }
-    let what = if kind.is_dir() {
-        "a directory"
-    } else if kind.is_fifo() {
-        "a FIFO"
-    } else if kind.is_char_device() {
-        "a character device"
-    } else if kind.is_block_device() {
-        "a block device"
-    } else if kind.is_socket() {
-        "a socket"
-    } else {
-        "not a regular file"
-    };
+    let what = gpuguard_core::regular_file::kind(kind);
     Err(Failure::Input(format!(
         "{}: {what}; gpuguard writes its output to regular files only (choose another output, or -o - for stdout)",
         shown(path)

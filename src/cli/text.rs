@@ -3,7 +3,6 @@
 
 use gpuguard_core::report::human_bytes;
 use std::borrow::Cow;
-use std::fmt::Write;
 
 /// `1 allocation`, `2 allocations`: `noun` is the singular; `s` is added otherwise.
 pub fn count(n: u64, noun: &str) -> String {
@@ -14,40 +13,9 @@ pub fn count(n: u64, noun: &str) -> String {
     }
 }
 
-/// Characters never sent raw to a terminal: C0 controls, DEL and C1 controls (a
-/// C1 `U+009B` is a CSI on some terminals), and the bidirectional overrides,
-/// embeddings, isolates and marks, which reorder what follows them on the line
-/// (`U+202E` shows `exe.txt` as `txt.exe`).
-pub fn is_unsafe(c: char) -> bool {
-    c.is_control()
-        || matches!(c, '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
-        || matches!(c, '\u{200e}' | '\u{200f}' | '\u{061c}')
-}
-
-/// A string from a report, with the characters of [`is_unsafe`] escaped (`\x1b`,
-/// `\u{202e}`): a report is written from a program's argv, file names and symbol
-/// names, which anyone can fill with terminal escape sequences.
-pub fn clean(s: &str) -> Cow<'_, str> {
-    if !s.chars().any(is_unsafe) {
-        return Cow::Borrowed(s);
-    }
-    let mut out = String::with_capacity(s.len() + 8);
-    for c in s.chars() {
-        match c {
-            '\n' => out.push_str("\\n"),
-            '\t' => out.push_str("\\t"),
-            '\r' => out.push_str("\\r"),
-            c if is_unsafe(c) && (c as u32) < 0x80 => {
-                let _ = write!(out, "\\x{:02x}", c as u32);
-            }
-            c if is_unsafe(c) => {
-                let _ = write!(out, "\\u{{{:x}}}", c as u32);
-            }
-            c => out.push(c),
-        }
-    }
-    Cow::Owned(out)
-}
+/// Report strings made safe for a terminal: the library's own rule, so its stderr
+/// lines and the command's output escape alike.
+pub use gpuguard_core::escape::{clean, is_unsafe};
 
 /// The longest text [`clip`] leaves whole, in bytes.
 pub const MAX_LINE_TEXT: usize = 8 << 10;

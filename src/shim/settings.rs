@@ -40,11 +40,7 @@ fn from_env() -> Settings {
         Ok(p) => (p.config, p.warnings),
         Err(e) => {
             let e = e.to_string();
-            let line = format!(
-                "gpuguard[{}]: {}\n",
-                std::process::id(),
-                escape::controls(&e)
-            );
+            let line = format!("gpuguard[{}]: {}\n", std::process::id(), escape::clean(&e));
             write_stderr(line.as_bytes());
             // SAFETY: stopping before the program starts, as documented.
             unsafe { libc::_exit(2) };
@@ -116,7 +112,7 @@ pub(crate) fn log(level: LogLevel, args: std::fmt::Arguments<'_>) {
     let line = format!(
         "gpuguard[{}]: {}\n",
         std::process::id(),
-        escape::controls(&text)
+        escape::clean(&text)
     );
     write_stderr(line.as_bytes());
 }

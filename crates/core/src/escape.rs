@@ -1,15 +1,25 @@
-//! Text for a terminal: the library's lines on stderr carry names and paths from the
-//! environment and the program (an unknown variable's name, `GPUGUARD_DIR`, a
-//! program's name), which anyone can fill with terminal escape sequences. Control
-//! characters are written as escapes, in the style `gpuguard`'s own output uses
-//! (`\n`, `\t`, `\r`, `\x1b`, `\u{9b}`).
+//! Text for a terminal. The library's lines on stderr and the command's output carry
+//! names and paths from the environment, the program and its reports (an unknown
+//! variable's name, `GPUGUARD_DIR`, a program's argv, frames, file names), which
+//! anyone can fill with terminal escape sequences or with characters that reorder a
+//! line. Those are written as escapes: `\n`, `\t`, `\r`, `\x1b`, `\u{202e}`.
 
 use std::borrow::Cow;
 use std::fmt::Write as _;
 
-/// `s` with every control character escaped; borrowed when there is none.
-pub fn controls(s: &str) -> Cow<'_, str> {
-    if !s.chars().any(char::is_control) {
+/// Characters never sent raw to a terminal: C0 controls, DEL and C1 controls (a C1
+/// `U+009B` is a CSI on some terminals), and the bidirectional overrides,
+/// embeddings, isolates and marks, which reorder what follows them on the line
+/// (`U+202E` shows `exe.txt` as `txt.exe`).
+pub fn is_unsafe(c: char) -> bool {
+    c.is_control()
+        || matches!(c, '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+        || matches!(c, '\u{200e}' | '\u{200f}' | '\u{061c}')
+}
+
+/// `s` with the characters of [`is_unsafe`] escaped; borrowed when there is none.
+pub fn clean(s: &str) -> Cow<'_, str> {
+    if !s.chars().any(is_unsafe) {
         return Cow::Borrowed(s);
     }
     let mut out = String::with_capacity(s.len() + 8);
@@ -18,10 +28,10 @@ pub fn controls(s: &str) -> Cow<'_, str> {
             '\n' => out.push_str("\\n"),
             '\t' => out.push_str("\\t"),
             '\r' => out.push_str("\\r"),
-            c if c.is_control() && (c as u32) < 0x80 => {
+            c if is_unsafe(c) && (c as u32) < 0x80 => {
                 let _ = write!(out, "\\x{:02x}", c as u32);
             }
-            c if c.is_control() => {
+            c if is_unsafe(c) => {
                 let _ = write!(out, "\\u{{{:x}}}", c as u32);
             }
             c => out.push(c),
@@ -32,17 +42,18 @@ pub fn controls(s: &str) -> Cow<'_, str> {
 
 #[cfg(test)]
 mod tests {
-    use super::controls;
+    use super::clean;
 
     #[test]
-    fn control_characters_are_escaped_and_the_rest_kept() {
+    fn unsafe_characters_are_escaped_and_the_rest_kept() {
         assert!(matches!(
-            controls("GPUGUARD_CAPP"),
+            clean("GPUGUARD_CAPP"),
             std::borrow::Cow::Borrowed(_)
         ));
         assert_eq!(
-            controls("GPUGUARD_\x1b[31mX\x07\u{9b}é\n\t\r\x7f"),
+            clean("GPUGUARD_\x1b[31mX\x07\u{9b}é\n\t\r\x7f"),
             "GPUGUARD_\\x1b[31mX\\x07\\u{9b}é\\n\\t\\r\\x7f"
         );
+        assert_eq!(clean("train\u{202e}gnp.py"), "train\\u{202e}gnp.py");
     }
 }

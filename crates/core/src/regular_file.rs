@@ -76,8 +76,8 @@ fn refuse_if_not_regular(ty: io::Result<FileType>) -> io::Result<()> {
     }
 }
 
-/// What a file that is not a regular one is, for a message.
-fn kind(t: FileType) -> &'static str {
+/// What a file that is not a regular one is, for a message (`a FIFO`).
+pub fn kind(t: FileType) -> &'static str {
     if t.is_fifo() {
         "a FIFO"
     } else if t.is_socket() {

@@ -251,12 +251,19 @@ fn read_one(path: &Path) -> Option<Status> {
     if !meta.is_file() || meta.len() > MAX_FILE_BYTES {
         return None;
     }
-    let mut text = String::new();
-    std::fs::File::open(path)
-        .ok()?
-        .take(MAX_FILE_BYTES)
-        .read_to_string(&mut text)
+    // Looked at again on the descriptor: the name may have become a link or a FIFO
+    // since (a FIFO opened without O_NONBLOCK would wait for a writer).
+    use std::os::unix::fs::OpenOptionsExt;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(path)
         .ok()?;
+    if !file.metadata().ok()?.is_file() {
+        return None;
+    }
+    let mut text = String::new();
+    file.take(MAX_FILE_BYTES).read_to_string(&mut text).ok()?;
     let status: Status = serde_json::from_str(&text).ok()?;
     (status.schema == SCHEMA).then_some(status)
 }

@@ -599,6 +599,46 @@ fn cupy_with_stacks_off_opens_no_window() {
 }
 
 #[test]
+fn gpuguard_starts_its_python_thread_once_and_on_the_main_thread() {
+    // A Python thread started from another thread can race the interpreter's shutdown:
+    // Thread.start() returns once the new thread runs Python, but the new OS thread
+    // first touches the thread state the interpreter allocated for it, which shutdown
+    // frees. The windows' timer thread used to start the next timer thread at each
+    // tick, and on CPython 3.10 one started as the program ended wrote into the freed
+    // interpreter (SIGSEGV after the program's last line, 5 of 100 runs of
+    // trim::signal_trims_cupy_pools under load). Which thread starts gpuguard's threads
+    // is deterministic where that race is not: one timer thread for the process,
+    // started on the main thread, through every window of both frameworks.
+    for fw in ["cupy", "torch"] {
+        let r = run_trainer(
+            &[fw, "watchthreads", "installed", "small:s3:3"],
+            &[("GPUGUARD_SNAPSHOT_EVERY", "250ms")],
+            true,
+        );
+        r.assert_ok();
+        let started: Vec<&str> = r
+            .stdout
+            .lines()
+            .filter_map(|l| l.strip_prefix("STARTED "))
+            .collect();
+        assert_eq!(
+            started,
+            vec!["gpuguard-window main"],
+            "{fw}: {}",
+            r.describe()
+        );
+        // The windows ran (their ticks are what started threads before).
+        let windows = r
+            .reports()
+            .into_iter()
+            .filter_map(|(_, v)| v["python_cost"]["windows"].as_array().cloned())
+            .flatten()
+            .count();
+        assert!(windows > 0, "{fw}: {}", r.describe());
+    }
+}
+
+#[test]
 fn leaks_made_every_step_are_named_though_stacks_are_sampled() {
     // Raw allocations through ctypes, four a step, none freed (three from a list
     // comprehension, one kept in a list), a step about every millisecond: thousands

@@ -7,6 +7,7 @@
 # _gg_pending_pairs, _gg_capturing and _gg_keeping_status are gpuguard's own
 # functions, put in this namespace by the shim.
 
+import heapq
 import json
 import sys
 import time
@@ -932,20 +933,77 @@ def _gg_in_hook():
 
 
 def _gg_timer(delay, fn):
-    """Runs fn on a daemon thread of gpuguard's after delay seconds. Whatever it
-    raises is dropped: gpuguard's own thread never prints a traceback into the
-    program (at interpreter shutdown the modules it uses may already be gone)."""
-    import threading
-    import time
+    """Runs fn on gpuguard's timer thread after delay seconds. Whatever it raises is
+    dropped: gpuguard's own thread never prints a traceback into the program (at
+    interpreter shutdown the modules it uses may already be gone).
 
-    def run():
-        try:
-            time.sleep(delay)
-            fn()
-        except BaseException:  # noqa: BLE001
-            pass
+    One thread for the process, started on the main thread: a Python thread started
+    from another thread can race the interpreter's shutdown. Thread.start() waits for
+    the new thread only once it runs Python; before that, the new OS thread first
+    touches its thread state, which the interpreter allocated at start() and frees at
+    shutdown with the other threads' states. On CPython 3.10 a timer thread that
+    started the next one (a thread a tick) while the main thread ended let the new
+    thread write into the freed interpreter: SIGSEGV after the program's last line
+    (5 of 100 runs of trim::signal_trims_cupy_pools under load). Started on the main
+    thread, start() returns only once the thread runs, so the main thread cannot be
+    shutting down meanwhile; the timer thread then only waits (on a condition, with
+    the GIL released), which a daemon thread may do at shutdown."""
+    t = _gg_state.get("timers")
+    if t is None or not t.usable():
+        import threading
 
-    threading.Thread(target=run, name="gpuguard-window", daemon=True).start()
+        if threading.current_thread() is not threading.main_thread():
+            raise RuntimeError("gpuguard's timer thread starts on the main thread only")
+        t = _gg_state["timers"] = _GGTimers()
+    t.add(delay, fn)
+
+
+class _GGTimers:
+    """gpuguard's timer thread (see _gg_timer): runs queued functions when due."""
+
+    def __init__(self):
+        import os
+        import threading
+
+        self.pid = os.getpid()
+        self.cv = threading.Condition(threading.Lock())
+        self.due = []  # heap of (when, sequence, fn)
+        self.seq = 0
+        self.thread = threading.Thread(target=self.run, name="gpuguard-window", daemon=True)
+        self.thread.start()
+
+    def usable(self):
+        """False in a forked child (the thread is the parent's, and its lock may have
+        been held at the fork) or once the thread ended."""
+        import os
+
+        return self.pid == os.getpid() and self.thread.is_alive()
+
+    def add(self, delay, fn):
+        with self.cv:
+            self.seq += 1
+            heapq.heappush(self.due, (time.monotonic() + delay, self.seq, fn))
+            self.cv.notify()
+
+    def run(self):
+        due, cv = self.due, self.cv
+        while True:
+            with cv:
+                while True:
+                    wait = due[0][0] - time.monotonic() if due else None
+                    if wait is not None and wait <= 0:
+                        fn = heapq.heappop(due)[2]
+                        break
+                    cv.wait(wait)
+            if _gg_state.get("exiting"):
+                # After Python's atexit ran gpuguard's exit hook: no window work in
+                # the interpreter's teardown.
+                continue
+            try:
+                fn()
+            except BaseException:  # noqa: BLE001
+                pass
+            fn = None
 
 
 def _gg_main_setup():
@@ -975,6 +1033,8 @@ def _gg_on_main(fn):
 
 def _gg_queue_main():
     st = _gg_state
+    if st.get("exiting"):
+        return
     try:
         ok = st["main_add"](st["main_cb"], None) == 0
     except Exception:
@@ -990,7 +1050,7 @@ def _gg_main_run(_arg):
     q = _gg_state["main_q"]
     while True:
         try:
-            if not q:
+            if not q or _gg_state.get("exiting"):
                 return 0
             q.popleft()()
         except KeyboardInterrupt:
@@ -1156,17 +1216,22 @@ class _GGCupyWindow:
         loop raises in the program. Else the pending call (_gg_cupy_change) does it."""
         # A hook method further up (a hook that allocates, so that this loop runs
         # inside another one over the same dict): that outer loop would see the change.
-        f = sys._getframe(2)
-        while f is not None:
-            if f.f_code.co_name in _GG_HOOK_METHODS:
-                return
-            f = f.f_back
-        from cupy.cuda import memory_hook
+        try:
+            f = sys._getframe(2)
+            while f is not None:
+                if f.f_code.co_name in _GG_HOOK_METHODS:
+                    return
+                f = f.f_back
+            from cupy.cuda import memory_hook
 
-        hooks = memory_hook.get_memory_hooks()
-        if hooks and next(reversed(hooks)) == self.name and hooks[self.name] is self:
-            self.self_closed += 1
-            self.close_if(self.closing)
+            hooks = memory_hook.get_memory_hooks()
+            if hooks and next(reversed(hooks)) == self.name and hooks[self.name] is self:
+                self.self_closed += 1
+                self.close_if(self.closing)
+        except Exception as e:
+            # Never into CuPy's pool call (the interpreter's teardown, where imports
+            # fail): the pending call closes the window, or no one needs it closed.
+            _gg_state["cupy_window_error"] = _gg_err(e)
 
     def close(self):
         import time
@@ -1355,7 +1420,10 @@ def _gg_cupy_sampled(cp, pool, devices, blocks, at_exit):
 
 def _gg_at_exit():
     # Python's atexit runs while the interpreter is still whole: the exit report's
-    # classification is taken here, before the C-level exit report is written.
+    # classification is taken here, before the C-level exit report is written. From
+    # here on the timer thread and the queued main-thread calls do nothing: the
+    # interpreter's teardown runs no window work of gpuguard's.
+    _gg_state["exiting"] = True
     try:
         t0 = time.perf_counter()
         pairs = json.loads(_gg_pending_pairs())

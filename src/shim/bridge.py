@@ -810,11 +810,14 @@ def _gg_classify(args):
 _GG_WINDOW_ALLOCS = 256
 
 
-def _gg_window_span(args):
-    """(how long a window stays open at least, at most), in seconds: see above."""
+def _gg_window_span(args, share=0.2):
+    """(how long a window stays open at least, at most), in seconds: at least a
+    fiftieth of the snapshot interval (20 ms to 2 s; 50 ms without snapshots), at most
+    `share` of it (2.5 s times that without): a fifth for PyTorch's, see above; two
+    fifths for CuPy's first half, see below."""
     every = args.get("every_ms")
     step = min(max(every / 50.0, 20.0), 2000.0) / 1000.0 if every else 0.05
-    return step, max(step, every / 5000.0 if every else 0.5)
+    return step, max(step, every * share / 1000.0 if every else 2.5 * share)
 
 
 def _gg_sample_window(args):
@@ -878,11 +881,18 @@ def _gg_sample_window(args):
 # object and bytecode offset, CuPy's own frames trimmed off the top, up to the stack
 # depth; never the frame objects, which would keep locals alive) and forgets a block
 # when it is freed. Like PyTorch's window it lasts until it has seen _GG_WINDOW_ALLOCS
-# pool mallocs (a CuPy step makes about as many as a PyTorch one: one per array) and
-# at least a fiftieth of the snapshot interval, at most a fifth. The second half, as
-# long again, only watches frees (and mallocs, whose address proves the block there
-# before dead), so that the temporaries of the first half's last steps are seen to
-# die. The first half's blocks still allocated then are kept, their frames named
+# pool mallocs (a CuPy step makes about as many as a PyTorch one: one per array), so
+# that it covers whole steps however the main thread is scheduled, and at least a
+# fiftieth of the snapshot interval. Only when the main thread makes fewer pool mallocs
+# (slow steps, a starved thread, none at all) does it close on time: after two fifths
+# of the interval (1 s without snapshots). A fifth, as PyTorch's, was too short where
+# the count was not reached in it: a main thread kept off the CPU for that long, as on
+# a loaded machine, left a window without a single step, and the kept array's line did
+# not rise in that interval (and then ranked behind the stacks' line of the pool's
+# growth). Two fifths still end both halves within the interval, so each report sees
+# one window closed. The second half, as long again, only watches frees (and mallocs,
+# whose address proves the block there before dead), so that the temporaries of the
+# first half's last steps are seen to die. The first half's blocks still allocated then are kept, their frames named
 # ("file:line in function"), and reported as Python sites of framework cupy-sampled
 # (at exit, the open window's blocks still allocated too). They carry over from window
 # to window until shown dead: a later window sees a free of their address, or a pool
@@ -918,6 +928,9 @@ _GG_HOOK_METHODS = frozenset(
     )
 )
 _GG_CUPY_KEPT = 32768
+# The longest a CuPy window's first half stays open waiting for _GG_WINDOW_ALLOCS pool
+# mallocs, as a share of the snapshot interval (see above).
+_GG_CUPY_SHARE = 0.4
 _GG_RETRY_S = 0.002
 
 
@@ -1186,6 +1199,8 @@ class _GGCupyWindow:
 
         step, longest = self.span
         elapsed = time.monotonic() - self.opened
+        # The count first: a window closes on time only when the main thread makes
+        # fewer pool mallocs (slow steps, a starved thread, none at all).
         if self.seen >= _GG_WINDOW_ALLOCS or elapsed + step > longest:
             self.mode = 2
             self.first_ms = elapsed * 1000.0
@@ -1382,7 +1397,7 @@ def _gg_cupy_window(args):
     if not isinstance(w, _GGCupyWindow) or w.busy:
         return
     w.busy = True
-    w.span = _gg_window_span(args)
+    w.span = _gg_window_span(args, _GG_CUPY_SHARE)
     _gg_cupy_change(w, w.open)
 
 

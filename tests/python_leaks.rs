@@ -427,15 +427,18 @@ const SAMPLED_CUPY: &str = "[cupy-sampled blocks, Python]";
 
 #[test]
 fn a_small_cupy_array_kept_each_step_is_the_first_suspect_by_default() {
-    // Default mode, snapshots every 250 ms: each step frees three 64 KiB temporaries
+    // Default mode, snapshots every second: each step frees three 64 KiB temporaries
     // and keeps a 64 KiB array, which takes one of their chunks, so CuPy's pool grows
     // at the temporaries' line (the stacks' own suspect, as on the H200). A CuPy
     // memory hook in short windows after each report names the kept array's line:
-    // the first suspect, as a sampled CuPy site.
+    // the first suspect, as a sampled CuPy site. Each window's first half lasts until
+    // it has recorded 256 pool mallocs (64 steps of 3 ms), well within its time bound
+    // (two fifths of the interval), so it covers whole steps however the main thread
+    // is scheduled.
     let line = common::marked_line("trainer.py", "SMALL-LEAK-LINE");
     let r = run_trainer(
-        &["cupy", "installed", "small:500:3"],
-        &[("GPUGUARD_SNAPSHOT_EVERY", "250ms")],
+        &["cupy", "installed", "small:s6:3"],
+        &[("GPUGUARD_SNAPSHOT_EVERY", "1s")],
         true,
     );
     r.assert_ok();
@@ -475,6 +478,36 @@ fn a_small_cupy_array_kept_each_step_is_the_first_suspect_by_default() {
             && w["allocations"].as_u64().is_some_and(|n| n > 0)),
         "{windows:?}"
     );
+    // A window closed on its count: it recorded the 256 pool mallocs it waits for.
+    assert!(
+        windows.iter().any(
+            |w| w["framework"] == "cupy" && w["allocations"].as_u64().is_some_and(|n| n >= 256)
+        ),
+        "{windows:?}"
+    );
+}
+
+#[test]
+fn slow_cupy_steps_are_covered_by_a_window_that_waits_for_pool_mallocs() {
+    // 300 ms steps of 4 pool mallocs (at the step's end), snapshots every second: a
+    // window that closed after a fifth of the interval (200 ms) missed a step's
+    // mallocs about one time in three, and the kept array's line then did not rise in
+    // that interval. The first half waits for 256 pool mallocs; it gets fewer here,
+    // so it closes on time, after two fifths of the interval (400 ms): each window
+    // holds a step's end, and both halves end before the next report.
+    let line = common::marked_line("trainer.py", "SMALL-LEAK-LINE");
+    let r = run_trainer(
+        &["cupy", "installed", "small:20:300"],
+        &[("GPUGUARD_SNAPSHOT_EVERY", "1s")],
+        true,
+    );
+    r.assert_ok();
+    let text = show_series(&r);
+    let all = suspects(&text);
+    let first = all.first().unwrap_or_else(|| panic!("{text}"));
+    let want = format!("trainer.py:{line} in <module>");
+    assert!(first.iter().any(|l| l.contains(SAMPLED_CUPY)), "{text}");
+    assert!(first.iter().any(|l| l.ends_with(&want)), "{text}");
 }
 
 fn sampled_cupy_bytes(report: &Value) -> u64 {
@@ -596,6 +629,46 @@ fn cupy_with_stacks_off_opens_no_window() {
     assert!(exit.get("python_sites").is_none(), "{exit:#}");
     let detail = cupy_detail(exit);
     assert!(detail.contains("hook off"), "{detail}");
+}
+
+#[test]
+fn gpuguard_starts_its_python_thread_once_and_on_the_main_thread() {
+    // A Python thread started from another thread can race the interpreter's shutdown:
+    // Thread.start() returns once the new thread runs Python, but the new OS thread
+    // first touches the thread state the interpreter allocated for it, which shutdown
+    // frees. The windows' timer thread used to start the next timer thread at each
+    // tick, and on CPython 3.10 one started as the program ended wrote into the freed
+    // interpreter (SIGSEGV after the program's last line, 5 of 100 runs of
+    // trim::signal_trims_cupy_pools under load). Which thread starts gpuguard's threads
+    // is deterministic where that race is not: one timer thread for the process,
+    // started on the main thread, through every window of both frameworks.
+    for fw in ["cupy", "torch"] {
+        let r = run_trainer(
+            &[fw, "watchthreads", "installed", "small:s3:3"],
+            &[("GPUGUARD_SNAPSHOT_EVERY", "250ms")],
+            true,
+        );
+        r.assert_ok();
+        let started: Vec<&str> = r
+            .stdout
+            .lines()
+            .filter_map(|l| l.strip_prefix("STARTED "))
+            .collect();
+        assert_eq!(
+            started,
+            vec!["gpuguard-window main"],
+            "{fw}: {}",
+            r.describe()
+        );
+        // The windows ran (their ticks are what started threads before).
+        let windows = r
+            .reports()
+            .into_iter()
+            .filter_map(|(_, v)| v["python_cost"]["windows"].as_array().cloned())
+            .flatten()
+            .count();
+        assert!(windows > 0, "{fw}: {}", r.describe());
+    }
 }
 
 #[test]

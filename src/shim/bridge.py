@@ -7,6 +7,7 @@
 # _gg_pending_pairs, _gg_capturing and _gg_keeping_status are gpuguard's own
 # functions, put in this namespace by the shim.
 
+import heapq
 import json
 import sys
 import time
@@ -809,11 +810,14 @@ def _gg_classify(args):
 _GG_WINDOW_ALLOCS = 256
 
 
-def _gg_window_span(args):
-    """(how long a window stays open at least, at most), in seconds: see above."""
+def _gg_window_span(args, share=0.2):
+    """(how long a window stays open at least, at most), in seconds: at least a
+    fiftieth of the snapshot interval (20 ms to 2 s; 50 ms without snapshots), at most
+    `share` of it (2.5 s times that without): a fifth for PyTorch's, see above; two
+    fifths for CuPy's first half, see below."""
     every = args.get("every_ms")
     step = min(max(every / 50.0, 20.0), 2000.0) / 1000.0 if every else 0.05
-    return step, max(step, every / 5000.0 if every else 0.5)
+    return step, max(step, every * share / 1000.0 if every else 2.5 * share)
 
 
 def _gg_sample_window(args):
@@ -877,11 +881,18 @@ def _gg_sample_window(args):
 # object and bytecode offset, CuPy's own frames trimmed off the top, up to the stack
 # depth; never the frame objects, which would keep locals alive) and forgets a block
 # when it is freed. Like PyTorch's window it lasts until it has seen _GG_WINDOW_ALLOCS
-# pool mallocs (a CuPy step makes about as many as a PyTorch one: one per array) and
-# at least a fiftieth of the snapshot interval, at most a fifth. The second half, as
-# long again, only watches frees (and mallocs, whose address proves the block there
-# before dead), so that the temporaries of the first half's last steps are seen to
-# die. The first half's blocks still allocated then are kept, their frames named
+# pool mallocs (a CuPy step makes about as many as a PyTorch one: one per array), so
+# that it covers whole steps however the main thread is scheduled, and at least a
+# fiftieth of the snapshot interval. Only when the main thread makes fewer pool mallocs
+# (slow steps, a starved thread, none at all) does it close on time: after two fifths
+# of the interval (1 s without snapshots). A fifth, as PyTorch's, was too short where
+# the count was not reached in it: a main thread kept off the CPU for that long, as on
+# a loaded machine, left a window without a single step, and the kept array's line did
+# not rise in that interval (and then ranked behind the stacks' line of the pool's
+# growth). Two fifths still end both halves within the interval, so each report sees
+# one window closed. The second half, as long again, only watches frees (and mallocs,
+# whose address proves the block there before dead), so that the temporaries of the
+# first half's last steps are seen to die. The first half's blocks still allocated then are kept, their frames named
 # ("file:line in function"), and reported as Python sites of framework cupy-sampled
 # (at exit, the open window's blocks still allocated too). They carry over from window
 # to window until shown dead: a later window sees a free of their address, or a pool
@@ -917,6 +928,9 @@ _GG_HOOK_METHODS = frozenset(
     )
 )
 _GG_CUPY_KEPT = 32768
+# The longest a CuPy window's first half stays open waiting for _GG_WINDOW_ALLOCS pool
+# mallocs, as a share of the snapshot interval (see above).
+_GG_CUPY_SHARE = 0.4
 _GG_RETRY_S = 0.002
 
 
@@ -932,20 +946,77 @@ def _gg_in_hook():
 
 
 def _gg_timer(delay, fn):
-    """Runs fn on a daemon thread of gpuguard's after delay seconds. Whatever it
-    raises is dropped: gpuguard's own thread never prints a traceback into the
-    program (at interpreter shutdown the modules it uses may already be gone)."""
-    import threading
-    import time
+    """Runs fn on gpuguard's timer thread after delay seconds. Whatever it raises is
+    dropped: gpuguard's own thread never prints a traceback into the program (at
+    interpreter shutdown the modules it uses may already be gone).
 
-    def run():
-        try:
-            time.sleep(delay)
-            fn()
-        except BaseException:  # noqa: BLE001
-            pass
+    One thread for the process, started on the main thread: a Python thread started
+    from another thread can race the interpreter's shutdown. Thread.start() waits for
+    the new thread only once it runs Python; before that, the new OS thread first
+    touches its thread state, which the interpreter allocated at start() and frees at
+    shutdown with the other threads' states. On CPython 3.10 a timer thread that
+    started the next one (a thread a tick) while the main thread ended let the new
+    thread write into the freed interpreter: SIGSEGV after the program's last line
+    (5 of 100 runs of trim::signal_trims_cupy_pools under load). Started on the main
+    thread, start() returns only once the thread runs, so the main thread cannot be
+    shutting down meanwhile; the timer thread then only waits (on a condition, with
+    the GIL released), which a daemon thread may do at shutdown."""
+    t = _gg_state.get("timers")
+    if t is None or not t.usable():
+        import threading
 
-    threading.Thread(target=run, name="gpuguard-window", daemon=True).start()
+        if threading.current_thread() is not threading.main_thread():
+            raise RuntimeError("gpuguard's timer thread starts on the main thread only")
+        t = _gg_state["timers"] = _GGTimers()
+    t.add(delay, fn)
+
+
+class _GGTimers:
+    """gpuguard's timer thread (see _gg_timer): runs queued functions when due."""
+
+    def __init__(self):
+        import os
+        import threading
+
+        self.pid = os.getpid()
+        self.cv = threading.Condition(threading.Lock())
+        self.due = []  # heap of (when, sequence, fn)
+        self.seq = 0
+        self.thread = threading.Thread(target=self.run, name="gpuguard-window", daemon=True)
+        self.thread.start()
+
+    def usable(self):
+        """False in a forked child (the thread is the parent's, and its lock may have
+        been held at the fork) or once the thread ended."""
+        import os
+
+        return self.pid == os.getpid() and self.thread.is_alive()
+
+    def add(self, delay, fn):
+        with self.cv:
+            self.seq += 1
+            heapq.heappush(self.due, (time.monotonic() + delay, self.seq, fn))
+            self.cv.notify()
+
+    def run(self):
+        due, cv = self.due, self.cv
+        while True:
+            with cv:
+                while True:
+                    wait = due[0][0] - time.monotonic() if due else None
+                    if wait is not None and wait <= 0:
+                        fn = heapq.heappop(due)[2]
+                        break
+                    cv.wait(wait)
+            if _gg_state.get("exiting"):
+                # After Python's atexit ran gpuguard's exit hook: no window work in
+                # the interpreter's teardown.
+                continue
+            try:
+                fn()
+            except BaseException:  # noqa: BLE001
+                pass
+            fn = None
 
 
 def _gg_main_setup():
@@ -975,6 +1046,8 @@ def _gg_on_main(fn):
 
 def _gg_queue_main():
     st = _gg_state
+    if st.get("exiting"):
+        return
     try:
         ok = st["main_add"](st["main_cb"], None) == 0
     except Exception:
@@ -990,7 +1063,7 @@ def _gg_main_run(_arg):
     q = _gg_state["main_q"]
     while True:
         try:
-            if not q:
+            if not q or _gg_state.get("exiting"):
                 return 0
             q.popleft()()
         except KeyboardInterrupt:
@@ -1126,6 +1199,8 @@ class _GGCupyWindow:
 
         step, longest = self.span
         elapsed = time.monotonic() - self.opened
+        # The count first: a window closes on time only when the main thread makes
+        # fewer pool mallocs (slow steps, a starved thread, none at all).
         if self.seen >= _GG_WINDOW_ALLOCS or elapsed + step > longest:
             self.mode = 2
             self.first_ms = elapsed * 1000.0
@@ -1156,17 +1231,22 @@ class _GGCupyWindow:
         loop raises in the program. Else the pending call (_gg_cupy_change) does it."""
         # A hook method further up (a hook that allocates, so that this loop runs
         # inside another one over the same dict): that outer loop would see the change.
-        f = sys._getframe(2)
-        while f is not None:
-            if f.f_code.co_name in _GG_HOOK_METHODS:
-                return
-            f = f.f_back
-        from cupy.cuda import memory_hook
+        try:
+            f = sys._getframe(2)
+            while f is not None:
+                if f.f_code.co_name in _GG_HOOK_METHODS:
+                    return
+                f = f.f_back
+            from cupy.cuda import memory_hook
 
-        hooks = memory_hook.get_memory_hooks()
-        if hooks and next(reversed(hooks)) == self.name and hooks[self.name] is self:
-            self.self_closed += 1
-            self.close_if(self.closing)
+            hooks = memory_hook.get_memory_hooks()
+            if hooks and next(reversed(hooks)) == self.name and hooks[self.name] is self:
+                self.self_closed += 1
+                self.close_if(self.closing)
+        except Exception as e:
+            # Never into CuPy's pool call (the interpreter's teardown, where imports
+            # fail): the pending call closes the window, or no one needs it closed.
+            _gg_state["cupy_window_error"] = _gg_err(e)
 
     def close(self):
         import time
@@ -1317,7 +1397,7 @@ def _gg_cupy_window(args):
     if not isinstance(w, _GGCupyWindow) or w.busy:
         return
     w.busy = True
-    w.span = _gg_window_span(args)
+    w.span = _gg_window_span(args, _GG_CUPY_SHARE)
     _gg_cupy_change(w, w.open)
 
 
@@ -1355,7 +1435,10 @@ def _gg_cupy_sampled(cp, pool, devices, blocks, at_exit):
 
 def _gg_at_exit():
     # Python's atexit runs while the interpreter is still whole: the exit report's
-    # classification is taken here, before the C-level exit report is written.
+    # classification is taken here, before the C-level exit report is written. From
+    # here on the timer thread and the queued main-thread calls do nothing: the
+    # interpreter's teardown runs no window work of gpuguard's.
+    _gg_state["exiting"] = True
     try:
         t0 = time.perf_counter()
         pairs = json.loads(_gg_pending_pairs())

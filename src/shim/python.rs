@@ -414,7 +414,13 @@ extern "C" fn keeping_status(_module: Obj, f: Obj) -> Obj {
     };
     // SAFETY: GIL held; `f` is a borrowed reference; the call's result (a new
     // reference or NULL with the exception set) is handed to the caller.
-    ExitStatusKept::new(a).run(|| unsafe { (a.call_object)(f, std::ptr::null_mut()) })
+    let r = ExitStatusKept::new(a).run(|| unsafe { (a.call_object)(f, std::ptr::null_mut()) });
+    // The exit hook stops the hooks' frame reads when it hands its answer over; if it
+    // failed before that, they stop here all the same: the interpreter frees its
+    // thread states next, and a hook of a thread still running C (a daemon thread's
+    // allocation) must not read them.
+    frames::stop();
+    r
 }
 
 /// The namespace with `bridge.py` run in it, made on first use.

@@ -38,6 +38,9 @@ Actions, run in order:
   exec-in-gpuguard  from now on the stand-in torch runs code from a string whenever
                 gpuguard's Python side asks it a question (at exit too)
   del-trim      at interpreter shutdown, ask for a trim from inside finalization
+  watchthreads  from now on note each Python thread started (threading.Thread.start):
+                at the end, before OK, prints STARTED <thread name> main|other (the
+                thread that started it) for each
 Prints REPORT <path> for every report the waits saw, and OK at the end. With
 TRAINER_ECHO_SIGNALS=1 the program's own handlers print GOT <signum> for SIGUSR1 and
 SIGUSR2 (installed before the first CUDA call, so gpuguard chains to them: the line
@@ -61,6 +64,7 @@ ATEXIT_AT_START = atexit._ncallbacks()
 
 FW = sys.argv[1]
 LEAKS = []
+STARTED = []  # (thread name, "main" or "other"), with watchthreads
 DIR = os.environ.get("GPUGUARD_DIR", ".")
 
 if os.environ.get("TRAINER_ECHO_SIGNALS") == "1":
@@ -308,6 +312,19 @@ for action in sys.argv[2:]:
         torch.cuda.exec_in_query = True
     elif name == "del-trim":
         sys.modules["__main__"].keeper = TrimAtShutdown()
+    elif name == "watchthreads":
+        import threading
+
+        _start = threading.Thread.start
+
+        def _watched(self):
+            on_main = threading.current_thread() is threading.main_thread()
+            STARTED.append((self.name, "main" if on_main else "other"))
+            return _start(self)
+
+        threading.Thread.start = _watched
     else:
         sys.exit("unknown action " + action)
+for thread, by in STARTED:
+    print("STARTED", thread, by, flush=True)
 print("OK", flush=True)

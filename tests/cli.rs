@@ -184,9 +184,10 @@ fn burst_split(rep: &Value) -> (u64, u64) {
 
 #[test]
 fn past_the_stack_rate_some_allocations_have_no_stack_and_every_byte_is_counted() {
-    // Allocations kept, as fast as the program can for 300 ms: the first window's
-    // (100 ms) get a stack, then about one in 128 (250 in 32,000); the books count
-    // them all.
+    // Allocations kept, as fast as the program can, through a dense stretch of
+    // 300 ms (`burst_for`): a 100 ms window there after one of 100 or more
+    // allocations captures at most a quarter of its own, so dozens at least are left
+    // without a stack, however the run was scheduled; the books count them all.
     let r = gg_run("gg", &["burst", "300"], &[]);
     r.assert_ok();
     let n = r.burst_count();
@@ -194,7 +195,7 @@ fn past_the_stack_rate_some_allocations_have_no_stack_and_every_byte_is_counted(
     let (sited, stackless) = burst_split(&rep);
     assert_eq!(sited + stackless, n, "{}", rep["stackless"]);
     assert!(
-        sited > 100 && stackless > n / 4,
+        sited > 0 && stackless >= 25,
         "{sited} of {n} with a stack: not sampled past the rate"
     );
     assert_eq!(u(&rep["stackless"]["bytes"]), stackless * 4096);

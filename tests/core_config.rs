@@ -161,6 +161,8 @@ fn undocumented_values_are_refused() {
         ("GPUGUARD_REPORT_SIGNAL", "off"),
         ("GPUGUARD_TRIM_SIGNAL", "off"),
         ("GPUGUARD_FINAL_REPORT_SIGNALS", "off"),
+        ("GPUGUARD_CAP", "+0.5"),
+        ("GPUGUARD_CAP", "0:+5"),
     ] {
         assert_refused(var, value);
     }

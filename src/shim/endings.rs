@@ -14,7 +14,7 @@ use super::wake;
 use std::ffi::{c_int, c_void};
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicI64, AtomicU64, Ordering::*};
 use std::sync::{Mutex, MutexGuard, TryLockError};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// The signals whose default action ends the process and which gpuguard watches.
 pub(crate) const CANDIDATES: [(c_int, &str); 3] = [
@@ -126,36 +126,40 @@ static HELPER_TID: AtomicI32 = AtomicI32::new(0);
 /// for it to finish what it was asked (`settle`, at most 5 s of it), then for a lock
 /// it holds (the report lock, the timeline's; `lock_at_exit`). A helper blocked for
 /// good (a write that never returns) then costs the exit 10 s, never the process.
+/// Only the waiting counts: atexit handlers that run long between two waits (a
+/// checkpoint saved, a run synced) take nothing from a healthy helper's allowance.
 pub(crate) const EXIT_WAIT: Duration = Duration::from_secs(10);
-/// When the end began (monotonic ms; 0: not yet).
-static EXIT_BEGAN_MS: AtomicI64 = AtomicI64::new(0);
+/// Milliseconds the end has spent waiting on the helper so far.
+static WAITED_MS: AtomicI64 = AtomicI64::new(0);
 /// Whether a wait of the end already ran out (it is said once).
 static GAVE_UP: AtomicBool = AtomicBool::new(false);
 
-/// The time by which every wait of the end is over (monotonic ms), the end
-/// beginning now if it had not.
-fn exit_deadline_ms() -> i64 {
-    let now = now_ms().max(1);
-    let began = match EXIT_BEGAN_MS.compare_exchange(0, now, AcqRel, Acquire) {
-        Ok(_) => now,
-        Err(earlier) => earlier,
-    };
-    began.saturating_add(EXIT_WAIT.as_millis() as i64)
+/// What is left of the end's allowance for waiting ([`EXIT_WAIT`]), in ms.
+fn wait_left_ms() -> i64 {
+    EXIT_WAIT.as_millis() as i64 - WAITED_MS.load(Acquire)
 }
 
-/// `m` locked, waiting for it no later than the end's deadline (`EXIT_WAIT` after
-/// the end began); `None` past it. Polled, as `settle`: no lock a fork could leave
+/// Counts a wait that began at `start_ms` against the allowance.
+fn waited_since(start_ms: i64) {
+    WAITED_MS.fetch_add((now_ms() - start_ms).max(0), AcqRel);
+}
+
+/// `m` locked, waiting for it no longer than what is left of the end's allowance
+/// ([`EXIT_WAIT`]); `None` past it. Polled, as `settle`: no lock a fork could leave
 /// held. A poisoned lock is taken as it is.
 pub(crate) fn lock_at_exit<T>(m: &Mutex<T>) -> Option<MutexGuard<'_, T>> {
-    let deadline = exit_deadline_ms();
-    loop {
+    let start = now_ms();
+    let deadline = start.saturating_add(wait_left_ms().max(0));
+    let got = loop {
         match m.try_lock() {
-            Ok(g) => return Some(g),
-            Err(TryLockError::Poisoned(p)) => return Some(p.into_inner()),
-            Err(TryLockError::WouldBlock) if now_ms() >= deadline => return None,
+            Ok(g) => break Some(g),
+            Err(TryLockError::Poisoned(p)) => break Some(p.into_inner()),
+            Err(TryLockError::WouldBlock) if now_ms() >= deadline => break None,
             Err(TryLockError::WouldBlock) => std::thread::sleep(Duration::from_millis(1)),
         }
-    }
+    };
+    waited_since(start);
+    got
 }
 
 /// Whether this is the first wait of the end to run out: the caller says so on
@@ -181,7 +185,6 @@ pub(crate) fn exiting() -> bool {
 /// Returns false when the helper thread did not answer within `wait`.
 pub(crate) fn settle(wait: Duration) -> bool {
     EXITING.store(true, Release);
-    let end = exit_deadline_ms();
     // SAFETY: gettid has no preconditions.
     if !wake::running() || HELPER_TID.load(Acquire) == unsafe { libc::gettid() } {
         return true;
@@ -189,14 +192,19 @@ pub(crate) fn settle(wait: Duration) -> bool {
     let ticket = SETTLE_ASKED.fetch_add(1, AcqRel) + 1;
     wake::ring();
     // Polled, not a condition variable: no lock a fork could leave held.
-    let deadline = Instant::now() + wait;
-    while SETTLE_DONE.load(Acquire) < ticket {
-        if Instant::now() >= deadline || now_ms() >= end {
-            return false;
+    let start = now_ms();
+    let deadline = start.saturating_add((wait.as_millis() as i64).min(wait_left_ms().max(0)));
+    let done = loop {
+        if SETTLE_DONE.load(Acquire) >= ticket {
+            break true;
+        }
+        if now_ms() >= deadline {
+            break false;
         }
         std::thread::sleep(Duration::from_millis(1));
-    }
-    true
+    };
+    waited_since(start);
+    done
 }
 
 /// The last settle request (the helper compares it with what it finished).
@@ -219,7 +227,7 @@ pub(crate) fn after_fork_in_child() {
     ENDING.store(0, Relaxed);
     DONE.store(false, Relaxed);
     EXITING.store(false, Relaxed);
-    EXIT_BEGAN_MS.store(0, Relaxed);
+    WAITED_MS.store(0, Relaxed);
     GAVE_UP.store(false, Relaxed);
     HELPER_TID.store(0, Relaxed);
     SETTLE_DONE.store(SETTLE_ASKED.load(Relaxed), Relaxed);
@@ -319,5 +327,43 @@ pub unsafe extern "C" fn kill(pid: libc::pid_t, sig: c_int) -> c_int {
         }
         // The system call itself, as glibc's `kill` makes it (sets errno on failure).
         libc::syscall(libc::SYS_kill, pid as libc::c_long, sig as libc::c_long) as c_int
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Only time spent waiting counts against the end's allowance: an end whose
+    /// atexit handlers ran long between two waits still finds a lock a healthy
+    /// helper holds for a moment, and a helper that holds it for good costs what is
+    /// left of the allowance, no more.
+    #[test]
+    fn only_waiting_counts_against_the_allowance() {
+        let m = std::sync::Arc::new(Mutex::new(()));
+        assert!(lock_at_exit(&m).is_some());
+        std::thread::sleep(Duration::from_millis(30)); // an atexit handler's work
+        let held = m.clone();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let holder = std::thread::spawn(move || {
+            let _g = held.lock().unwrap();
+            tx.send(()).unwrap();
+            std::thread::sleep(Duration::from_millis(20));
+        });
+        rx.recv().unwrap();
+        assert!(
+            lock_at_exit(&m).is_some(),
+            "a lock held for a moment is had"
+        );
+        holder.join().unwrap();
+        let spent = WAITED_MS.load(Acquire);
+        assert!(spent < 1000, "{spent} ms counted: only the waits count");
+        // The allowance spent: a held lock is refused at once.
+        WAITED_MS.store(EXIT_WAIT.as_millis() as i64, Release);
+        let _g = m.lock().unwrap();
+        let start = now_ms();
+        assert!(lock_at_exit(&m).is_none());
+        assert!(now_ms() - start < 1000);
+        WAITED_MS.store(0, Release);
     }
 }

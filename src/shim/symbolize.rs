@@ -9,6 +9,7 @@
 use super::real;
 use gpuguard_core::reporter::FrameInfo;
 use gpuguard_core::symbols::SymbolTable;
+use std::borrow::Cow;
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::ffi::{CStr, OsStr, c_void};
@@ -138,7 +139,7 @@ pub(crate) fn symbolize(pc: usize, tables: &Tables) -> FrameInfo {
         })
     };
     let mut text = match from_elf.or_else(from_loader) {
-        Some((name, o)) => format!("{name}+{o:#x} ({module}+{off:#x})"),
+        Some((name, o)) => format!("{}+{o:#x} ({module}+{off:#x})", shortened(&name)),
         None => format!("{module}+{off:#x}"),
     };
     if !internal && let Some(fl) = file_line(&file, probe, tables) {
@@ -150,6 +151,29 @@ pub(crate) fn symbolize(pc: usize, tables: &Tables) -> FrameInfo {
         internal,
         interpreter,
     }
+}
+
+/// The longest function name a frame carries, in bytes. A demangled C++ template
+/// name (Thrust, CUB, XLA, a lambda in libtorch) can run to many kilobytes, and the
+/// command cuts a report's strings at 4 KiB: cut there, the frame would lose its
+/// offset and line, and two places in one function would read as one site.
+const MAX_NAME_BYTES: usize = 1024;
+
+/// `name` within [`MAX_NAME_BYTES`]: its start and its end (where the function's own
+/// name and arguments are), joined by `…`.
+fn shortened(name: &str) -> Cow<'_, str> {
+    if name.len() <= MAX_NAME_BYTES {
+        return Cow::Borrowed(name);
+    }
+    let mut head = MAX_NAME_BYTES / 2;
+    while !name.is_char_boundary(head) {
+        head -= 1;
+    }
+    let mut tail = name.len() - MAX_NAME_BYTES / 2 + '…'.len_utf8();
+    while !name.is_char_boundary(tail) {
+        tail += 1;
+    }
+    Cow::Owned(format!("{}…{}", &name[..head], &name[tail..]))
 }
 
 /// A mangled Rust (legacy `_ZN...17h<hash>E`, or v0 `_R...`) or C++ (`_Z...`) name,
@@ -170,7 +194,17 @@ pub(crate) fn demangle(name: &str) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::demangle;
+    use super::{MAX_NAME_BYTES, demangle, shortened};
+
+    #[test]
+    fn long_names_keep_their_start_and_end() {
+        assert_eq!(shortened("main"), "main");
+        let long = format!("thrust::detail::{}::launch(é)", "vector<int>, ".repeat(400));
+        let short = shortened(&long);
+        assert!(short.len() <= MAX_NAME_BYTES, "{}", short.len());
+        assert!(short.starts_with("thrust::detail::") && short.ends_with("::launch(é)"));
+        assert!(short.contains('…'));
+    }
 
     #[test]
     fn rust_and_cpp_names_are_demangled_without_the_cpp_runtime() {

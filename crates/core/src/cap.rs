@@ -180,6 +180,14 @@ pub fn exact_size(bytes: u64) -> String {
 /// One value: a size with a unit, a fraction (has a decimal point, no unit), or
 /// plain bytes.
 pub fn parse_limit(s: &str) -> Option<Limit> {
+    // Digits or a point first: no sign (`+0.5`), as the documentation shows.
+    if !s
+        .bytes()
+        .next()
+        .is_some_and(|c| c.is_ascii_digit() || c == b'.')
+    {
+        return None;
+    }
     if s.bytes().any(|c| c.is_ascii_alphabetic()) {
         return parse_size(s).map(Limit::Bytes);
     }

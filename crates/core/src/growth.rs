@@ -22,7 +22,7 @@
 //! says nothing of them, rather than that they held nothing).
 
 use crate::report::Report;
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{HashMap, HashSet};
 
 /// A site's identity across reports (ids differ from report to report).
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -80,36 +80,10 @@ impl Suspect {
     }
 }
 
-/// Live (bytes, count) per site in one report.
-pub fn site_map(r: &Report) -> BTreeMap<SiteKey, (u64, u64)> {
-    let mut m: BTreeMap<SiteKey, (u64, u64)> = BTreeMap::new();
-    for s in &r.sites {
-        let e = m
-            .entry(SiteKey {
-                framework: None,
-                frames: s.frames.clone(),
-            })
-            .or_default();
-        e.0 += s.live_bytes;
-        e.1 += s.live_count;
-    }
-    for s in &r.python_sites {
-        let e = m
-            .entry(SiteKey {
-                framework: Some(s.framework.clone()),
-                frames: s.frames.clone(),
-            })
-            .or_default();
-        e.0 += s.live_bytes;
-        e.1 += s.live_count;
-    }
-    m
-}
-
 /// A site's identity borrowed from a report: (framework, frames).
 type Borrowed<'r> = (Option<&'r str>, &'r [String]);
 
-/// [`site_map`] keyed by the report's own strings.
+/// Live (bytes, count) per site in one report, keyed by the report's own strings.
 fn borrowed_site_map(r: &Report) -> HashMap<Borrowed<'_>, (u64, u64)> {
     let mut m: HashMap<Borrowed, (u64, u64)> = HashMap::new();
     let sites = r

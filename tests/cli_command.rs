@@ -190,9 +190,9 @@ fn run_passes_the_status_through() {
 
 #[test]
 fn run_sets_the_trace_variable_and_keeps_ld_preload() {
-    // A stand-in library, so the variables can be seen without the real one
-    // judging them.
-    let stand_in = sim_dir().join("libnvidia-ml.so.1");
+    // The real library, named by GPUGUARD_LIB: in a shell that never uses CUDA it
+    // does nothing, and the variables are seen as COMMAND gets them.
+    let stand_in = shim();
     let other = sim_dir().join("libcudart.so");
     let (r, _) = guarded(
         &[
@@ -394,6 +394,31 @@ fn run_refuses_a_library_that_is_not_a_shared_object() {
             r.describe()
         );
     }
+    // A shared library, but not gpuguard's: it would load and guard nothing.
+    let other = dir.join("libother.so");
+    std::fs::copy(libc_path(), &other).unwrap();
+    for args in [&["run", "--", "sh", "-c", &touch][..], &["lib"][..]] {
+        let r = done(
+            command(args)
+                .env("GPUGUARD_LIB", &other)
+                .output()
+                .expect("run gpuguard"),
+        );
+        assert_eq!(r.code, Some(2), "{args:?}\n{}", r.describe());
+        assert!(r.stderr.contains("not gpuguard's"), "{}", r.describe());
+    }
+    assert!(!marker.exists(), "the command ran");
+}
+
+/// A shared library of this machine that is not gpuguard's: the C library this
+/// test runs on.
+fn libc_path() -> PathBuf {
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+    maps.lines()
+        .filter_map(|l| l.split_whitespace().nth(5))
+        .find(|p| p.contains("/libc.so"))
+        .map(PathBuf::from)
+        .expect("libc among this process's mappings")
 }
 
 // ---------------------------------------------------------------------------

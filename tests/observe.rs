@@ -572,4 +572,26 @@ fn a_status_directory_that_cannot_be_used_warns_once_and_the_program_runs() {
         .collect();
     assert_eq!(lines.len(), 1, "{}", r.describe());
     assert!(lines[0].contains("/proc/no-such-dir/gpuguard"), "{lines:?}");
+
+    // A directory others can reach: its check names it, and the line says it once.
+    let runtime = common::profile_dir().join(format!("open-rt-{}", std::process::id()));
+    let open = runtime.join("gpuguard");
+    let _ = std::fs::remove_dir_all(&runtime);
+    std::fs::create_dir_all(&open).unwrap();
+    std::fs::set_permissions(&open, std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
+    let r = run(
+        "gg_obs",
+        &["logevery", "300"],
+        &[("XDG_RUNTIME_DIR", s(&runtime))],
+        true,
+    );
+    r.assert_ok();
+    let lines: Vec<&str> = gg_stderr_lines(&r, r.pid)
+        .into_iter()
+        .filter(|l| l.contains("status file"))
+        .collect();
+    assert_eq!(lines.len(), 1, "{}", r.describe());
+    assert_eq!(lines[0].matches(s(&open)).count(), 1, "{lines:?}");
+    assert!(lines[0].contains("other users can reach it"), "{lines:?}");
+    let _ = std::fs::remove_dir_all(&runtime);
 }

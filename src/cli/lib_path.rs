@@ -108,8 +108,25 @@ fn check(lib: &Path) -> Result<(), Failure> {
     if machine.is_some_and(|m| half(18) != m) {
         return Err(refuse("built for another architecture"));
     }
+    // Any other library (`libm.so.6`) would load and guard nothing: gpuguard's own
+    // exports name it, in its dynamic string table.
+    let mut all = Vec::new();
+    gpuguard_core::regular_file::open(lib)
+        .and_then(|f| f.take(MAX_LIB_BYTES).read_to_end(&mut all))
+        .map_err(|e| refuse(&format!("cannot read it: {e}")))?;
+    if !all.windows(EXPORT.len()).any(|w| w == EXPORT) {
+        return Err(Failure::Input(format!(
+            "{} is a shared library but not gpuguard's (it exports no gpuguard_version); set {LIB_VAR} to the path of libgpuguard.so",
+            shown(lib)
+        )));
+    }
     Ok(())
 }
+
+/// A name only gpuguard's library exports, as its dynamic string table holds it.
+const EXPORT: &[u8] = b"\0gpuguard_version\0";
+/// The most of a library read for that name (gpuguard's, with debug lines, is ~14 MB).
+const MAX_LIB_BYTES: u64 = 256 << 20;
 
 /// `gpuguard lib`: the path, for `LD_PRELOAD=$(gpuguard lib) python train.py`.
 pub fn main() -> Outcome {

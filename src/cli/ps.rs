@@ -26,14 +26,15 @@ pub enum Format {
 /// (`status::check_dir`: a real directory of this user, mode 0700); any other is
 /// skipped, listing nothing and deleting nothing, with a warning the first time
 /// (`warned` remembers it across `--watch` redraws).
-fn look(dir: &Path, warned: &mut bool) -> Result<Vec<Status>, Failure> {
+/// The statuses in `dir`; `None` when the directory was skipped (said once).
+fn look(dir: &Path, warned: &mut bool) -> Result<Option<Vec<Status>>, Failure> {
     let me = std::fs::metadata("/proc/self")
         .map(|m| m.uid())
         .map_err(|e| Failure::Input(format!("cannot find this process's user: {e}")))?;
     match status::check_dir(dir, me) {
         Ok(()) => {}
         // No status directory: no process has made one yet.
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Some(Vec::new())),
         Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
             if !*warned {
                 *warned = true;
@@ -42,7 +43,7 @@ fn look(dir: &Path, warned: &mut bool) -> Result<Vec<Status>, Failure> {
                     clean(&e.to_string())
                 ));
             }
-            return Ok(Vec::new());
+            return Ok(None);
         }
         Err(e) => {
             return Err(Failure::Input(format!(
@@ -51,7 +52,7 @@ fn look(dir: &Path, warned: &mut bool) -> Result<Vec<Status>, Failure> {
             )));
         }
     }
-    status::read_all(dir).map_err(|e| {
+    status::read_all(dir).map(Some).map_err(|e| {
         Failure::Input(format!(
             "{}: cannot read the status directory: {e}",
             shown(dir)
@@ -168,7 +169,12 @@ fn printable(text: &str, max: usize) -> String {
 
 /// One look, rendered.
 fn render(dir: &Path, format: Format, warned: &mut bool) -> Result<String, Failure> {
-    let statuses = look(dir, warned)?;
+    let Some(statuses) = look(dir, warned)? else {
+        return Ok(match format {
+            Format::Table => format!("no status files read: {} was skipped\n", shown(dir)),
+            Format::Json => "[]\n".into(),
+        });
+    };
     Ok(match format {
         Format::Table => render_table(&statuses, dir, now_unix_ms()),
         // A status file's program and argv come from the process: escaped as `show

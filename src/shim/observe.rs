@@ -221,11 +221,18 @@ fn start(books: &Books, pid: u32) -> Observer {
         Ok(d) => match status::ensure_dir(&d) {
             Ok(()) => Some(d),
             Err(e) => {
+                // The directory's own check names it; an error of the system does not.
+                let said = e.to_string();
+                let named = said.starts_with(&*d.to_string_lossy());
+                let place = if named {
+                    String::new()
+                } else {
+                    format!("{}: ", d.display())
+                };
                 log(
                     LogLevel::Warn,
                     format_args!(
-                        "no status file for `gpuguard ps`: {}: {e}; running without it",
-                        d.display()
+                        "no status file for `gpuguard ps`: {place}{said}; running without it"
                     ),
                 );
                 None

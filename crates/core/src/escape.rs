@@ -8,13 +8,17 @@ use std::borrow::Cow;
 use std::fmt::Write as _;
 
 /// Characters never sent raw to a terminal: C0 controls, DEL and C1 controls (a C1
-/// `U+009B` is a CSI on some terminals), and the bidirectional overrides,
-/// embeddings, isolates and marks, which reorder what follows them on the line
-/// (`U+202E` shows `exe.txt` as `txt.exe`).
+/// `U+009B` is a CSI on some terminals), the bidirectional overrides, embeddings,
+/// isolates and marks, which reorder what follows them on the line (`U+202E` shows
+/// `exe.txt` as `txt.exe`), and the line and paragraph separators, which some
+/// viewers break a line at.
 pub fn is_unsafe(c: char) -> bool {
     c.is_control()
         || matches!(c, '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
-        || matches!(c, '\u{200e}' | '\u{200f}' | '\u{061c}')
+        || matches!(
+            c,
+            '\u{200e}' | '\u{200f}' | '\u{061c}' | '\u{2028}' | '\u{2029}'
+        )
 }
 
 /// `s` with the characters of [`is_unsafe`] escaped; borrowed when there is none.
@@ -55,5 +59,6 @@ mod tests {
             "GPUGUARD_\\x1b[31mX\\x07\\u{9b}é\\n\\t\\r\\x7f"
         );
         assert_eq!(clean("train\u{202e}gnp.py"), "train\\u{202e}gnp.py");
+        assert_eq!(clean("a\u{2028}b"), "a\\u{2028}b");
     }
 }

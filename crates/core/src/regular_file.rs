@@ -36,7 +36,24 @@ pub fn create(path: &Path, truncate: bool) -> io::Result<File> {
             }
             _ => e,
         })?;
-    refuse_if_not_regular(file.metadata().map(|m| m.file_type()))?;
+    let meta = file.metadata()?;
+    refuse_if_not_regular(Ok(meta.file_type()))?;
+    // Written in place, so only a file of this user's with no other name: another
+    // user's file (a name planted in a shared directory) would receive the program's
+    // paths and argv, and a hard link would carry the writing to a file elsewhere.
+    use std::os::unix::fs::MetadataExt;
+    if meta.uid() != std::fs::metadata("/proc/self")?.uid() {
+        return Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            "it belongs to another user",
+        ));
+    }
+    if meta.nlink() > 1 {
+        return Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            "it has other hard links",
+        ));
+    }
     if truncate {
         // After the check: O_TRUNC would have emptied whatever the name was then.
         file.set_len(0)?;
@@ -156,6 +173,28 @@ mod tests {
         std::os::unix::fs::symlink(&p, &link).unwrap();
         assert!(create(&link, true).is_err());
         assert_eq!(std::fs::read(&p).unwrap(), b"second");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_file_with_another_name_or_of_another_user_is_not_written() {
+        let dir = scratch("owner");
+        let victim = dir.join("victim");
+        std::fs::write(&victim, b"VICTIM").unwrap();
+        let hard = dir.join("trace.json");
+        std::fs::hard_link(&victim, &hard).unwrap();
+        let e = create(&hard, true).unwrap_err();
+        assert!(e.to_string().contains("other hard links"), "{e}");
+        assert_eq!(std::fs::read(&victim).unwrap(), b"VICTIM");
+        use std::os::unix::fs::MetadataExt;
+        if std::fs::metadata("/proc/self").unwrap().uid() == 0 {
+            let theirs = dir.join("theirs.json");
+            std::fs::write(&theirs, b"THEIRS").unwrap();
+            std::os::unix::fs::chown(&theirs, Some(4242), Some(4242)).unwrap();
+            let e = create(&theirs, true).unwrap_err();
+            assert!(e.to_string().contains("another user"), "{e}");
+            assert_eq!(std::fs::read(&theirs).unwrap(), b"THEIRS");
+        }
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -176,20 +176,12 @@ fn a_burst_of_signals_merges_into_few_trims() {
     let r = run_trainer(&["torch", "cache:16", "burst:USR2:20", "state"], &[], true);
     r.assert_ok();
     let trims = reports_with(&r, "trim");
-    // The burst is sent from the main thread, which also runs each trim's Python part
-    // between two of its kill() calls: how the 20 split depends on scheduling (1-3
-    // trims when idle, 4 seen under CI load), never one trim each.
-    assert!(
-        !trims.is_empty() && trims.len() <= 6,
-        "{} trims",
-        trims.len()
-    );
-    let merged: u64 = trims
-        .iter()
-        .map(|t| t["trim"]["merged"].as_u64().unwrap())
-        .sum();
+    // A shell sends the 20 while the main thread, which runs the first trim's Python
+    // part, waits for it: every later signal meets that trim and is merged into it.
+    assert_eq!(trims.len(), 1, "{} trims", trims.len());
+    let merged = trims[0]["trim"]["merged"].as_u64().unwrap();
     // The kernel may fold pending signals together; none is counted twice.
-    assert!((1..=20).contains(&merged), "merged {merged}");
+    assert!(merged <= 19, "merged {merged}");
     assert_eq!(states(&r), vec![(0, 0)]);
 }
 

@@ -179,9 +179,10 @@ fn a_burst_of_signals_merges_into_few_trims() {
     // A shell sends the 20 while the main thread, which runs the first trim's Python
     // part, waits for it: every later signal meets that trim and is merged into it.
     assert_eq!(trims.len(), 1, "{} trims", trims.len());
+    // The signals the trim answered for, its own first among them; the kernel may
+    // fold pending ones together, and none is counted twice.
     let merged = trims[0]["trim"]["merged"].as_u64().unwrap();
-    // The kernel may fold pending signals together; none is counted twice.
-    assert!(merged <= 19, "merged {merged}");
+    assert!((1..=20).contains(&merged), "merged {merged}");
     assert_eq!(states(&r), vec![(0, 0)]);
 }
 

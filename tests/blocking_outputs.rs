@@ -37,6 +37,12 @@ fn trace_lines(r: &Run) -> Vec<&str> {
         .collect()
 }
 
+/// `gg leak 1` with `var` set to `value`, ended by the harness if it outlives
+/// [`DEADLINE`].
+fn leak_with(var: &str, value: &Path) -> Run {
+    run_timeout("gg", &["leak", "1"], &[(var, s(value))], true, DEADLINE)
+}
+
 /// `GPUGUARD_TRACE` naming a FIFO nobody reads: before, the helper thread blocked in
 /// its open for ever, the exit waited 5 s for it, wrote the exit report, then waited
 /// for ever on the lock the helper held (alive at 35 s). Now: one line saying what
@@ -46,13 +52,7 @@ fn a_trace_fifo_without_a_reader_is_refused_and_the_program_ends() {
     let dir = fresh_dir("fifo-trace");
     let fifo = dir.join("t.json");
     mkfifo(&fifo);
-    let r = run_timeout(
-        "gg",
-        &["leak", "1"],
-        &[("GPUGUARD_TRACE", s(&fifo))],
-        true,
-        DEADLINE,
-    );
+    let r = leak_with("GPUGUARD_TRACE", &fifo);
     r.assert_ok();
     let lines = trace_lines(&r);
     assert_eq!(lines.len(), 1, "one line about the trace\n{}", r.describe());
@@ -87,13 +87,7 @@ fn a_trace_fifo_with_a_reader_is_refused_too() {
         .custom_flags(libc::O_NONBLOCK)
         .open(&fifo)
         .expect("hold the FIFO open");
-    let r = run_timeout(
-        "gg",
-        &["leak", "1"],
-        &[("GPUGUARD_TRACE", s(&fifo))],
-        true,
-        DEADLINE,
-    );
+    let r = leak_with("GPUGUARD_TRACE", &fifo);
     r.assert_ok();
     let lines = trace_lines(&r);
     assert_eq!(lines.len(), 1, "{}", r.describe());
@@ -166,13 +160,7 @@ fn a_fifo_at_the_status_file_name_is_replaced_and_removed() {
 fn a_status_directory_that_is_a_fifo_is_not_used() {
     let runtime = fresh_dir("fifo-status-dir");
     mkfifo(&runtime.join("gpuguard"));
-    let r = run_timeout(
-        "gg",
-        &["leak", "1"],
-        &[("XDG_RUNTIME_DIR", s(&runtime))],
-        true,
-        DEADLINE,
-    );
+    let r = leak_with("XDG_RUNTIME_DIR", &runtime);
     r.assert_ok();
     let lines: Vec<&str> = gg_stderr_lines(&r, r.pid)
         .into_iter()
@@ -190,13 +178,7 @@ fn a_report_directory_that_is_a_fifo_sends_the_report_to_stderr() {
     let dir = fresh_dir("fifo-dir");
     let fifo = dir.join("reports");
     mkfifo(&fifo);
-    let r = run_timeout(
-        "gg",
-        &["leak", "1"],
-        &[("GPUGUARD_DIR", s(&fifo))],
-        true,
-        DEADLINE,
-    );
+    let r = leak_with("GPUGUARD_DIR", &fifo);
     r.assert_ok();
     assert!(
         r.stderr.contains("writing them to stderr instead")

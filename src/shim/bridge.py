@@ -838,35 +838,42 @@ def _gg_sample_window(args):
         except Exception:
             return None
 
-    try:
-        mem._record_memory_history(enabled="state", context="alloc", stacks="python")
-    except Exception as e:
-        st["torch_recorder"] = "error: " + _gg_err(e)
-        return
-    st["torch_recorder"] = "sampling"
+    def open_window():
+        try:
+            mem._record_memory_history(enabled="state", context="alloc", stacks="python")
+        except Exception as e:
+            st["torch_recorder"] = "error: " + _gg_err(e)
+            return
+        st["torch_recorder"] = "sampling"
+        opened[0], first[0] = time.monotonic(), allocations()
+        _gg_timer(step, check)
 
-    opened, first = time.monotonic(), allocations()
+    opened, first = [0.0], [None]
 
     def close(n):
         try:
             mem._record_memory_history(enabled=None)
         except Exception:
             pass
-        st["window_ms"] = (time.monotonic() - opened) * 1000.0
+        st["window_ms"] = (time.monotonic() - opened[0]) * 1000.0
         w = {"ms": st["window_ms"]}
-        if n is not None and first is not None:
-            w["allocations"] = max(0, n - first)
+        if n is not None and first[0] is not None:
+            w["allocations"] = max(0, n - first[0])
         st.setdefault("windows", {})["pytorch"] = w
 
     def check():
         n = allocations()
-        enough = n is None or first is None or n - first >= _GG_WINDOW_ALLOCS
-        if enough or time.monotonic() - opened + step > longest:
+        enough = n is None or first[0] is None or n - first[0] >= _GG_WINDOW_ALLOCS
+        if enough or time.monotonic() - opened[0] + step > longest:
             close(n)
         else:
             _gg_timer(step, check)
 
-    _gg_timer(step, check)
+    # Opened and closed on the timer thread: PyTorch's recorder adds a callback to the
+    # calling thread's own RecordFunction callbacks and removes it from the calling
+    # thread's; closed on another thread, it is not found and PyTorch prints a warning
+    # ("Requested callback is not found") on the program's stderr after every window.
+    _gg_timer(0, open_window)
 
 
 # ---- default mode: a CuPy memory hook in short windows --------------------------------

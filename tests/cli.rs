@@ -170,76 +170,161 @@ fn run_reports_a_missing_program() {
     );
 }
 
-/// The live allocations of `burst_for` in a report: (with a stack, without one).
-fn burst_split(rep: &Value) -> (u64, u64) {
-    let sited: u64 = rep["sites"]
+/// The burst's site (`burst_for`) in a report: its estimated count and how many
+/// were captured; and how many the sampler passed over.
+fn burst_split(rep: &Value) -> (u64, u64, u64) {
+    let site = rep["sites"]
         .as_array()
         .unwrap()
         .iter()
-        .filter(|s| s["frames"].to_string().contains("burst_for"))
-        .map(|s| u(&s["live_count"]))
-        .sum();
-    (sited, rep["stackless"]["count"].as_u64().unwrap_or(0))
+        .find(|s| s["frames"].to_string().contains("burst_for"))
+        .unwrap_or_else(|| panic!("no burst_for site: {rep:#}"));
+    let count = u(&site["live_count"]);
+    let captured = site["captured"].as_u64().unwrap_or(count);
+    (
+        count,
+        captured,
+        rep["sampled_out"]["count"].as_u64().unwrap_or(0),
+    )
 }
 
 #[test]
-fn past_the_stack_rate_some_allocations_have_no_stack_and_every_byte_is_counted() {
+fn past_the_stack_rate_sites_are_estimates_and_every_byte_is_counted() {
     // Allocations kept, as fast as the program can, through a dense stretch of
     // 300 ms (`burst_for`): a 100 ms window there after one of 100 or more
-    // allocations captures at most a quarter of its own, so dozens at least are left
-    // without a stack, however the run was scheduled; the books count them all.
+    // allocations captures at most a quarter of its own, so dozens at least are
+    // passed over, however the run was scheduled; the books count them all, and the
+    // site's figures, weighted by what each capture stood for, estimate them all.
     let r = gg_run("gg", &["burst", "300"], &[]);
     r.assert_ok();
     let n = r.burst_count();
     let (path, rep) = exit_report(&r);
-    let (sited, stackless) = burst_split(&rep);
-    assert_eq!(sited + stackless, n, "{}", rep["stackless"]);
+    let (estimate, captured, passed) = burst_split(&rep);
+    assert_eq!(captured + passed, n, "{}", rep["sampled_out"]);
     assert!(
-        sited > 0 && stackless >= 25,
-        "{sited} of {n} with a stack: not sampled past the rate"
+        captured > 0 && passed >= 25,
+        "{captured} of {n} captured: not sampled past the rate"
     );
-    assert_eq!(u(&rep["stackless"]["bytes"]), stackless * 4096);
+    // Within 20%: past the dense stretch's first window (captured whole) about one
+    // in 128 is captured, some 400 or more of the burst, a standard error of 5% or
+    // less.
+    let off = (estimate as f64 / n as f64 - 1.0).abs();
+    assert!(
+        off < 0.2,
+        "estimate {estimate} of {n} ({captured} captured)"
+    );
+    assert_eq!(u(&rep["sampled_out"]["bytes"]), passed * 4096);
+    assert!(rep.get("stackless").is_none(), "{}", rep["stackless"]);
     let dev = device_entry(&rep, 0).expect("device 0");
     assert_eq!(u(&dev["current_bytes"]), n * 4096, "the books are exact");
     assert_eq!(rep["config"]["stack_rate"], 250);
     let shown = gpuguard(&["show", s(&path)]);
     assert!(shown.status.success(), "{}", shown.describe());
-    let line = format!("{} live allocations (", stackless);
+    let line = format!("{} live allocations (", passed);
     assert!(
         shown.stdout.lines().any(|l| l.contains(&line)
-            && l.contains("without a stack")
+            && l.contains("not captured")
             && l.contains("GPUGUARD_STACK_RATE=all")),
+        "{}",
+        shown.stdout
+    );
+    // The site's figures are marked as estimates, with the captures they rest on.
+    let est = format!("(est. from {captured} captured)");
+    assert!(
+        shown
+            .stdout
+            .lines()
+            .any(|l| l.contains('~') && l.contains(&est)),
         "{}",
         shown.stdout
     );
     let json = gpuguard(&["show", "--json", s(&path)]);
     let v: Value = serde_json::from_str(&json.stdout).expect("json");
-    assert_eq!(u(&v["reports"][0]["stackless"]["count"]), stackless, "{v}");
+    assert_eq!(u(&v["reports"][0]["sampled_out"]["count"]), passed, "{v}");
+    assert_eq!(
+        u(&v["reports"][0]["top_sites"][0]["captured"]),
+        captured,
+        "{v}"
+    );
 
-    // With every stack asked for, all of them have one.
+    // With every stack asked for, all of them have one, and the figures are exact.
     let r = gg_run("gg", &["burst", "300"], &[("GPUGUARD_STACK_RATE", "all")]);
     r.assert_ok();
     let (every, rep) = exit_report(&r);
-    assert_eq!(burst_split(&rep), (r.burst_count(), 0));
-    assert!(rep.get("stackless").is_none(), "{}", rep["stackless"]);
+    let n = r.burst_count();
+    assert_eq!(burst_split(&rep), (n, n, 0));
+    assert!(rep.get("sampled_out").is_none(), "{}", rep["sampled_out"]);
     let shown = gpuguard(&["show", s(&every)]);
     assert!(
-        !shown.stdout.contains("without a stack"),
+        !shown.stdout.contains("not captured") && !shown.stdout.contains("est. from"),
         "{}",
         shown.stdout
     );
 
-    // diff says what no site holds: its change is in the totals only.
+    // diff says how many were passed over in each.
     let d = gpuguard(&["diff", s(&every), s(&path)]);
     assert!(d.status.success(), "{}", d.describe());
     let line = d
         .stdout
         .lines()
-        .find(|l| l.contains("without a stack"))
+        .find(|l| l.contains("not captured"))
         .unwrap_or_else(|| panic!("no line for them:\n{}", d.stdout));
-    assert!(line.contains(&format!("0 -> {stackless}")), "{line}");
+    assert!(line.contains(&format!("0 -> {passed}")), "{line}");
     let d = gpuguard(&["diff", "--json", s(&every), s(&path)]);
     let v: Value = serde_json::from_str(&d.stdout).expect("json");
-    assert_eq!(u(&v["stackless"][1]["count"]), stackless, "{v}");
-    assert_eq!(u(&v["stackless"][0]["count"]), 0, "{v}");
+    assert_eq!(u(&v["sampled_out"][1]["count"]), passed, "{v}");
+    assert_eq!(u(&v["sampled_out"][0]["count"]), 0, "{v}");
+}
+
+#[test]
+fn a_line_keeping_a_block_among_many_temporaries_is_estimated_whole() {
+    // 300,000 allocations of 64 KiB, each freed at once but one in 100 kept by
+    // `keep_step`, and one of 64 MiB kept once: past the rate, by the floor (at
+    // 2,000 captures a second, one in 16 of these), the kept line has ~190 of its
+    // 3,000 captured. Counted by captures alone it showed a sixteenth of its bytes;
+    // weighted, its estimate is within 35% (4.7 standard errors) of what it keeps.
+    // The 64 MiB one is always captured and exact.
+    let r = gg_run(
+        "gg",
+        &["kept_among", "300000", "100"],
+        &[("GPUGUARD_STACK_RATE", "2000")],
+    );
+    r.assert_ok();
+    let kept: u64 = r
+        .stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("KEPT n="))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no KEPT line\n{}", r.describe()));
+    assert_eq!(kept, 3_000);
+    let (_, rep) = exit_report(&r);
+    let site = |name: &str| {
+        rep["sites"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["frames"][0].as_str().is_some_and(|f| f.contains(name)))
+            .unwrap_or_else(|| panic!("no {name} site: {rep:#}"))
+            .clone()
+    };
+    let step = site("keep_step");
+    let truth = kept * (64 << 10);
+    let got = u(&step["live_bytes"]);
+    assert!(
+        step["captured"].as_u64().is_some_and(|c| c < kept),
+        "sampled: {step}"
+    );
+    assert!(
+        (got as f64 / truth as f64 - 1.0).abs() < 0.35,
+        "keep_step: {got} estimated, {truth} kept: {step}"
+    );
+    let once = site("keep_once");
+    assert_eq!(u(&once["live_bytes"]), 64 << 20, "{once}");
+    assert!(once.get("captured").is_none(), "{once}");
+    let dev = device_entry(&rep, 0).expect("device 0");
+    assert_eq!(
+        u(&dev["current_bytes"]),
+        truth + (64 << 20),
+        "the books are exact"
+    );
 }

@@ -57,6 +57,7 @@ fn report(dir: &Path, name: &str, seq: u64, evil: &str, bytes: u64) -> PathBuf {
             frames: vec![format!("leak{evil}exe.txt+0x1 (app+0x1)"), "main".into()],
             live_bytes: bytes,
             live_count: 1,
+            captured: None,
         }],
         ..Default::default()
     };

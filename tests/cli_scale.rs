@@ -187,6 +187,7 @@ fn many_sites(dir: &Path, seq: u64) -> PathBuf {
             ],
             live_bytes: u64::from(SITES - i) * 4096 + grow,
             live_count: 1,
+            captured: None,
         }
     };
     let mut r = shell(seq);
@@ -247,6 +248,7 @@ fn many_live(path: &Path, live: u64) {
         frames: vec!["alloc+0x1 (libapp.so+0x1)".into()],
         live_bytes: live << 12,
         live_count: live,
+        captured: None,
     }];
     let entry = |i: u64| LiveAllocation {
         address: Hex(0x7f00_0000_0000 + (i << 12)),
@@ -294,6 +296,7 @@ fn a_huge_program_name_is_cut_in_show_and_the_flame_graph() {
         frames: vec!["@F@+0x1 (lib.so+0x1)".into()],
         live_bytes: 1 << 20,
         live_count: 1,
+        captured: None,
     }];
     r.devices = vec![device(0, 1 << 20)];
     let path = dir.join("name.json");
@@ -400,6 +403,7 @@ fn a_deep_stack_draws_without_overflowing() {
         frames: (0..200_000).map(|i| format!("f{i}")).collect(),
         live_bytes: 1 << 20,
         live_count: 1,
+        captured: None,
     }];
     r.devices = vec![device(0, 1 << 20)];
     let path = dir.join("deep.json");

@@ -97,8 +97,13 @@ struct JsonDiff<'a> {
     total: DeviceChange,
     /// Total live bytes gained from A to B over all devices (0 if they fell).
     live_growth_bytes: u64,
-    /// A's and B's live allocations without a stack (past `GPUGUARD_STACK_RATE`).
+    /// A's and B's live allocations without a stack (a signal handler's inside a
+    /// hook; in reports before stacks were sampled by bytes, those past
+    /// `GPUGUARD_STACK_RATE`).
     stackless: [gpuguard_core::report::Stackless; 2],
+    /// A's and B's live allocations the stack sampler passed over (the sites'
+    /// estimates stand for them).
+    sampled_out: [gpuguard_core::report::Stackless; 2],
     #[serde(skip_serializing_if = "Option::is_none")]
     fail_on_growth_bytes: Option<u64>,
     grew: Vec<JsonGrowth>,
@@ -207,15 +212,24 @@ fn render_sites(out: &mut String, sites: &[SiteTrend], grew: bool, top: usize) {
     }
 }
 
-/// Live allocations no site holds (past `GPUGUARD_STACK_RATE`), A to B, when either
-/// report has some: their change is in the totals but in no site's.
+/// Live allocations no site holds, A to B, when either report has some: those the
+/// stack sampler passed over (the sites' estimates stand for them), and those
+/// without a stack (their change is in the totals but in no site's).
 fn render_stackless(out: &mut String, a: &Report, b: &Report) {
+    if !a.sampled_out.is_empty() || !b.sampled_out.is_empty() {
+        put!(
+            out,
+            "\n  not captured (past GPUGUARD_STACK_RATE; the sites' ~ estimates stand for them): {}, {} allocations",
+            bytes_change(a.sampled_out.bytes, b.sampled_out.bytes),
+            count_change(a.sampled_out.count, b.sampled_out.count)
+        );
+    }
     if a.stackless.is_empty() && b.stackless.is_empty() {
         return;
     }
     put!(
         out,
-        "\n  without a stack (past GPUGUARD_STACK_RATE; in the totals, in no site): {}, {} allocations",
+        "\n  without a stack (in the totals, in no site): {}, {} allocations",
         bytes_change(a.stackless.bytes, b.stackless.bytes),
         count_change(a.stackless.count, b.stackless.count)
     );
@@ -255,6 +269,7 @@ pub fn main(args: DiffArgs) -> Outcome {
             total,
             live_growth_bytes: growth,
             stackless: [ra.stackless, rb.stackless],
+            sampled_out: [ra.sampled_out, rb.sampled_out],
             fail_on_growth_bytes: args.fail_on_growth,
             grew: grown
                 .iter()

@@ -562,12 +562,14 @@ mod tests {
                     frames: vec!["leaky_function+0x10".into(), "main+0x5".into()],
                     live_bytes: 300,
                     live_count: 3,
+                    captured: None,
                 },
                 Site {
                     id: 1,
                     frames: vec!["other+0x1".into(), "main+0x5".into()],
                     live_bytes: 100,
                     live_count: 1,
+                    captured: None,
                 },
             ],
             python_sites: vec![PythonSite {
@@ -579,6 +581,7 @@ mod tests {
                 ],
                 live_bytes: 64,
                 live_count: 2,
+                captured: None,
             }],
             ..Default::default()
         }

@@ -162,6 +162,9 @@ pub struct MergedSite<'r> {
     pub frames: &'r [String],
     pub live_bytes: u64,
     pub live_count: u64,
+    /// Where the figures are estimates (`Site::captured`): how many of the live
+    /// allocations were captured.
+    pub captured: Option<u64>,
 }
 
 /// Site ids named in a merged site's label; the rest are counted.
@@ -187,17 +190,22 @@ impl MergedSite<'_> {
 }
 
 fn merge<'r>(
-    sites: impl Iterator<Item = (u32, Option<&'r str>, &'r [String], u64, u64)>,
+    sites: impl Iterator<Item = (u32, Option<&'r str>, &'r [String], u64, u64, Option<u64>)>,
 ) -> Vec<MergedSite<'r>> {
     let mut out: Vec<MergedSite<'r>> = Vec::new();
     // Where each identity's line is in `out`: a hash lookup per site, where a search
     // of `out` made a report of 200,000 sites take minutes.
     let mut at: HashMap<(Option<&'r str>, &'r [String]), usize> = HashMap::new();
-    for (id, python, frames, bytes, count) in sites {
+    for (id, python, frames, bytes, count, captured) in sites {
         match at.entry((python, frames)) {
             Entry::Occupied(i) => {
                 let m = &mut out[*i.get()];
                 m.ids.push(id);
+                // Estimated where either part is; an exact part was captured whole.
+                m.captured = match (m.captured, captured) {
+                    (None, None) => None,
+                    (a, b) => Some(a.unwrap_or(m.live_count).saturating_add(b.unwrap_or(count))),
+                };
                 m.live_bytes = m.live_bytes.saturating_add(bytes);
                 m.live_count = m.live_count.saturating_add(count);
             }
@@ -209,6 +217,7 @@ fn merge<'r>(
                     frames,
                     live_bytes: bytes,
                     live_count: count,
+                    captured,
                 });
             }
         }
@@ -220,11 +229,16 @@ fn merge<'r>(
 
 /// The report's native call sites, same frames merged, most live bytes first.
 pub fn native_sites(r: &Report) -> Vec<MergedSite<'_>> {
-    merge(
-        r.sites
-            .iter()
-            .map(|s| (s.id, None, s.frames.as_slice(), s.live_bytes, s.live_count)),
-    )
+    merge(r.sites.iter().map(|s| {
+        (
+            s.id,
+            None,
+            s.frames.as_slice(),
+            s.live_bytes,
+            s.live_count,
+            s.captured,
+        )
+    }))
 }
 
 /// The report's Python lines, same framework and frames merged, most first.
@@ -236,6 +250,7 @@ pub fn python_sites(r: &Report) -> Vec<MergedSite<'_>> {
             s.frames.as_slice(),
             s.live_bytes,
             s.live_count,
+            s.captured,
         )
     }))
 }
@@ -260,6 +275,7 @@ mod tests {
                     frames: vec![f.to_string(), "main".into()],
                     live_bytes: *b,
                     live_count: 1,
+                    captured: None,
                 })
                 .collect(),
             ..Default::default()

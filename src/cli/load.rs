@@ -264,6 +264,7 @@ mod tests {
                 frames: vec!["main".into()],
                 live_bytes: live << 20,
                 live_count: live,
+                captured: None,
             }],
             ..Default::default()
         }

@@ -193,8 +193,21 @@ pub fn pinned_line(r: &Report) -> Option<String> {
 }
 
 /// A site's figures and frames, as the top lists and the details show them.
-fn render_site(out: &mut String, label: &str, bytes: u64, what: &str, site_frames: &[String]) {
-    put!(out, "    {label:<12} {:>11} in {what}", human_bytes(bytes));
+/// One site: its label, bytes (`~` before an estimate), what holds them, frames.
+fn render_site(
+    out: &mut String,
+    label: &str,
+    bytes: u64,
+    estimated: bool,
+    what: &str,
+    site_frames: &[String],
+) {
+    let approx = if estimated { "~" } else { "" };
+    put!(
+        out,
+        "    {label:<12} {:>11} in {what}",
+        format!("{approx}{}", human_bytes(bytes))
+    );
     let shown = frames(site_frames);
     for f in shown.iter().take(FRAMES_SHOWN) {
         put!(out, "        {f}");
@@ -209,9 +222,13 @@ fn render_site(out: &mut String, label: &str, bytes: u64, what: &str, site_frame
 }
 
 /// What a merged site holds: `34 allocations`, `5 blocks (pytorch)`,
-/// `34 allocations (python-stack)`.
+/// `34 allocations (python-stack)`; an estimate says how many were captured:
+/// `~3,200 allocations (est. from 25 captured)`.
 pub fn holding(s: &MergedSite) -> String {
-    let n = count(s.live_count, unit(s.python));
+    let mut n = count(s.live_count, unit(s.python));
+    if let Some(c) = s.captured {
+        n = format!("~{n} (est. from {c} captured)");
+    }
     match s.python {
         Some(fw) => format!("{n} ({})", clean(fw)),
         None => n,
@@ -255,18 +272,39 @@ fn render_top_sites(out: &mut String, r: &Report, top: usize) {
     render_stackless(out, r);
 }
 
-/// Live allocations no site holds, though stacks are on, and why.
+/// Live allocations no site holds, though stacks are on, and why; and those the
+/// sampler passed over, which the sites' estimates stand for.
 fn render_stackless(out: &mut String, r: &Report) {
-    let s = r.stackless;
-    if s.is_empty() || r.config.stack_depth == 0 {
+    if r.config.stack_depth == 0 {
         return;
     }
+    let s = r.sampled_out;
+    if !s.is_empty() {
+        let rate = r.config.stack_rate.unwrap_or(0);
+        put!(
+            out,
+            "  {} ({}) not captured: past {rate} stack captures a second per thread, \
+             stacks are sampled by bytes; the figures marked ~ are estimates that stand \
+             for them (GPUGUARD_STACK_RATE=all: every stack)",
+            count(s.count, "live allocation"),
+            human_bytes(s.bytes)
+        );
+    }
+    let s = r.stackless;
+    if s.is_empty() {
+        return;
+    }
+    // Reports made before stacks were sampled by bytes listed the sampled-out
+    // allocations here, with no estimates.
+    let older = r.config.stack_rate.is_some()
+        && r.sampled_out.is_empty()
+        && r.sites.iter().all(|s| s.captured.is_none());
     let why = match r.config.stack_rate {
-        Some(rate) => format!(
+        Some(rate) if older => format!(
             "past {rate} stack captures a second per thread only some allocations get one \
              (GPUGUARD_STACK_RATE=all: every one)"
         ),
-        None => "made by signal handlers inside a hook".to_string(),
+        _ => "made by signal handlers inside a hook".to_string(),
     };
     put!(
         out,
@@ -279,7 +317,14 @@ fn render_stackless(out: &mut String, r: &Report) {
 /// Up to `top` merged sites, then how many were left out.
 fn render_merged(out: &mut String, sites: &[MergedSite], top: usize, more: &str) {
     for s in sites.iter().take(top) {
-        render_site(out, &s.label(), s.live_bytes, &holding(s), s.frames);
+        render_site(
+            out,
+            &s.label(),
+            s.live_bytes,
+            s.captured.is_some(),
+            &holding(s),
+            s.frames,
+        );
     }
     if sites.len() > top {
         put!(out, "    ... {}", count((sites.len() - top) as u64, more));
@@ -687,6 +732,9 @@ struct JsonReport<'a> {
     /// Live allocations no site holds though stacks are on (see the report's field).
     #[serde(skip_serializing_if = "report::Stackless::is_empty")]
     stackless: report::Stackless,
+    /// Live allocations the stack sampler passed over (see the report's field).
+    #[serde(skip_serializing_if = "report::Stackless::is_empty")]
+    sampled_out: report::Stackless,
 }
 
 #[derive(Serialize)]
@@ -713,6 +761,9 @@ struct JsonSite {
     python_framework: Option<String>,
     live_bytes: u64,
     live_count: u64,
+    /// Where the figures are estimates: how many allocations were captured.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    captured: Option<u64>,
     frames: Vec<String>,
 }
 
@@ -777,6 +828,7 @@ fn top_sites(r: &Report, top: usize) -> Vec<JsonSite> {
             python_framework: s.python.map(str::to_string),
             live_bytes: s.live_bytes,
             live_count: s.live_count,
+            captured: s.captured,
             frames: readable_frames(s.frames),
         })
         .collect()
@@ -820,6 +872,7 @@ fn json_summary<'a>(named: &'a [(String, &'a Report)], args: &ShowArgs) -> JsonS
             trim: r.trim.as_ref().filter(|_| !args.leaks_only),
             top_sites: top_sites(r, args.top as usize),
             stackless: r.stackless,
+            sampled_out: r.sampled_out,
         })
         .collect();
     let all: Vec<&Report> = named.iter().map(|(_, r)| *r).collect();
@@ -872,6 +925,7 @@ mod tests {
                     frames: vec![f.to_string(), "main".into()],
                     live_bytes: *b,
                     live_count: 1,
+                    captured: None,
                 })
                 .collect(),
             ..Default::default()
@@ -910,6 +964,7 @@ mod tests {
                         frames: vec!["t.py:9 in train".into()],
                         live_bytes: seq << 20,
                         live_count: seq,
+                        captured: None,
                     }];
                 }
                 r

@@ -492,6 +492,53 @@ static int mode_burst(int argc, char **argv)
     return 0;
 }
 
+/* ---- kept_among N K: N allocations of 64 KiB as fast as the program can, each
+ * freed at once (a temporary) except every K-th, which `keep_step` keeps (a tensor
+ * kept per step); half-way, one of 64 MiB kept by `keep_once`. Prints how many were
+ * kept: KEPT n=<count>. Past GPUGUARD_STACK_RATE only some get a stack. ---- */
+__attribute__((noinline, noclone)) CUdeviceptr keep_step(size_t bytes)
+{
+    CUdeviceptr p;
+    MUST(cuMemAlloc_v2(&p, bytes));
+    __asm__ volatile("" ::: "memory");
+    return p;
+}
+
+__attribute__((noinline, noclone)) CUdeviceptr keep_once(size_t bytes)
+{
+    CUdeviceptr p;
+    MUST(cuMemAlloc_v2(&p, bytes));
+    __asm__ volatile("" ::: "memory");
+    return p;
+}
+
+__attribute__((noinline, noclone)) void temporary(size_t bytes)
+{
+    CUdeviceptr p;
+    MUST(cuMemAlloc_v2(&p, bytes));
+    MUST(cuMemFree_v2(p));
+}
+
+static int mode_kept_among(int argc, char **argv)
+{
+    long n = argc > 1 ? atol(argv[1]) : 100000;
+    long k = argc > 2 ? atol(argv[2]) : 100;
+    gg_setup(0);
+    long kept = 0;
+    for (long i = 1; i <= n; i++) {
+        if (i == n / 2) keep_once(64 * MiB);
+        if (i % k == 0) {
+            keep_step(64 << 10);
+            kept++;
+        } else {
+            temporary(64 << 10);
+        }
+    }
+    printf("KEPT n=%ld\n", kept);
+    finish();
+    return 0;
+}
+
 /* ---- twins N: N allocations each from two functions alike, called in turn from one
  * loop, so the runtime hook finds the same stack depth for both (one capture hint's
  * key): each keeps its own site ---- */
@@ -947,6 +994,7 @@ static const struct gg_mode g_modes[] = {
     {"leak", mode_leak},
     {"twins", mode_twins},
     {"burst", mode_burst},
+    {"kept_among", mode_kept_among},
     {"snapshots", mode_snapshots},
     {"threads", mode_threads},
     {"short", mode_short},

@@ -28,6 +28,7 @@ fn rec(bytes: u64, thread: u32) -> Record {
         device: 0,
         kind: Kind::Device,
         api: 0,
+        weight: gpuguard_core::sampler::ONE,
     }
 }
 

@@ -58,6 +58,7 @@ fn main() {
             device: (i % 2) as i16,
             kind: if i % 5 == 0 { Kind::Pool } else { Kind::Device },
             api: 0,
+            weight: gpuguard_core::sampler::ONE,
         };
         ledger.insert(Key::device(0x7f00_0000_0000 + (i << 12)), rec);
     }

@@ -86,6 +86,7 @@ pub fn apply(report: &mut Report, answer: Answer) -> bool {
             frames: s.frames,
             live_bytes: s.bytes,
             live_count: s.count,
+            captured: None,
         })
         .collect();
     sites.sort_by(|a, b| {
@@ -164,6 +165,7 @@ pub fn python_sites_from_stacks(report: &mut Report, recorded: bool) {
             frames,
             live_bytes: bytes,
             live_count: count,
+            captured: None,
         }));
     report.python_sites.sort_by(|a, b| {
         b.live_bytes
@@ -287,6 +289,7 @@ mod tests {
             frames: frames.iter().map(|f| f.to_string()).collect(),
             live_bytes: bytes,
             live_count: 1,
+            captured: None,
         };
         let mut r = Report {
             sites: vec![

@@ -255,6 +255,7 @@ mod tests {
                     frames: vec![f.to_string()],
                     live_bytes: *b,
                     live_count: 1,
+                    captured: None,
                 })
                 .collect(),
             ..Default::default()
@@ -295,6 +296,7 @@ mod tests {
             frames: vec![line.into()],
             live_bytes: bytes,
             live_count: 1,
+            captured: None,
         }
     }
 
@@ -465,6 +467,7 @@ mod tests {
                 frames: vec!["t.py:3 in f".into()],
                 live_bytes: bytes,
                 live_count: 1,
+                captured: None,
             });
         }
         let s = suspects(&[&a, &b]);

@@ -131,6 +131,10 @@ pub struct Record {
     pub kind: Kind,
     /// Index of the API that made it, in the hook table.
     pub api: u8,
+    /// How many allocations like it its stack stands for (`sampler::Weight`: 1
+    /// where every stack is captured; `sampler::NONE` for one sampled out, whose
+    /// `site` is `NO_SITE`). Fits in the record's padding.
+    pub weight: crate::sampler::Weight,
 }
 
 pub const NO_SITE: u32 = u32::MAX;
@@ -1152,6 +1156,7 @@ mod tests {
             device,
             kind,
             api: 0,
+            weight: crate::sampler::ONE,
         }
     }
 

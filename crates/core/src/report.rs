@@ -43,12 +43,14 @@ pub struct Report {
     pub live_omitted: u64,
     /// Call sites of live allocations, most bytes first.
     pub sites: Vec<Site>,
-    /// Live allocations no site holds, though stacks are on: made past their
-    /// thread's captures a second (`config.stack_rate`) outside a phase label (under
-    /// one, the label alone is their site), or by a signal handler inside a hook.
-    /// Their bytes are in every total.
+    /// Live allocations no site holds, though stacks are on: made by a signal
+    /// handler inside a hook. Their bytes are in every total.
     #[serde(default, skip_serializing_if = "Stackless::is_empty")]
     pub stackless: Stackless,
+    /// Live allocations whose stacks the sampler passed over (`config.stack_rate`):
+    /// the sites' figures, estimates, stand for them. Their bytes are in every total.
+    #[serde(default, skip_serializing_if = "Stackless::is_empty")]
+    pub sampled_out: Stackless,
     #[serde(default)]
     pub config: ReportConfig,
     /// For a `cap` report: the allocation the cap refused.
@@ -189,8 +191,16 @@ pub struct PythonSite {
     pub framework: String,
     /// `file:line in function`, innermost first.
     pub frames: Vec<String>,
+    /// What the line's live blocks (or allocations) hold; where the framework's
+    /// recorder saw only some of them (`captured` is present: a `-sampled`
+    /// framework's windows, or sampled stacks), an estimate scaled by the share of
+    /// allocations its windows saw.
     pub live_bytes: u64,
     pub live_count: u64,
+    /// Where the figures are estimates: how many of the line's live blocks were
+    /// seen. Absent where every one was.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub captured: Option<u64>,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
@@ -335,8 +345,15 @@ pub struct Site {
     pub id: u32,
     /// Innermost first, gpuguard's and the CUDA libraries' own frames trimmed off.
     pub frames: Vec<String>,
+    /// What the site's live allocations hold; where stacks were sampled
+    /// (`captured` is present), an unbiased estimate: each captured allocation
+    /// counts for the allocations its capture stood for (`sampler`).
     pub live_bytes: u64,
     pub live_count: u64,
+    /// Where the figures are estimates: how many of the site's live allocations
+    /// were captured. Absent where every one was.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub captured: Option<u64>,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]

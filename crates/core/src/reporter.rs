@@ -9,6 +9,7 @@ use crate::ledger::{Key, Kind, Ledger, MAX_DEVICES, NO_SITE, Record};
 use crate::report::{
     DeviceReport, HostReport, LiveAllocation, Report, ReportConfig, SCHEMA, Site, Stackless,
 };
+use crate::sampler;
 use crate::sites::SiteTable;
 use std::collections::HashMap;
 use std::hash::{BuildHasher, Hasher, RandomState};
@@ -154,6 +155,50 @@ pub fn build(input: &ReportInput<'_>) -> Report {
     report
 }
 
+/// What one site's live records hold: exact sums, and the sums weighted by what
+/// each capture stood for (`sampler`), which are the site's figures where any record
+/// was sampled.
+#[derive(Clone, Copy, Default)]
+struct SiteUse {
+    bytes: u64,
+    captured: u64,
+    weighted_bytes: f64,
+    weighted_count: f64,
+    /// Some record's weight was not one.
+    sampled: bool,
+}
+
+impl SiteUse {
+    fn add(&mut self, r: &Record) {
+        let w = sampler::weight_value(r.weight).max(1.0);
+        self.bytes = self.bytes.saturating_add(r.bytes);
+        self.captured += 1;
+        self.weighted_bytes += r.bytes as f64 * w;
+        self.weighted_count += w;
+        self.sampled |= r.weight != sampler::ONE;
+    }
+
+    fn merge(&mut self, o: &SiteUse) {
+        self.bytes = self.bytes.saturating_add(o.bytes);
+        self.captured += o.captured;
+        self.weighted_bytes += o.weighted_bytes;
+        self.weighted_count += o.weighted_count;
+        self.sampled |= o.sampled;
+    }
+
+    /// (live bytes, live count, captured): exact where no record was sampled.
+    fn figures(&self) -> (u64, u64, Option<u64>) {
+        if !self.sampled {
+            return (self.bytes, self.captured, None);
+        }
+        (
+            self.weighted_bytes.round() as u64,
+            (self.weighted_count.round() as u64).max(self.captured),
+            Some(self.captured),
+        )
+    }
+}
+
 /// The report without its `live` list (empty), and that list as 40-byte entries in
 /// order (a million take 40 MB, a third of the ledger's own memory), which
 /// `write_json` streams into the file. One pass over the ledger; with `max_live` only
@@ -167,12 +212,13 @@ pub fn build_parts(input: &ReportInput<'_>) -> (Report, LiveList) {
     let slot = |d: i32| (d.max(0) as usize).min(MAX_DEVICES - 1);
     let mut per_dev = vec![(0u64, [0u64; Kind::ALL.len()]); MAX_DEVICES];
     let mut host_live = 0u64;
-    let mut site_use: Vec<(u64, u64)> = vec![(0, 0); all_sites.len()];
+    let mut site_use: Vec<SiteUse> = vec![SiteUse::default(); all_sites.len()];
     let cap = input.max_live.unwrap_or(usize::MAX);
     let mut entries: Vec<LiveEntry> = Vec::new();
     let mut heap: std::collections::BinaryHeap<LiveEntry> = std::collections::BinaryHeap::new();
     let mut total = 0u64;
     let mut stackless = Stackless::default();
+    let mut sampled_out = Stackless::default();
     if input.max_live.is_none() {
         entries.reserve(ledger.len() + 1024);
     }
@@ -186,15 +232,19 @@ pub fn build_parts(input: &ReportInput<'_>) -> (Report, LiveList) {
             e.1[r.kind as usize] += r.bytes;
         }
         if r.site == NO_SITE {
-            stackless.count += 1;
-            stackless.bytes += r.bytes;
+            let s = if r.weight == sampler::NONE {
+                &mut sampled_out
+            } else {
+                &mut stackless
+            };
+            s.count += 1;
+            s.bytes += r.bytes;
         } else {
             let i = r.site as usize;
             if i >= site_use.len() {
-                site_use.resize(i + 1, (0, 0));
+                site_use.resize(i + 1, SiteUse::default());
             }
-            site_use[i].0 += r.bytes;
-            site_use[i].1 += 1;
+            site_use[i].add(r);
         }
         let e = LiveEntry::new(k, r);
         if input.max_live.is_none() {
@@ -267,8 +317,10 @@ pub fn build_parts(input: &ReportInput<'_>) -> (Report, LiveList) {
     // Site id -> the id it was merged into (only for merged ones).
     let mut merged_into: HashMap<u32, u32> = HashMap::new();
     let mut sites: Vec<Site> = Vec::new();
-    for (id, &(bytes, count)) in site_use.iter().enumerate() {
-        if count == 0 {
+    // What each of `sites` holds, merged sites included.
+    let mut uses: Vec<SiteUse> = Vec::new();
+    for (id, u) in site_use.iter().enumerate() {
+        if u.captured == 0 {
             continue;
         }
         let Some(stack) = all_sites.get(id) else {
@@ -281,20 +333,22 @@ pub fn build_parts(input: &ReportInput<'_>) -> (Report, LiveList) {
         let frames = site_frames(&infos);
         match by_frames.get(&frames) {
             Some(&i) => {
-                sites[i].live_bytes += bytes;
-                sites[i].live_count += count;
+                uses[i].merge(u);
                 merged_into.insert(id as u32, sites[i].id);
             }
             None => {
                 by_frames.insert(frames.clone(), sites.len());
+                uses.push(*u);
                 sites.push(Site {
                     id: id as u32,
                     frames,
-                    live_bytes: bytes,
-                    live_count: count,
+                    ..Site::default()
                 });
             }
         }
+    }
+    for (s, u) in sites.iter_mut().zip(&uses) {
+        (s.live_bytes, s.live_count, s.captured) = u.figures();
     }
     sites.sort_unstable_by(|a, b| b.live_bytes.cmp(&a.live_bytes).then(a.id.cmp(&b.id)));
     // The list's entries point at the merged ids, streamed or materialized alike.
@@ -333,6 +387,7 @@ pub fn build_parts(input: &ReportInput<'_>) -> (Report, LiveList) {
         } else {
             Stackless::default()
         },
+        sampled_out,
         config: input.config.clone(),
         denial: input.denial.clone(),
         trim: None,
@@ -781,6 +836,7 @@ mod tests {
             device: 0,
             kind,
             api: 0,
+            weight: crate::sampler::ONE,
         };
         ledger.insert(Key::device(0x1000), rec(10, Kind::Device));
         ledger.insert(Key::device(0x2000), rec(30, Kind::Pool));
@@ -852,6 +908,7 @@ mod tests {
             device: 0,
             kind: Kind::Device,
             api: 0,
+            weight: crate::sampler::ONE,
         };
         for (i, s) in [a, b, b, c, d, d, other].into_iter().enumerate() {
             ledger.insert(Key::device(0x1000 * (i as u64 + 1)), rec(s));
@@ -897,6 +954,7 @@ mod tests {
                     device,
                     kind,
                     api: (n % 3) as u8,
+                    weight: crate::sampler::ONE,
                 },
             );
         };

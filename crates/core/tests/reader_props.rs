@@ -164,6 +164,7 @@ fn site() -> impl Strategy<Value = Site> {
             frames,
             live_bytes,
             live_count,
+            captured: None,
         })
 }
 

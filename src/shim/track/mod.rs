@@ -16,7 +16,7 @@ use super::state::{active_books, books, shielded};
 use super::sys::{monotonic_ns, prefetch_for_write};
 use super::{capture, fault, tags, unwind, wake};
 use gpuguard_core::ledger::{Event, Journal, Key, Kind, NO_SITE, Producer, Record};
-use gpuguard_core::sampler::Sampler;
+use gpuguard_core::sampler::{self, Sampler, Weight};
 use gpuguard_core::sites::{SiteCache, fingerprint};
 use std::cell::{Cell, UnsafeCell};
 use std::ffi::{c_int, c_void};
@@ -466,18 +466,18 @@ fn capture_site_in(books: &Books, t: &ThreadState) -> u32 {
     capture_site_at(books, t, depth)
 }
 
-/// The stack of an allocation made at `t_ns` in a hook, or none where the thread is
-/// past its captures a second (`GPUGUARD_STACK_RATE`; `gpuguard_core::sampler`).
-/// Only the hooks' own allocations are sampled: a cap's refusal, a runtime call
-/// the driver hook did not see, always get theirs.
+/// The stack of an allocation of `bytes` made at `t_ns` in a hook and the weight of
+/// its capture, or none where the sampler passed it over (`GPUGUARD_STACK_RATE`;
+/// `gpuguard_core::sampler`). Only the hooks' own allocations are sampled: a cap's
+/// refusal, a runtime call the driver hook did not see, always get theirs.
 #[inline]
-fn sampled_site(books: &Books, t: &ThreadState, t_ns: u64) -> u32 {
+fn sampled_site(books: &Books, t: &ThreadState, t_ns: u64, bytes: u64) -> (u32, Weight) {
     let c = stacks();
     if c.depth == 0 {
-        return NO_SITE;
+        return (NO_SITE, sampler::ONE);
     }
     let Some(rate) = c.rate else {
-        return capture_site_at(books, t, c.depth);
+        return (capture_site_at(books, t, c.depth), sampler::ONE);
     };
     let mut s = t.sampler.get();
     let resumed = bench_switch::resumptions();
@@ -487,31 +487,17 @@ fn sampled_site(books: &Books, t: &ThreadState, t_ns: u64) -> u32 {
         t.sampler_resumed.set(resumed);
         s.restart(t_ns);
     }
-    let take = s.take(t_ns, Some(rate));
+    let weight = s.take(t_ns, bytes, Some(rate));
     t.sampler.set(s);
-    if take {
-        return capture_site_at(books, t, c.depth);
+    if weight != sampler::NONE {
+        return (capture_site_at(books, t, c.depth), weight);
     }
     if unwind::counting() {
         unwind::SAMPLED_OUT.fetch_add(1, Relaxed);
     }
-    match t.tag.get() {
-        0 => NO_SITE,
-        tag => tag_site(books, t, tag),
-    }
-}
-
-/// The site of an allocation sampled out under a phase label (`gpuguard_push_tag`):
-/// the label alone, so memory still splits by phase without a stack.
-#[inline(never)]
-fn tag_site(books: &Books, t: &ThreadState, tag: u32) -> u32 {
-    let pcs = [tags::entry(tag)];
-    if t.site_cache_books.get() != books as *const Books as usize {
-        // The cache names sites of other books (a fork's parent); only a capture
-        // resets it, with the memos that hold the same ids.
-        return books.sites.intern_new(&pcs).0;
-    }
-    cached_site(books, t, &pcs).0
+    // No site, not even a phase label's: the captured allocations' weights stand
+    // for this one, under its label too (a capture's stack ends in the label).
+    (NO_SITE, sampler::NONE)
 }
 
 /// The site id of the stack `pcs` in `books`, whose sites the thread's cache holds:
@@ -701,15 +687,17 @@ fn record(
     timing::mark();
     let label = claim_for_runtime(t, api);
     let t_ns = monotonic_ns();
+    let (site, weight) = sampled_site(books, t, t_ns, made.bytes);
     let rec = Record {
         bytes: made.bytes,
         ctx,
         t_ns,
-        site: sampled_site(books, t, t_ns),
+        site,
         thread: thread_id(t),
         device: device.clamp(i16::MIN.into(), i16::MAX.into()) as i16,
         kind,
         api: label,
+        weight,
     };
     timing::lap(Phase::RecSite);
     if reserved {
@@ -1181,6 +1169,7 @@ pub(crate) fn runtime_alloc(
                 device: dev.clamp(i16::MIN.into(), i16::MAX.into()) as i16,
                 kind,
                 api,
+                weight: gpuguard_core::sampler::ONE,
             };
             book_alloc(t, books, m.key, rec, true);
             Some(())

@@ -215,6 +215,7 @@ pub(super) fn signal_alloc(
                 device: clamp_device(dev),
                 kind,
                 api: claim_for_runtime(t, api),
+                weight: gpuguard_core::sampler::ONE,
             };
             t.stash.push(
                 S_ALLOC,
@@ -255,6 +256,7 @@ pub(super) fn signal_free(
                 device: clamp_device(dev),
                 kind: Kind::Device,
                 api: 0,
+                weight: gpuguard_core::sampler::ONE,
             };
             t.stash.push(S_FREE, Stashed { key, rec, frames });
         });

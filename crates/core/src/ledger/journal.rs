@@ -81,6 +81,7 @@ fn encode(e: &Event) -> [u64; WORDS] {
                 device,
                 kind: Kind::Device,
                 api: 0,
+                weight: crate::sampler::ONE,
             },
             TAG_FREE,
         ),
@@ -91,16 +92,19 @@ fn encode(e: &Event) -> [u64; WORDS] {
         rec.ctx,
         rec.t_ns,
         u64::from(rec.site) | u64::from(rec.thread) << 32,
+        // The top 16 bits are the lap (`lap`); kind (7 of them), space (4) and tag
+        // (3) share a byte, so the weight fits.
         u64::from(rec.device as u16)
-            | u64::from(rec.kind as u8) << 16
+            | u64::from(rec.kind as u8 & 0xf) << 16
+            | (key.space as u64 & 0x3) << 20
+            | tag << 22
             | u64::from(rec.api) << 24
-            | (key.space as u64) << 32
-            | tag << 40,
+            | u64::from(rec.weight) << 32,
     ]
 }
 
 fn decode(w: [u64; WORDS]) -> Event {
-    let space = match (w[5] >> 32) as u8 {
+    let space = match (w[5] >> 20) & 0x3 {
         0 => Space::DevicePtr,
         1 => Space::VmmHandle,
         2 => Space::Array,
@@ -108,7 +112,7 @@ fn decode(w: [u64; WORDS]) -> Event {
     };
     let key = Key { space, value: w[0] };
     let device = w[5] as u16 as i16;
-    let tag = (w[5] >> 40) & 0xff;
+    let tag = (w[5] >> 22) & 0x3;
     if tag == TAG_FREE {
         return Event::Free {
             key,
@@ -117,7 +121,7 @@ fn decode(w: [u64; WORDS]) -> Event {
         };
     }
     let kind = Kind::ALL
-        .get(((w[5] >> 16) & 0xff) as usize)
+        .get(((w[5] >> 16) & 0xf) as usize)
         .copied()
         .unwrap_or(Kind::Device);
     Event::Alloc {
@@ -131,6 +135,7 @@ fn decode(w: [u64; WORDS]) -> Event {
             device,
             kind,
             api: (w[5] >> 24) as u8,
+            weight: (w[5] >> 32) as u16,
         },
         if_absent: tag == TAG_ALLOC_IF_ABSENT,
     }
@@ -351,6 +356,7 @@ mod tests {
                 device: -2,
                 kind: Kind::Pool,
                 api: 12,
+                weight: crate::sampler::ONE,
             },
             if_absent: addr % 2 == 1,
         }
@@ -377,6 +383,7 @@ mod tests {
                     device: i16::MIN,
                     kind: Kind::Host,
                     api: u8::MAX,
+                    weight: u16::MAX,
                 },
                 if_absent: false,
             },

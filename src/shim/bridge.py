@@ -479,7 +479,11 @@ def _gg_trim(args):
 # ---- classification: cache or leak, and Python lines -------------------------------
 
 
-def _gg_sites(blocks, out_sites):
+def _gg_sites(blocks, out_sites, scale=None):
+    """Python sites from blocks (framework, size, frames[, count]). A framework in
+    `scale` saw only some of its blocks (a sampled recorder's windows): its sites'
+    figures are scaled by the factor, estimates, and say how many blocks were seen."""
+    scale = scale or {}
     by = {}
     for b in blocks:
         fw, size, frames = b[0], b[1], b[2]
@@ -492,13 +496,26 @@ def _gg_sites(blocks, out_sites):
             e[0] += size
             e[1] += n
     for (fw, frames), (size, n) in by.items():
-        out_sites.append({"framework": fw, "frames": list(frames), "bytes": size, "count": n})
+        f = scale.get(fw)
+        if f is None:
+            out_sites.append({"framework": fw, "frames": list(frames), "bytes": size, "count": n})
+        else:
+            out_sites.append(
+                {
+                    "framework": fw,
+                    "frames": list(frames),
+                    "bytes": int(round(size * f)),
+                    "count": max(n, int(round(n * f))),
+                    "captured": n,
+                }
+            )
 
 
 def _gg_classify_now(args, at_exit=False):
     devices = args.get("devices", [])
     res = {"frameworks": [], "devices": [], "blocks": [], "sites": []}
     blocks = []
+    scale = {}
     t = _gg_torch()
     if t is not None:
         fw = {"framework": "pytorch", "status": "classified"}
@@ -550,6 +567,10 @@ def _gg_classify_now(args, at_exit=False):
                         "still live (GPUGUARD_PYTHON=lines records every block)"
                         % _gg_state.get("window_ms", 0)
                     )
+                    f = _gg_torch_scale(t)
+                    if f is not None:
+                        scale[fw_name] = f
+                        how += "; their figures are estimates, scaled by %.1f: the windows saw 1 in %.1f of its allocations" % (f, f)
                 else:
                     how = "recorder off (GPUGUARD_PYTHON=lines turns it on)"
                 fw["detail"] = "%s allocator; blocks from PyTorch's memory snapshot; %s" % (backend, how)
@@ -600,8 +621,29 @@ def _gg_classify_now(args, at_exit=False):
         res["frameworks"].append(fw)
     if "jax" in sys.modules or "jaxlib" in sys.modules:
         res["frameworks"].append(_gg_jax(devices, res, blocks))
-    _gg_sites(blocks, res["sites"])
+    _gg_sites(blocks, res["sites"], scale)
     return res
+
+
+def _gg_torch_scale(t):
+    """The factor that scales the windows' blocks up to an estimate of all: PyTorch's
+    allocations over those made while a window was open (a block kept per step is
+    allocated in a window as often as any allocation is). None before a window has
+    seen an allocation."""
+    w = _gg_state.get("torch_windows")
+    if not w:
+        return None
+    try:
+        now = int(t.cuda.memory_stats().get("allocation.all.allocated", 0))
+    except Exception:
+        return None
+    seen = w["seen"]
+    if w.get("open_at") is not None:
+        seen += max(0, now - w["open_at"])
+    total = now - w["from"]
+    if seen <= 0 or total <= 0:
+        return None
+    return max(1.0, total / float(seen))
 
 
 def _gg_jax_backend_up():
@@ -846,6 +888,11 @@ def _gg_sample_window(args):
             return
         st["torch_recorder"] = "sampling"
         opened[0], first[0] = time.monotonic(), allocations()
+        if first[0] is not None:
+            # From the program's first allocation: the blocks kept before the first
+            # window (a whole snapshot interval) are estimated too.
+            w = st.setdefault("torch_windows", {"from": 0, "seen": 0})
+            w["open_at"] = first[0]
         _gg_timer(step, check)
 
     opened, first = [0.0], [None]
@@ -860,6 +907,10 @@ def _gg_sample_window(args):
         if n is not None and first[0] is not None:
             w["allocations"] = max(0, n - first[0])
         st.setdefault("windows", {})["pytorch"] = w
+        tw = st.get("torch_windows")
+        if tw is not None:
+            tw["seen"] += w.get("allocations", 0)
+            tw["open_at"] = None
 
     def check():
         n = allocations()

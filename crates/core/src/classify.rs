@@ -43,6 +43,10 @@ pub struct AnswerSite {
     pub frames: Vec<String>,
     pub bytes: u64,
     pub count: u64,
+    /// Where `bytes` and `count` are estimates (a sampled recorder's blocks, scaled
+    /// up by the share of allocations its windows saw): the blocks it saw.
+    #[serde(default)]
+    pub captured: Option<u64>,
 }
 
 impl Answer {
@@ -86,7 +90,7 @@ pub fn apply(report: &mut Report, answer: Answer) -> bool {
             frames: s.frames,
             live_bytes: s.bytes,
             live_count: s.count,
-            captured: None,
+            captured: s.captured,
         })
         .collect();
     sites.sort_by(|a, b| {

@@ -79,14 +79,14 @@ struct ThreadState {
     /// stack (`GPUGUARD_STACK_RATE`).
     sampler_resumed: Cell<u32>,
     sampler: Cell<Sampler>,
-    /// What captures from each place found (`memo`; made at the thread's first
-    /// capture, freed when it ends).
-    memos: Cell<Option<std::ptr::NonNull<Memos>>>,
-    site_cache_books: Cell<usize>,
     runtime: Cell<RuntimeFrame>,
     /// What signal handlers allocated and freed inside a hook on this thread, for the
     /// outer hook to record when it leaves (its length is read as each hook leaves).
     stash: Stash,
+    /// What captures from each place found (`memo`; made at the thread's first
+    /// capture, freed when it ends). Read by captures only, past the first lines.
+    memos: Cell<Option<std::ptr::NonNull<Memos>>>,
+    site_cache_books: Cell<usize>,
     /// The record a runtime free in progress took before its real free; the driver
     /// free beneath uses it (instead of looking the address up again). Only where
     /// the books are direct (a cap), so off the hot lines.

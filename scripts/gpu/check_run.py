@@ -219,6 +219,14 @@ def cmd_run(a):
             req.append("gpuguard C API missing in %d checks" % counts["no-gpuguard"])
         if bad:
             req.append("bad reports: " + "; ".join(bad[:3]))
+        # Nothing on the program's stderr but gpuguard's own lines: each other line
+        # must be one the bare twin printed too (run_workload runs it first).
+        bare_path = os.path.join(d, "bare", "stderr.log")
+        if os.path.exists(bare_path):
+            bare = open(bare_path, errors="replace").read().splitlines()
+            foreign = ggv.foreign_stderr(stderr, bare)
+            if foreign:
+                req.append("%d stderr line(s) a bare run lacks, first: %s" % (len(foreign), foreign[0][:160]))
         ok = not req and counts["mismatch"] == 0
     status = "SKIP" if rc == -1 else ("PASS" if ok else "FAIL")
 

@@ -662,3 +662,24 @@ def main():
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+GG_OWN_LINE = re.compile(r"^gpuguard(\[\d+\])?: ")
+_NUMBERS = re.compile(r"0x[0-9a-fA-F]+|\d+")
+
+
+def _shape(line):
+    """A stderr line with its numbers (times, pids, addresses) made alike."""
+    return _NUMBERS.sub("0", line.strip())
+
+
+def foreign_stderr(guarded_lines, bare_lines):
+    """The lines of a guarded run's stderr that are not gpuguard's own and that its
+    bare twin (the same command without gpuguard) did not print, numbers aside: what
+    gpuguard made the program or its framework say."""
+    bare = {_shape(ln) for ln in bare_lines}
+    return [
+        ln
+        for ln in guarded_lines
+        if ln.strip() and not GG_OWN_LINE.match(ln) and _shape(ln) not in bare
+    ]

@@ -11,8 +11,11 @@
 # `gpuguard show` (first 40 lines). The suite's table closes its part of the log.
 # Needs target/release/examples/cudarc_client carried as well, nvcc for alloc_paths.cu.
 #
+# Each workload first runs bare (its "bare twin", without gpuguard): a line on the
+# guarded run's stderr that is not gpuguard's and that the twin did not print fails it.
+#
 # Knobs: GGV_CORE_BUDGET_S (default 470), GGV_ONLY (workload names), GGV_TORCH_STEPS,
-# GGV_JAX_STEPS (passed to the workloads).
+# GGV_JAX_STEPS (passed to the workloads), GGV_BARE_TWIN=0 (no bare twins).
 
 FW=$ROOT/scripts/gpu/frameworks
 CHECK=$ROOT/scripts/gpu/check_run.py
@@ -56,6 +59,14 @@ run_workload() {
   [ "$sig" = self ] && sigenv=(GGV_SIGNAL_SELF=1)
   [ "$sig" = none ] && sigenv=()
   echo "cmd: ${ENVS[*]} ${CMD[*]} (timeout ${tmo}s, signal: $sig)"
+  if [ "${GGV_BARE_TWIN:-1}" != 0 ]; then
+    # The same command without gpuguard (and without the signal handshake): the
+    # stderr lines it prints are the program's own; check_run.py fails the run on
+    # any other line of the guarded run's stderr that is not gpuguard's.
+    mkdir -p "$d/bare"
+    timeout -k 10 "$tmo" env "${ENVS[@]}" "${CMD[@]}" >"$d/bare/stdout.log" 2>"$d/bare/stderr.log"
+    echo "bare twin: exit status $?, $(wc -l <"$d/bare/stderr.log") stderr lines"
+  fi
   local t0 rc spid=
   t0=$(date +%s.%N)
   timeout -k 10 "$tmo" env "${ENVS[@]}" "${sigenv[@]}" \

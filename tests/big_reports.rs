@@ -61,6 +61,7 @@ fn write(dir: &Path, name: &str, pid: u32, seq: u64, grow: u64, keep: u64) -> Pa
             live_bytes: site_bytes[id as usize],
             live_count: LIVE / SITES,
             captured: None,
+            held_by: Vec::new(),
         })
         .collect();
     sites.sort_by_key(|s| std::cmp::Reverse(s.live_bytes));

@@ -58,6 +58,7 @@ fn report(dir: &Path, name: &str, seq: u64, evil: &str, bytes: u64) -> PathBuf {
             live_bytes: bytes,
             live_count: 1,
             captured: None,
+            held_by: Vec::new(),
         }],
         ..Default::default()
     };

@@ -188,6 +188,7 @@ fn many_sites(dir: &Path, seq: u64) -> PathBuf {
             live_bytes: u64::from(SITES - i) * 4096 + grow,
             live_count: 1,
             captured: None,
+            held_by: Vec::new(),
         }
     };
     let mut r = shell(seq);
@@ -249,6 +250,7 @@ fn many_live(path: &Path, live: u64) {
         live_bytes: live << 12,
         live_count: live,
         captured: None,
+        held_by: Vec::new(),
     }];
     let entry = |i: u64| LiveAllocation {
         address: Hex(0x7f00_0000_0000 + (i << 12)),
@@ -297,6 +299,7 @@ fn a_huge_program_name_is_cut_in_show_and_the_flame_graph() {
         live_bytes: 1 << 20,
         live_count: 1,
         captured: None,
+        held_by: Vec::new(),
     }];
     r.devices = vec![device(0, 1 << 20)];
     let path = dir.join("name.json");
@@ -404,6 +407,7 @@ fn a_deep_stack_draws_without_overflowing() {
         live_bytes: 1 << 20,
         live_count: 1,
         captured: None,
+        held_by: Vec::new(),
     }];
     r.devices = vec![device(0, 1 << 20)];
     let path = dir.join("deep.json");

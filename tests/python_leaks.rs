@@ -382,6 +382,35 @@ fn small_leak_is_a_suspect(action: &str, every: &str) {
             "{got} estimated, {kept} kept: {line}"
         );
         assert!(detail.contains("estimates, scaled by"), "{detail}");
+        // The segments that hold those blocks were requested by whichever allocation
+        // needed a new one; their call site names the line whose blocks fill them,
+        // with about as many bytes.
+        let id = line["id"].as_u64().unwrap();
+        let held: u64 = exit[0].1["sites"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .flat_map(|s| s["held_by"].as_array().cloned().unwrap_or_default())
+            .filter(|h| h["python_site"].as_u64() == Some(id))
+            .map(|h| h["bytes"].as_u64().unwrap())
+            .sum();
+        assert!(
+            (held as f64 / kept as f64 - 1.0).abs() < 0.3,
+            "{held} of the segments credited to the line, {kept} kept: {:#}",
+            exit[0].1["sites"]
+        );
+        let shown = Command::new(env!("CARGO_BIN_EXE_gpuguard"))
+            .arg("show")
+            .arg(&exit[0].0)
+            .output()
+            .unwrap();
+        let shown = String::from_utf8_lossy(&shown.stdout);
+        assert!(
+            shown
+                .lines()
+                .any(|l| l.contains("held by ~") && l.ends_with(&want)),
+            "{shown}"
+        );
     }
     // Each report says what it cost the main thread, and from the second one on, how
     // long the last window was open and how many allocations it recorded.

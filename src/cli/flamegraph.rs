@@ -563,6 +563,7 @@ mod tests {
                     live_bytes: 300,
                     live_count: 3,
                     captured: None,
+                    held_by: Vec::new(),
                 },
                 Site {
                     id: 1,
@@ -570,6 +571,7 @@ mod tests {
                     live_bytes: 100,
                     live_count: 1,
                     captured: None,
+                    held_by: Vec::new(),
                 },
             ],
             python_sites: vec![PythonSite {

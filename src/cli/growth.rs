@@ -276,6 +276,7 @@ mod tests {
                     live_bytes: *b,
                     live_count: 1,
                     captured: None,
+                    held_by: Vec::new(),
                 })
                 .collect(),
             ..Default::default()

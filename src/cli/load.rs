@@ -265,6 +265,7 @@ mod tests {
                 live_bytes: live << 20,
                 live_count: live,
                 captured: None,
+                held_by: Vec::new(),
             }],
             ..Default::default()
         }

@@ -9,6 +9,7 @@ use super::growth::{
     Live, MergedSite, PYTHON_STACK, SiteKey, SiteTrend, live_allocations, native_sites,
     python_sites, unit,
 };
+use super::holders;
 use super::json;
 use super::load::{load_all_keeping, shown};
 use super::output::print;
@@ -331,8 +332,30 @@ fn render_merged(out: &mut String, sites: &[MergedSite], top: usize, more: &str)
     }
 }
 
+/// The native call sites, each with the Python lines whose framework blocks fill
+/// its allocations, where the report knows them.
 fn render_native_sites(out: &mut String, r: &Report, top: usize) {
-    render_merged(out, &native_sites(r), top, "more call site");
+    let sites = native_sites(r);
+    for s in sites.iter().take(top) {
+        render_site(
+            out,
+            &s.label(),
+            s.live_bytes,
+            s.captured.is_some(),
+            &holding(s),
+            s.frames,
+        );
+        for line in holders::lines(r, &s.ids) {
+            put!(out, "        held by {line}");
+        }
+    }
+    if sites.len() > top {
+        put!(
+            out,
+            "    ... {}",
+            count((sites.len() - top) as u64, "more call site")
+        );
+    }
 }
 
 /// The reports of each process (host and pid) with 2 or more of them, by `seq`.
@@ -926,6 +949,7 @@ mod tests {
                     live_bytes: *b,
                     live_count: 1,
                     captured: None,
+                    held_by: Vec::new(),
                 })
                 .collect(),
             ..Default::default()

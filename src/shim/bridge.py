@@ -485,6 +485,7 @@ def _gg_sites(blocks, out_sites, scale=None):
     figures are scaled by the factor, estimates, and say how many blocks were seen."""
     scale = scale or {}
     by = {}
+    index = {}
     for b in blocks:
         fw, size, frames = b[0], b[1], b[2]
         n = b[3] if len(b) > 3 else 1
@@ -496,6 +497,7 @@ def _gg_sites(blocks, out_sites, scale=None):
             e[0] += size
             e[1] += n
     for (fw, frames), (size, n) in by.items():
+        index[(fw, frames)] = len(out_sites)
         f = scale.get(fw)
         if f is None:
             out_sites.append({"framework": fw, "frames": list(frames), "bytes": size, "count": n})
@@ -509,6 +511,7 @@ def _gg_sites(blocks, out_sites, scale=None):
                     "captured": n,
                 }
             )
+    return index
 
 
 def _gg_classify_now(args, at_exit=False):
@@ -516,6 +519,10 @@ def _gg_classify_now(args, at_exit=False):
     res = {"frameworks": [], "devices": [], "blocks": [], "sites": []}
     blocks = []
     scale = {}
+    # Listed blocks with a line: (the block's list, its line's key); the line's index
+    # is appended once the sites are made, so the report credits each segment to the
+    # lines whose blocks fill it.
+    lined = []
     t = _gg_torch()
     if t is not None:
         fw = {"framework": "pytorch", "status": "classified"}
@@ -545,7 +552,8 @@ def _gg_classify_now(args, at_exit=False):
                     for b in seg.get("blocks", []):
                         size = b.get("size", 0)
                         active = b.get("state", "").startswith("active")
-                        res["blocks"].append([dev, b.get("address", addr), size, 1 if active else 0, "pytorch"])
+                        listed = [dev, b.get("address", addr), size, 1 if active else 0, "pytorch"]
+                        res["blocks"].append(listed)
                         if active:
                             fs = b.get("frames", [])
                             first = 0
@@ -557,6 +565,7 @@ def _gg_classify_now(args, at_exit=False):
                             )
                             if frames:
                                 blocks.append((fw_name, size, frames))
+                                lined.append((listed, (fw_name, frames)))
                         addr += size
                 if _gg_state["torch_recorder"] == "on":
                     how = "Python lines from its recorder"
@@ -600,9 +609,11 @@ def _gg_classify_now(args, at_exit=False):
             h = _gg_state["cupy_hook"]
             if isinstance(h, _GGCupyHook):
                 for ptr, (dev, size, frames) in list(h.live.items()):
-                    res["blocks"].append([dev, ptr, size, 1, "cupy"])
+                    listed = [dev, ptr, size, 1, "cupy"]
+                    res["blocks"].append(listed)
                     if frames:
                         blocks.append(("cupy", size, frames))
+                        lined.append((listed, ("cupy", frames)))
                 fw["detail"] = "default memory pool; blocks from gpuguard's CuPy hook (main thread)"
             else:
                 # The sampled blocks are only some of the pool's: they give Python sites
@@ -621,7 +632,11 @@ def _gg_classify_now(args, at_exit=False):
         res["frameworks"].append(fw)
     if "jax" in sys.modules or "jaxlib" in sys.modules:
         res["frameworks"].append(_gg_jax(devices, res, blocks))
-    _gg_sites(blocks, res["sites"], scale)
+    index = _gg_sites(blocks, res["sites"], scale)
+    for listed, key in lined:
+        i = index.get(key)
+        if i is not None:
+            listed.append(i)
     return res
 
 

@@ -7,7 +7,7 @@
 //! framework's blocks is owned by it, and the blocks in use give its `in_use_bytes`.
 //! Python sites aggregate the in-use blocks by their Python stack.
 
-use crate::report::{Classification, LiveAllocation, PythonCost, PythonSite, Report};
+use crate::report::{Classification, LiveAllocation, PythonCost, PythonSite, Report, SiteHolder};
 use serde::Deserialize;
 
 /// The Python side's answer to `_gg_classify`.
@@ -17,7 +17,8 @@ pub struct Answer {
     pub frameworks: Vec<Classification>,
     #[serde(default)]
     pub devices: Vec<FrameworkDevice>,
-    /// `[device, address, size, in_use (0/1), framework]` for each framework block.
+    /// `[device, address, size, in_use (0/1), framework]` for each framework block,
+    /// and a sixth element, the index of its line in `sites`, where it has one.
     #[serde(default)]
     pub blocks: Vec<Block>,
     #[serde(default)]
@@ -27,7 +28,42 @@ pub struct Answer {
     pub cost: Option<PythonCost>,
 }
 
-pub type Block = (i32, u64, u64, u8, String);
+/// One framework block, as the Python side lists it.
+#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
+#[serde(from = "BlockWire")]
+pub struct Block {
+    pub device: i32,
+    pub address: u64,
+    pub size: u64,
+    pub in_use: bool,
+    pub framework: String,
+    /// Its line: an index into the answer's `sites`.
+    pub line: Option<usize>,
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum BlockWire {
+    Lined(i32, u64, u64, u8, String, usize),
+    Plain(i32, u64, u64, u8, String),
+}
+
+impl From<BlockWire> for Block {
+    fn from(w: BlockWire) -> Block {
+        let (device, address, size, in_use, framework, line) = match w {
+            BlockWire::Lined(d, a, s, u, f, l) => (d, a, s, u, f, Some(l)),
+            BlockWire::Plain(d, a, s, u, f) => (d, a, s, u, f, None),
+        };
+        Block {
+            device,
+            address,
+            size,
+            in_use: in_use != 0,
+            framework,
+            line,
+        }
+    }
+}
 
 #[derive(Debug, Default, Deserialize, PartialEq)]
 pub struct FrameworkDevice {
@@ -80,29 +116,86 @@ pub fn apply(report: &mut Report, answer: Answer) -> bool {
         d.in_use_bytes = Some(in_use);
         d.cached_bytes = Some(cached);
     }
-    join_blocks(&mut report.live, answer.blocks);
-    let mut sites: Vec<PythonSite> = answer
+    // What each line's seen blocks stand for (a sampled recorder's scale).
+    let scale: Vec<f64> = answer
         .sites
-        .into_iter()
-        .map(|s| PythonSite {
-            id: 0,
-            framework: s.framework,
-            frames: s.frames,
-            live_bytes: s.bytes,
-            live_count: s.count,
-            captured: s.captured,
+        .iter()
+        .map(|s| match s.captured {
+            Some(c) if c > 0 => s.count as f64 / c as f64,
+            _ => 1.0,
         })
         .collect();
-    sites.sort_by(|a, b| {
+    let credits = join_blocks(&mut report.live, answer.blocks);
+    let mut sites: Vec<(usize, PythonSite)> = answer
+        .sites
+        .into_iter()
+        .enumerate()
+        .map(|(i, s)| {
+            (
+                i,
+                PythonSite {
+                    id: 0,
+                    framework: s.framework,
+                    frames: s.frames,
+                    live_bytes: s.bytes,
+                    live_count: s.count,
+                    captured: s.captured,
+                },
+            )
+        })
+        .collect();
+    sites.sort_by(|(_, a), (_, b)| {
         b.live_bytes
             .cmp(&a.live_bytes)
             .then_with(|| a.frames.cmp(&b.frames))
     });
-    for (i, s) in sites.iter_mut().enumerate() {
-        s.id = i as u32;
+    // The answer's index of each line -> its id in the report.
+    let mut id_of = vec![0u32; sites.len()];
+    for (id, (i, s)) in sites.iter_mut().enumerate() {
+        s.id = id as u32;
+        id_of[*i] = id as u32;
     }
-    report.python_sites = sites;
+    report.python_sites = sites.into_iter().map(|(_, s)| s).collect();
+    credit_sites(report, &credits, &scale, &id_of);
     recorded
+}
+
+/// How many lines a call site names as holding it, most first.
+pub const HOLDERS_KEPT: usize = 5;
+
+/// Gives each call site whose allocations hold framework blocks with known lines
+/// (`Site::held_by`) those lines and the bytes of their blocks in it, scaled as the
+/// lines' own figures are: a framework's segment is requested by whichever operation
+/// needed a new one, so its call site says little; the lines whose blocks fill it
+/// say who holds it.
+fn credit_sites(report: &mut Report, credits: &[(u32, usize, u64)], scale: &[f64], id_of: &[u32]) {
+    use std::collections::HashMap;
+    let mut by_site: HashMap<u32, HashMap<u32, f64>> = HashMap::new();
+    for &(site, line, bytes) in credits {
+        let (Some(&id), Some(&f)) = (id_of.get(line), scale.get(line)) else {
+            continue;
+        };
+        *by_site.entry(site).or_default().entry(id).or_default() += bytes as f64 * f;
+    }
+    for s in &mut report.sites {
+        let Some(lines) = by_site.remove(&s.id) else {
+            continue;
+        };
+        let mut held: Vec<SiteHolder> = lines
+            .into_iter()
+            .map(|(line, bytes)| SiteHolder {
+                python_site: line,
+                bytes: bytes.round() as u64,
+            })
+            .collect();
+        held.sort_by(|a, b| {
+            b.bytes
+                .cmp(&a.bytes)
+                .then(a.python_site.cmp(&b.python_site))
+        });
+        held.truncate(HOLDERS_KEPT);
+        s.held_by = held;
+    }
 }
 
 /// How the framework name of Python sites from a sampled recorder ends
@@ -161,32 +254,47 @@ pub fn python_sites_from_stacks(report: &mut Report, recorded: bool) {
     if by.is_empty() {
         return;
     }
+    let added = by.len();
     report
         .python_sites
         .extend(by.into_iter().map(|(frames, (bytes, count))| PythonSite {
-            id: 0,
+            id: u32::MAX,
             framework: FROM_STACK.into(),
             frames,
             live_bytes: bytes,
             live_count: count,
             captured: None,
         }));
+    // The lines from stacks are new (their ids are all u32::MAX until numbered).
+    let n_before = report.python_sites.len() - added;
     report.python_sites.sort_by(|a, b| {
         b.live_bytes
             .cmp(&a.live_bytes)
             .then_with(|| a.frames.cmp(&b.frames))
     });
+    // Renumbered in the new order; the call sites' holders follow their lines.
+    let mut new_id = vec![0u32; n_before];
     for (i, s) in report.python_sites.iter_mut().enumerate() {
+        if let Some(slot) = new_id.get_mut(s.id as usize) {
+            *slot = i as u32;
+        }
         s.id = i as u32;
+    }
+    for h in report.sites.iter_mut().flat_map(|s| s.held_by.iter_mut()) {
+        if let Some(&id) = new_id.get(h.python_site as usize) {
+            h.python_site = id;
+        }
     }
 }
 
 /// Marks each live device allocation that framework blocks lie in: its owner and
 /// the bytes of those blocks in use. Blocks are sorted and searched, so this is
-/// O((live + blocks) log blocks).
-fn join_blocks(live: &mut [LiveAllocation], mut blocks: Vec<Block>) {
-    blocks.retain(|b| b.2 > 0);
-    blocks.sort_unstable_by_key(|b| (b.0, b.1));
+/// O((live + blocks) log blocks). Returns (call site, line, bytes) for the blocks in
+/// use with a line, in allocations with a call site.
+fn join_blocks(live: &mut [LiveAllocation], mut blocks: Vec<Block>) -> Vec<(u32, usize, u64)> {
+    let mut credits = Vec::new();
+    blocks.retain(|b| b.size > 0);
+    blocks.sort_unstable_by_key(|b| (b.device, b.address));
     for a in live.iter_mut() {
         if !matches!(a.kind.as_ref(), "device" | "pool" | "pitch" | "managed") {
             continue; // VMM handles and arrays have no address to join on
@@ -194,21 +302,25 @@ fn join_blocks(live: &mut [LiveAllocation], mut blocks: Vec<Block>) {
         let (lo, hi) = (a.address.0, a.address.0.saturating_add(a.bytes));
         // First block that could overlap: the last one starting at or before `lo`.
         let start = blocks
-            .partition_point(|b| (b.0, b.1) <= (a.device, lo))
+            .partition_point(|b| (b.device, b.address) <= (a.device, lo))
             .saturating_sub(1);
         let mut owner: Option<&str> = None;
         let mut in_use = 0u64;
         for b in &blocks[start..] {
-            if b.0 > a.device || (b.0 == a.device && b.1 >= hi) {
+            if b.device > a.device || (b.device == a.device && b.address >= hi) {
                 break;
             }
-            let (blo, bhi) = (b.1, b.1.saturating_add(b.2));
-            if b.0 < a.device || bhi <= lo {
+            let (blo, bhi) = (b.address, b.address.saturating_add(b.size));
+            if b.device < a.device || bhi <= lo {
                 continue;
             }
-            owner.get_or_insert(&b.4);
-            if b.3 != 0 {
-                in_use += bhi.min(hi) - blo.max(lo);
+            owner.get_or_insert(&b.framework);
+            if b.in_use {
+                let inside = bhi.min(hi) - blo.max(lo);
+                in_use += inside;
+                if let (Some(site), Some(line)) = (a.site, b.line) {
+                    credits.push((site, line, inside));
+                }
             }
         }
         if let Some(fw) = owner {
@@ -216,6 +328,7 @@ fn join_blocks(live: &mut [LiveAllocation], mut blocks: Vec<Block>) {
             a.in_use_bytes = Some(in_use);
         }
     }
+    credits
 }
 
 #[cfg(test)]
@@ -294,6 +407,7 @@ mod tests {
             live_bytes: bytes,
             live_count: 1,
             captured: None,
+            held_by: Vec::new(),
         };
         let mut r = Report {
             sites: vec![

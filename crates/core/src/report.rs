@@ -354,6 +354,19 @@ pub struct Site {
     /// were captured. Absent where every one was.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub captured: Option<u64>,
+    /// The Python lines whose framework blocks fill the site's live allocations
+    /// (a framework's segments), with their bytes there, most first (at most
+    /// `classify::HOLDERS_KEPT`): `python_site` is an id in `python_sites`. Scaled as
+    /// those lines' own figures are. Absent where no block with a line lies in them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub held_by: Vec<SiteHolder>,
+}
+
+/// A Python line holding part of a call site's memory (`Site::held_by`).
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct SiteHolder {
+    pub python_site: u32,
+    pub bytes: u64,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]

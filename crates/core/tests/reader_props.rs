@@ -165,6 +165,7 @@ fn site() -> impl Strategy<Value = Site> {
             live_bytes,
             live_count,
             captured: None,
+            held_by: Vec::new(),
         })
 }
 

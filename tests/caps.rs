@@ -923,6 +923,84 @@ fn cap_report_names_the_refused_call() {
     assert_eq!(u(&device_entry(&exit, 1).unwrap()["denied"]), 0);
 }
 
+/// A cap report is written by the helper thread after the refusal: it says the
+/// refusal's figures (what was asked, charged, live, the cap) and the device's when
+/// it was written, each labelled, in the JSON, `gpuguard show` (text and `--json`)
+/// and the stderr line. Here the program frees everything in between (the helper
+/// thread held in a driver call of the report by the sim's gate). Before, the report
+/// read `12.0 MiB of its 16.0 MiB cap in use` above a device table saying `0 B`
+/// live, with nothing to say which moment each was.
+#[test]
+fn cap_report_says_the_refusal_and_the_writing_apart() {
+    let r = cap_run(&["refuse_then_free"], &[("GPUGUARD_CAP", "0:16MiB")]);
+    r.assert_ok();
+    assert_eq!(last(r.out(), "GATE", "held", &r), 1, "{}", r.describe());
+    assert_eq!(
+        r.rc("refused"),
+        Some(2),
+        "CUDA_ERROR_OUT_OF_MEMORY\n{}",
+        r.describe()
+    );
+    let held = sim_of(r.section("refusal"), 0, &r)["live"];
+    assert_eq!(held, 12 * MIB);
+    assert_eq!(sim_of(r.section("end"), 0, &r)["live"], 0);
+    let reports = cap_reports(&r);
+    assert_eq!(reports.len(), 1, "{}", r.describe());
+    let (path, rep) = &reports[0];
+    let d = &rep["denial"];
+    // At the refusal.
+    assert_eq!(u(&d["bytes"]), 10 * MIB, "{d}");
+    assert_eq!(u(&d["charged_bytes"]), held, "{d}");
+    assert_eq!(u(&d["live_bytes"]), held, "{d}");
+    assert_eq!(u(&d["cap_bytes"]), 16 * MIB, "{d}");
+    // At writing, after the free; as the report's device table says.
+    let w = &d["at_writing"];
+    assert_eq!(u(&w["live_bytes"]), 0, "{d}");
+    assert_eq!(u(&w["charged_bytes"]), 0, "{d}");
+    assert_eq!(u(&device_entry(rep, 0).unwrap()["current_bytes"]), 0);
+    let after = w["after_s"].as_f64().expect("after_s");
+    assert!(after > 0.0 && after < 60.0, "{d}");
+
+    let cli = cli();
+    let p = path.to_str().unwrap();
+    let show = run(cli, &["show", p], &[], false);
+    assert!(show.status.success(), "{}", show.describe());
+    let lines: Vec<&str> = show.stdout.lines().map(str::trim).collect();
+    let at = lines
+        .iter()
+        .position(|l| l.starts_with("cap refused 10.0 MiB (cuMemAlloc_v2) on device 0"))
+        .unwrap_or_else(|| panic!("{}", show.stdout));
+    assert_eq!(
+        lines[at + 1],
+        "at the refusal: 12.0 MiB of its 16.0 MiB cap in use (12.0 MiB live)",
+        "{}",
+        show.stdout
+    );
+    assert_eq!(
+        lines[at + 2],
+        format!("at writing, {after:.3} s later: 0 B of its 16.0 MiB cap in use (0 B live)"),
+        "{}",
+        show.stdout
+    );
+    let json = run(cli, &["show", "--json", p], &[], false);
+    assert!(json.status.success(), "{}", json.describe());
+    let v: Value = serde_json::from_str(&json.stdout).unwrap();
+    assert_eq!(v["reports"][0]["denial"], *d, "{v:#}");
+
+    // The stderr line of the report: the refusal first, then the writing.
+    let line = gg_lines_with(&r, &file_name(path));
+    assert_eq!(line.len(), 1, "{}", r.describe());
+    let refusal = line[0]
+        .find("at the refusal 12.0 MiB of 16.0 MiB in use (12.0 MiB live)")
+        .unwrap_or_else(|| panic!("{}", line[0]));
+    let writing = line[0]
+        .find(&format!(
+            "at writing, {after:.3} s later: device 0: 0 B live"
+        ))
+        .unwrap_or_else(|| panic!("{}", line[0]));
+    assert!(refusal < writing, "{}", line[0]);
+}
+
 /// A refusal inside a runtime call: the stack still starts at the program's function
 /// (the runtime's and the driver's frames are trimmed).
 #[test]

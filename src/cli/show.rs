@@ -165,14 +165,36 @@ fn render_devices(out: &mut String, r: &Report) {
         put!(out, "  {line}");
     }
     if let Some(d) = &r.denial {
+        render_refusal(out, d);
+    }
+}
+
+/// A cap refusal: its figures at the refusal, then the device's when the report was
+/// written (the helper thread writes it later; the table above is of that moment).
+fn render_refusal(out: &mut String, d: &report::DenialReport) {
+    put!(
+        out,
+        "  cap refused {} ({}) on device {}",
+        human_bytes(d.bytes),
+        clean(&d.api),
+        d.device
+    );
+    let live = |b: Option<u64>| b.map_or(String::new(), |b| format!(" ({} live)", human_bytes(b)));
+    put!(
+        out,
+        "    at the refusal: {} of its {} cap in use{}",
+        human_bytes(d.charged_bytes),
+        human_bytes(d.cap_bytes),
+        live(d.live_bytes)
+    );
+    if let Some(w) = &d.at_writing {
         put!(
             out,
-            "  cap refused {} ({}) on device {}: {} of its {} cap in use",
-            human_bytes(d.bytes),
-            clean(&d.api),
-            d.device,
-            human_bytes(d.charged_bytes),
-            human_bytes(d.cap_bytes)
+            "    at writing, {:.3} s later: {} of its {} cap in use{}",
+            w.after_s,
+            human_bytes(w.charged_bytes),
+            human_bytes(d.cap_bytes),
+            live(Some(w.live_bytes))
         );
     }
 }

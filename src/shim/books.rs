@@ -138,7 +138,8 @@ pub(crate) struct PoolInfo {
     pub held: u64,
 }
 
-/// The last refusal, for the cap report.
+/// The last refusal, for the cap report: the figures at the refusal (the report is
+/// written later, by the helper thread, when they may have changed).
 #[derive(Clone, Debug)]
 pub(crate) struct Denial {
     pub device: i32,
@@ -147,6 +148,10 @@ pub(crate) struct Denial {
     pub site: u32,
     pub charged: u64,
     pub cap: u64,
+    /// The device's live bytes.
+    pub live: u64,
+    /// When (monotonic ns).
+    pub t_ns: u64,
 }
 
 pub(crate) fn new_thresholds() -> Box<[Thresholds]> {

@@ -401,6 +401,9 @@ impl Books {
             site,
             charged: c.charged(),
             cap: c.cap().unwrap_or(0),
+            // Plain reads (atomics and the clock): this runs in the hook.
+            live: c.current(),
+            t_ns: super::sys::monotonic_ns(),
         };
         // The report names the first refusal since the last cap report.
         let mut slot = self.denial.lock().unwrap_or_else(|e| e.into_inner());

@@ -153,6 +153,11 @@ pub(crate) fn write(
         books.refresh_pools(d);
     }
     let capturing = capture::active();
+    let refusal = if reason == "cap" {
+        denial(books, &tables)
+    } else {
+        None
+    };
     let input = ReportInput {
         reason,
         seq,
@@ -175,11 +180,7 @@ pub(crate) fn write(
             max_live: s.cfg.max_live,
             snapshot_every_ms: s.cfg.snapshot_every_ms,
         },
-        denial: if reason == "cap" {
-            denial(books, &tables)
-        } else {
-            None
-        },
+        denial: refusal.as_ref().map(|(d, _)| d.clone()),
         max_live: s.cfg.max_live,
         launch: &s.launch,
     };
@@ -187,6 +188,9 @@ pub(crate) fn write(
     // it is built as report objects only where something needs them: a framework's
     // blocks joined by address, or the stderr fallback.
     let (mut report, live) = reporter::build_parts(&input);
+    if let Some((_, refused_ns)) = refusal {
+        at_writing(&mut report, books, refused_ns);
+    }
     if classes.is_some() {
         reporter::materialize(&mut report, &live, &input);
     }
@@ -279,8 +283,9 @@ pub(crate) fn write(
     }
 }
 
-/// The last refusal, with its stack symbolized, for a `cap` report.
-fn denial(books: &Books, tables: &Tables) -> Option<gpuguard_core::report::DenialReport> {
+/// The last refusal, with its stack symbolized, for a `cap` report, and when it was
+/// (monotonic ns).
+fn denial(books: &Books, tables: &Tables) -> Option<(gpuguard_core::report::DenialReport, u64)> {
     let d = books
         .denial
         .lock()
@@ -293,14 +298,37 @@ fn denial(books: &Books, tables: &Tables) -> Option<gpuguard_core::report::Denia
         .cloned()
         .unwrap_or_default();
     let infos: Vec<FrameInfo> = stack.iter().map(|&pc| symbolize(pc, tables)).collect();
-    Some(gpuguard_core::report::DenialReport {
+    let report = gpuguard_core::report::DenialReport {
         device: d.device,
         bytes: d.bytes,
         api: table::api_name(d.api).to_string(),
         charged_bytes: d.charged,
         cap_bytes: d.cap,
+        live_bytes: Some(d.live),
+        // Once the report's own figures are read (`at_writing`).
+        at_writing: None,
         frames: reporter::site_frames(&infos.iter().collect::<Vec<_>>()),
-    })
+    };
+    Some((report, d.t_ns))
+}
+
+/// A cap report's refused device as the report found it (its `devices[]` figures),
+/// and how long after the refusal: the helper thread writes the report later, and
+/// the program may have freed or allocated meanwhile.
+fn at_writing(report: &mut gpuguard_core::report::Report, books: &Books, refused_ns: u64) {
+    let Some(d) = report.denial.as_mut() else {
+        return;
+    };
+    let live_bytes = report
+        .devices
+        .iter()
+        .find(|x| x.device == d.device)
+        .map_or(0, |x| x.current_bytes);
+    d.at_writing = Some(gpuguard_core::report::AtWriting {
+        after_s: sys::monotonic_ns().saturating_sub(refused_ns) as f64 / 1e9,
+        live_bytes,
+        charged_bytes: books.ledger.device(d.device).charged(),
+    });
 }
 
 fn headline(r: &gpuguard_core::report::Report) -> String {
@@ -322,17 +350,22 @@ fn headline(r: &gpuguard_core::report::Report) -> String {
         parts.push("no device memory used".into());
     }
     if let Some(d) = &r.denial {
-        parts.insert(
-            0,
-            format!(
-                "cap refused {} ({}) on device {}: {} of {} in use",
-                human_bytes(d.bytes),
-                d.api,
-                d.device,
-                human_bytes(d.charged_bytes),
-                human_bytes(d.cap_bytes)
-            ),
+        // Two moments: the refusal's figures, then the devices' as written.
+        let mut refusal = format!(
+            "cap refused {} ({}) on device {}: at the refusal {} of {} in use",
+            human_bytes(d.bytes),
+            d.api,
+            d.device,
+            human_bytes(d.charged_bytes),
+            human_bytes(d.cap_bytes)
         );
+        if let Some(live) = d.live_bytes {
+            refusal.push_str(&format!(" ({} live)", human_bytes(live)));
+        }
+        if let Some(w) = &d.at_writing {
+            parts[0] = format!("at writing, {:.3} s later: {}", w.after_s, parts[0]);
+        }
+        parts.insert(0, refusal);
     }
     if r.host_pinned.peak_bytes > 0 {
         parts.push(format!(

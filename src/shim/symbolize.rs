@@ -2,8 +2,11 @@
 //! The function comes from the module's ELF symbols (`gpuguard_core::symbols`) or the
 //! loader's, demangled in every program with `rustc-demangle` (Rust) and
 //! `cpp_demangle` (C++), never through the C++ runtime the program may not have; the
-//! file and line from the module's DWARF line tables (`addr2line`), read lazily the
-//! first time a report needs a module and kept for the thread's later reports.
+//! file and line from the module's DWARF (`addr2line`), read lazily the first time a
+//! report needs a module and kept for the thread's later reports. Functions the
+//! compiler inlined at an address become frames of their own before it,
+//! `name (inlined) at file:line`, and the frame of the function that holds the code
+//! then gives the line of the call.
 //! Report time only (a report writer's thread), never a hook.
 
 use super::real;
@@ -40,8 +43,37 @@ fn skip_lines(module: &str) -> bool {
     module.starts_with("libcuda.so") || module.starts_with("libcudart.so")
 }
 
-/// `file:line` of address `probe` (the module's own addresses) in `file`.
-fn file_line(file: &Path, probe: u64, tables: &Tables) -> Option<String> {
+/// The most functions inlined at one address a frame lists (the innermost):
+/// DWARF read from a file is input like any other.
+const MAX_INLINED: usize = 64;
+
+/// What DWARF says of one address: the functions inlined there as frames,
+/// innermost first, and the `file:line` of the function that holds the code (the
+/// line of the call when something was inlined there).
+#[derive(Default)]
+struct Placed {
+    inlined: Vec<String>,
+    line: Option<String>,
+}
+
+/// An inlined function's frame: `name (inlined) at file:line`. It has no address
+/// of its own; the frame after it (the function that holds the code) has.
+fn inlined_frame(name: Option<String>, line: Option<String>) -> String {
+    let mut text = name.unwrap_or_else(|| "(unnamed)".into());
+    text.push_str(INLINED);
+    if let Some(fl) = line {
+        text.push_str(" at ");
+        text.push_str(&fl);
+    }
+    text
+}
+
+/// What marks an inlined function's frame, after its name.
+const INLINED: &str = " (inlined)";
+
+/// Address `probe` (the module's own addresses) of `file` in its DWARF: the frames
+/// `addr2line` gives there, innermost first; all but the last are inlined.
+fn placed(file: &Path, probe: u64, tables: &Tables) -> Placed {
     let look = |cache: &mut Lines| {
         let loader = cache.entry(file.to_path_buf()).or_insert_with(|| {
             // addr2line opens the file itself: never a FIFO or device put in its place.
@@ -49,8 +81,43 @@ fn file_line(file: &Path, probe: u64, tables: &Tables) -> Option<String> {
                 .then(|| addr2line::Loader::new(file).ok())
                 .flatten()
         });
-        let loc = loader.as_ref()?.find_location(probe).ok()??;
-        Some(format!("{}:{}", loc.file?, loc.line?))
+        let Some(loader) = loader.as_ref() else {
+            return Placed::default();
+        };
+        let file_line = |loc: Option<addr2line::Location<'_>>| {
+            loc.and_then(|l| Some(format!("{}:{}", l.file?, l.line?)))
+        };
+        // (function, file:line) from the innermost out; the outermost is kept apart.
+        let mut found: Vec<(Option<String>, Option<String>)> = Vec::new();
+        let mut outermost = None;
+        if let Ok(mut frames) = loader.find_frames(probe) {
+            while let Ok(Some(f)) = frames.next() {
+                let name = f
+                    .function
+                    .as_ref()
+                    .and_then(|n| n.raw_name().ok())
+                    .map(|n| shortened(&demangle(&n)).into_owned());
+                if let Some(prev) = outermost.replace((name, file_line(f.location)))
+                    && found.len() < MAX_INLINED
+                {
+                    found.push(prev);
+                }
+            }
+        }
+        match outermost {
+            Some((_, line)) => Placed {
+                inlined: found
+                    .into_iter()
+                    .map(|(name, line)| inlined_frame(name, line))
+                    .collect(),
+                line,
+            },
+            // No function there: the line table alone.
+            None => Placed {
+                inlined: Vec::new(),
+                line: file_line(loader.find_location(probe).ok().flatten()),
+            },
+        }
     };
     // At exit the thread's own storage may be gone: the report's cache then.
     LINES
@@ -70,6 +137,7 @@ pub(crate) fn symbolize(pc: usize, tables: &Tables) -> FrameInfo {
     if super::tags::is_tag(pc) {
         return FrameInfo {
             text: super::tags::text(pc),
+            inlined: Vec::new(),
             internal: false,
             interpreter: false,
         };
@@ -80,6 +148,7 @@ pub(crate) fn symbolize(pc: usize, tables: &Tables) -> FrameInfo {
                 Some(t) => format!("{}{t}", gpuguard_core::report::PY_FRAME),
                 None => format!("{}(code no longer alive)", gpuguard_core::report::PY_FRAME),
             },
+            inlined: Vec::new(),
             internal: false,
             interpreter: false,
         };
@@ -91,6 +160,7 @@ pub(crate) fn symbolize(pc: usize, tables: &Tables) -> FrameInfo {
     if unsafe { libc::dladdr(at as *const c_void, &mut dl) } == 0 || dl.dli_fname.is_null() {
         return FrameInfo {
             text: format!("{pc:#x}"),
+            inlined: Vec::new(),
             internal: false,
             interpreter: false,
         };
@@ -142,12 +212,18 @@ pub(crate) fn symbolize(pc: usize, tables: &Tables) -> FrameInfo {
         Some((name, o)) => format!("{}+{o:#x} ({module}+{off:#x})", shortened(&name)),
         None => format!("{module}+{off:#x}"),
     };
-    if !internal && let Some(fl) = file_line(&file, probe, tables) {
-        text.push_str(" at ");
-        text.push_str(&fl);
+    let mut inlined = Vec::new();
+    if !internal {
+        let at = placed(&file, probe, tables);
+        inlined = at.inlined;
+        if let Some(fl) = at.line {
+            text.push_str(" at ");
+            text.push_str(&fl);
+        }
     }
     FrameInfo {
         text,
+        inlined,
         internal,
         interpreter,
     }

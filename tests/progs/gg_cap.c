@@ -19,6 +19,8 @@
  *   NVMLREAL idx= total= reserved= used=    the sim NVML's books for index idx
  *   NVML1 path= idx= uuid= rc= total= free= used=            nvmlDeviceGetMemoryInfo
  *   NVML2 path= idx= uuid= rc= total= reserved= free= used=  ..._v2
+ *   GATE held=<0|1>                         whether gpuguard's helper thread was held
+ *                                           in the sim's gate (refuse_then_free)
  * MARK <name> lines go to stderr, so gpuguard's own lines can be placed among them.
  */
 #include "gg_common.h"
@@ -862,6 +864,31 @@ static int mode_deny_loop(int argc, char **argv)
     return 0;
 }
 
+/* ---- refuse_then_free: 10 MiB refused while device 0 holds 12 MiB (cap 16 MiB),
+ * then everything freed before the cap report is written: the helper thread is held
+ * inside a driver call the report makes (the sim's gate) until the free is done ---- */
+static int mode_refuse_then_free(int argc, char **argv)
+{
+    (void)argc;
+    (void)argv;
+    gg_setup(0);
+    CUdeviceptr a = dev_alloc(12 * MiB, 0);
+    /* gpuguard measures the device's pools for every report: its helper thread waits
+     * there. This thread's own calls pass. */
+    MUST(simcuda_gate_arm("cuMemPoolGetAttribute"));
+    step("refusal");
+    print_sim();
+    CUdeviceptr p = SENTINEL;
+    rc_line("refused", cuMemAlloc_v2(&p, 10 * MiB));
+    printf("GATE held=%d\n", simcuda_gate_wait(GG_WAIT_BOUND_MS));
+    dev_free(a);
+    simcuda_gate_open();
+    wait_reports(".cap.json", 1);
+    step("end");
+    finish();
+    return 0;
+}
+
 /* ---- warn: 20 MiB, 36 MiB, 40 MiB, 20 MiB, 36 MiB on device 0, a pause after each ---- */
 static int mode_warn(int argc, char **argv)
 {
@@ -995,6 +1022,7 @@ static const struct gg_mode g_modes[] = {
     {"meminfo", mode_meminfo},
     {"nvml", mode_nvml},
     {"deny_loop", mode_deny_loop},
+    {"refuse_then_free", mode_refuse_then_free},
     {"warn", mode_warn},
     {"trim_at", mode_trim_at},
     {"retry", mode_retry},

@@ -494,9 +494,32 @@ static int rule_strikes(const struct fault_rule *r, unsigned long long call_no)
 }
 
 /* The code the entered export `id` must fail with now, or CUDA_SUCCESS. */
+/* ---- a gate on one export (simcuda_gate_*), a handshake for tests ----
+ * The first call of the export made by a thread other than the one that armed the
+ * gate waits, before it does anything, until the gate is opened: a test can hold an
+ * interposer's helper thread inside a driver call while the program moves on. */
+static pthread_mutex_t g_gate_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t g_gate_cond = PTHREAD_COND_INITIALIZER;
+static int g_gate_id = -1;   /* the export the gate holds; -1: no gate */
+static pid_t g_gate_owner;   /* the arming thread: its calls pass */
+static int g_gate_state;     /* 0 armed, 1 a call waits there, 2 open */
+
+static void gate_check(int id)
+{
+    if (__atomic_load_n(&g_gate_id, __ATOMIC_ACQUIRE) != id) return;
+    pthread_mutex_lock(&g_gate_lock);
+    if (g_gate_id == id && g_gate_state == 0 && gettid() != g_gate_owner) {
+        g_gate_state = 1;
+        pthread_cond_broadcast(&g_gate_cond);
+        while (g_gate_state != 2) pthread_cond_wait(&g_gate_cond, &g_gate_lock);
+    }
+    pthread_mutex_unlock(&g_gate_lock);
+}
+
 static CUresult fault_check(int id)
 {
     if (id < 0) return CUDA_SUCCESS;
+    gate_check(id);
     unsigned long long mine = __atomic_add_fetch(&g_fault_seen[id], 1, __ATOMIC_RELAXED);
     unsigned long long any = __atomic_add_fetch(&g_fault_seen_any, 1, __ATOMIC_RELAXED);
     if (__atomic_load_n(&g_nfault_rules, __ATOMIC_ACQUIRE) == 0) return CUDA_SUCCESS;
@@ -2736,4 +2759,44 @@ int simcuda_untracked_alloc(int dev, size_t bytes, CUdeviceptr *dptr)
     unlock();
     if (rc == CUDA_SUCCESS) *dptr = p;
     return rc;
+}
+
+int simcuda_gate_arm(const char *name)
+{
+    int id = name ? export_id(name, strlen(name)) : -1;
+    if (id < 0) return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_gate_lock);
+    g_gate_owner = gettid();
+    g_gate_state = 0;
+    __atomic_store_n(&g_gate_id, id, __ATOMIC_RELEASE);
+    pthread_mutex_unlock(&g_gate_lock);
+    return CUDA_SUCCESS;
+}
+
+int simcuda_gate_wait(unsigned long long timeout_ms)
+{
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += (time_t)(timeout_ms / 1000);
+    until.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+    if (until.tv_nsec >= 1000000000L) {
+        until.tv_sec++;
+        until.tv_nsec -= 1000000000L;
+    }
+    pthread_mutex_lock(&g_gate_lock);
+    int rc = 0;
+    while (g_gate_state == 0 && rc == 0)
+        rc = pthread_cond_timedwait(&g_gate_cond, &g_gate_lock, &until);
+    int held = g_gate_state == 1;
+    pthread_mutex_unlock(&g_gate_lock);
+    return held;
+}
+
+void simcuda_gate_open(void)
+{
+    pthread_mutex_lock(&g_gate_lock);
+    g_gate_state = 2;
+    __atomic_store_n(&g_gate_id, -1, __ATOMIC_RELEASE);
+    pthread_cond_broadcast(&g_gate_cond);
+    pthread_mutex_unlock(&g_gate_lock);
 }

@@ -345,6 +345,12 @@ unsigned long long simcuda_faults_injected(void);
 /* Captures under way now, and captures invalidated by an unsafe call so far. */
 int simcuda_captures(void);
 unsigned long long simcuda_captures_invalidated(void);
+/* A gate on the export `name`, for handshakes: the first call of it made by a thread
+ * other than the caller waits, before it does anything, until simcuda_gate_open().
+ * simcuda_gate_wait() returns 1 once such a call waits there, 0 after timeout_ms. */
+int simcuda_gate_arm(const char *name);
+int simcuda_gate_wait(unsigned long long timeout_ms);
+void simcuda_gate_open(void);
 
 #ifdef __cplusplus
 }

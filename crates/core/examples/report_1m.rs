@@ -82,6 +82,7 @@ fn main() {
         api_name: &|_| "cuMemAlloc_v2",
         symbolize: &|pc| FrameInfo {
             text: format!("frame_{pc:x} (libapp.so+0x{pc:x})"),
+            inlined: Vec::new(),
             internal: false,
             interpreter: false,
         },

@@ -203,6 +203,9 @@ pub struct PythonSite {
     pub captured: Option<u64>,
 }
 
+/// A refusal by a cap. The figures are the refusal's own (`device` to
+/// `live_bytes`); the report is written later, and `at_writing` says what the same
+/// device held then.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
 pub struct DenialReport {
     pub device: i32,
@@ -212,8 +215,24 @@ pub struct DenialReport {
     /// Charged against the cap at the refusal: live bytes plus what pools held.
     pub charged_bytes: u64,
     pub cap_bytes: u64,
+    /// The device's live bytes at the refusal (absent in older reports).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub live_bytes: Option<u64>,
+    /// The same device when the report was written (absent in older reports).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub at_writing: Option<AtWriting>,
     /// The refused call's stack, innermost first.
     pub frames: Vec<String>,
+}
+
+/// A capped device when a cap report was written, after its refusal.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct AtWriting {
+    /// Seconds from the refusal to the writing.
+    pub after_s: f64,
+    pub live_bytes: u64,
+    /// Charged against the cap: live bytes plus what pools held.
+    pub charged_bytes: u64,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]

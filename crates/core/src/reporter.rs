@@ -22,6 +22,10 @@ use std::sync::{Mutex, OnceLock, TryLockError};
 /// One native frame as the symbolizer sees it.
 pub struct FrameInfo {
     pub text: String,
+    /// The functions the compiler inlined at this address, innermost first, each
+    /// its own frame (`name (inlined) at file:line`): a site lists them before
+    /// `text`, the function that holds the code.
+    pub inlined: Vec<String>,
     /// Inside gpuguard or a CUDA library: trimmed from the top of a site.
     pub internal: bool,
     /// Inside the Python interpreter (or the foreign-function layer it calls C
@@ -47,7 +51,7 @@ pub fn site_frames(infos: &[&FrameInfo]) -> Vec<String> {
     rest[..native_end]
         .iter()
         .chain(first_py.map_or(&[][..], |p| &rest[p..]))
-        .map(|f| f.text.clone())
+        .flat_map(|f| f.inlined.iter().chain(std::iter::once(&f.text)).cloned())
         .collect()
 }
 
@@ -811,6 +815,7 @@ mod tests {
                 } else {
                     format!("f{pc}")
                 },
+                inlined: Vec::new(),
                 internal: pc < 10,
                 interpreter: (500..1000).contains(&pc),
             },
@@ -1261,5 +1266,32 @@ mod tests {
         let mode = std::fs::metadata(&p).unwrap().permissions().mode();
         assert_eq!(mode & 0o777, 0o600);
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn inlined_frames_come_before_the_function_that_holds_them() {
+        let f = |text: &str, inlined: &[&str], internal| FrameInfo {
+            text: text.into(),
+            inlined: inlined.iter().map(|s| s.to_string()).collect(),
+            internal,
+            interpreter: false,
+        };
+        // gpuguard's own frame is cut with what was inlined into it.
+        let own = f("hook+0x1 (libgpuguard.so+0x1)", &["inner (inlined)"], true);
+        let load = f(
+            "load+0x9 (p+0x9) at p.c:20",
+            &["paths (inlined) at p.c:8", "open (inlined) at p.c:14"],
+            false,
+        );
+        let main = f("main+0x5 (p+0x5) at p.c:30", &[], false);
+        assert_eq!(
+            site_frames(&[&own, &load, &main]),
+            [
+                "paths (inlined) at p.c:8",
+                "open (inlined) at p.c:14",
+                "load+0x9 (p+0x9) at p.c:20",
+                "main+0x5 (p+0x5) at p.c:30"
+            ]
+        );
     }
 }

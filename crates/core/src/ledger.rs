@@ -221,11 +221,13 @@ pub struct DeviceCounters {
     high: AtomicU64,
     pub failed: AtomicU64,
     pub denied: AtomicU64,
-    pub unknown_frees: AtomicU64,
     /// Set once a device has been touched, so reports list only devices in use.
     pub seen: AtomicU64,
     /// The cap in bytes; 0 when uncapped. Changed only through `set_limit`.
     pub limit: AtomicU64,
+    /// On the next line (written only when a free finds no record): the first line
+    /// keeps what every hook reads or writes, `high` among it (a test checks).
+    pub unknown_frees: AtomicU64,
     /// Live bytes of stream-ordered pool blocks: all of them on a capped device; on
     /// an uncapped one, the stripes hold them (see `pool_live_bytes`).
     pub pool_live: AtomicU64,
@@ -1521,6 +1523,24 @@ mod tests {
             assert_eq!(l.device(0).take_high(), 0, "{mode}");
             assert_eq!(l.device(0).snapshot().peak, 510 << 20, "{mode}");
         }
+    }
+
+    /// What a hook reads or writes on a device's shared line (the cap's charge and
+    /// limit, live bytes, the peak and the high-water mark, `seen`) is on one 64-byte
+    /// cache line: the high-water mark added no line to any hook.
+    #[test]
+    fn the_hot_counters_share_one_cache_line() {
+        use std::mem::offset_of;
+        let at = [
+            offset_of!(DeviceCounters, charge),
+            offset_of!(DeviceCounters, live),
+            offset_of!(DeviceCounters, peak),
+            offset_of!(DeviceCounters, high),
+            offset_of!(DeviceCounters, seen),
+            offset_of!(DeviceCounters, limit),
+        ];
+        let lines: Vec<usize> = at.iter().map(|o| o / 64).collect();
+        assert!(lines.iter().all(|l| *l == lines[0]), "offsets {at:?}");
     }
 
     #[test]

@@ -620,6 +620,34 @@ mod tests {
         assert_eq!(xml("a<b>&\"'\u{1}"), "a&lt;b&gt;&amp;&quot;&apos;\u{FFFD}");
     }
 
+    /// The peak is the highest level, between samples included; a trace without
+    /// highs (older, or nothing between samples) draws no bars.
+    #[test]
+    fn the_peak_counts_what_came_between_samples() {
+        let sample = |t_us: u64, live: u64, high: u64| Sample {
+            t_us,
+            live,
+            high,
+            pool_held: 0,
+            cap: None,
+        };
+        let mut trace = Trace::default();
+        trace.devices.insert(
+            0,
+            vec![
+                sample(0, 10 << 20, 10 << 20),
+                sample(50_000, 10 << 20, 510 << 20),
+            ],
+        );
+        let svg = render_svg(&trace);
+        assert!(svg.contains(">peak 510.0 MiB<"), "{svg}");
+        assert_eq!(svg.matches(r#"<rect class="high""#).count(), 1, "{svg}");
+        assert!(svg.contains("higher between samples"), "{svg}");
+        trace.devices.insert(0, vec![sample(0, 10 << 20, 10 << 20)]);
+        let svg = render_svg(&trace);
+        assert!(svg.contains(">peak 10.0 MiB<") && !svg.contains(r#"class="high""#));
+    }
+
     #[test]
     fn thinning_keeps_the_extremes() {
         let frame = Frame {

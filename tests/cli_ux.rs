@@ -94,6 +94,32 @@ fn run_counts_only_the_reports_written_during_it() {
     assert!(!summary.contains("hello_gpu"), "{summary}");
 }
 
+/// A process of the command that allocated no CUDA memory (a framework's compile
+/// worker) writes no report, and the summary counts the reports there are without
+/// looking for its; with none at all it says when a process writes one.
+#[test]
+fn run_summary_leaves_out_a_process_that_allocated_nothing() {
+    let dir = scratch("quiet");
+    let script = format!("{} quiet && {} 3", prog("gg"), prog("hello_gpu"));
+    let r = run_in(&dir, &["sh", "-c", &script]);
+    assert_eq!(r.code, Some(0), "{}", r.describe());
+    let summary = r.summary();
+    assert!(summary.contains("; 1 report in"), "{summary}");
+    assert!(
+        summary.contains("hello_gpu (pid") && !summary.contains("gg (pid"),
+        "{summary}"
+    );
+    let dir = scratch("quiet-alone");
+    let r = run_in(&dir, &[&prog("gg"), "quiet"]);
+    assert_eq!(r.code, Some(0), "{}", r.describe());
+    let summary = r.summary();
+    assert!(
+        summary.contains("; 0 reports in")
+            && summary.contains("a process writes one once it allocates CUDA memory"),
+        "{summary}"
+    );
+}
+
 /// The `details:` line names this run's reports, not every report in the folder,
 /// and works as typed in a shell, also in a folder whose name has a space.
 #[test]

@@ -282,6 +282,55 @@ fn request_report_through_c_api() {
     assert_eq!(live_set(&exit), leak_set(r.out()));
 }
 
+/// The reasons of the run's report files, in `seq` order.
+fn reasons(r: &Run) -> Vec<String> {
+    let mut v: Vec<(u64, String)> = r
+        .reports()
+        .iter()
+        .map(|(_, rep)| (u(&rep["seq"]), rep["reason"].as_str().unwrap_or("?").into()))
+        .collect();
+    v.sort();
+    v.into_iter().map(|(_, reason)| reason).collect()
+}
+
+/// A process that initialized CUDA and asked about memory but allocated nothing (a
+/// framework's compile worker) writes no exit report and no snapshots: they would
+/// say nothing. What it asks for it still gets.
+#[test]
+fn a_process_that_allocated_nothing_writes_only_the_reports_it_asks_for() {
+    let r = gg_run("gg", &["quiet"], &[]);
+    r.assert_ok();
+    assert!(r.out().lines("MEMINFO").len() == 1, "{}", r.describe());
+    assert_eq!(reasons(&r), Vec::<String>::new(), "{}", r.describe());
+    assert!(gg_stderr_lines(&r, r.pid).is_empty(), "{}", r.describe());
+
+    // Snapshots due every 1 ms, passed while the report signals were answered.
+    let r = gg_run(
+        "gg",
+        &["quiet", "signal"],
+        &[("GPUGUARD_SNAPSHOT_EVERY", "1ms")],
+    );
+    r.assert_ok();
+    assert_eq!(reasons(&r), ["signal"; 3], "{}", r.describe());
+    for (_, rep) in r.reports() {
+        assert_eq!(rep["devices"], serde_json::json!([]), "{rep:#}");
+    }
+
+    let r = gg_run("gg", &["quiet", "request"], &[]);
+    r.assert_ok();
+    assert_eq!(r.rc("gpuguard_write_report"), Some(0), "{}", r.describe());
+    assert_eq!(reasons(&r), ["request"], "{}", r.describe());
+
+    // A refusal is something to report: the cap report, and the exit report after
+    // (the trim a refusal asks for writes its own when it runs before the exit).
+    let r = gg_run("gg", &["quiet", "refused"], &[("GPUGUARD_CAP", "0:1GiB")]);
+    r.assert_ok();
+    assert_eq!(r.rc("refused"), Some(2), "{}", r.describe());
+    let mut got = reasons(&r);
+    got.retain(|x| x != "trim");
+    assert_eq!(got, ["cap", "exit"], "{}", r.describe());
+}
+
 /// `gpuguard_device_counters` answers -1 for negative devices and, once CUDA is
 /// up, for devices at or past the driver's device count; 0 below it.
 #[test]

@@ -7,7 +7,7 @@ mod common;
 mod core_support;
 
 use common::{Run, run, shim, sim_dir};
-use core_support::{fresh_dir, gg_stderr_lines, reports_with_reason};
+use core_support::{exit_report, fresh_dir, gg_stderr_lines, reports_with_reason};
 use serde_json::Value;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -116,6 +116,55 @@ fn trace_has_counters_refusal_trim_and_report_events() {
     let svg = dir.join("mem.svg");
     let p = run(cli(), &["plot", s(&trace), "-o", s(&svg)], &[], false);
     assert!(p.status.success(), "{}", p.describe());
+}
+
+/// 500 MiB made and freed between two of the helper's samples (`spike` waits for
+/// the sample before it, and for a sample after it, in the trace: a handshake): the
+/// sample after carries the moment as its `high`, and `gpuguard plot`'s peak is the
+/// exit report's. Uncapped (the hooks journal, the helper's drain raises the mark)
+/// and capped (the hook raises it).
+#[test]
+fn a_moment_between_two_samples_is_the_timelines_peak() {
+    for cap in [None, Some("0:1GiB")] {
+        let dir = fresh_dir("spike");
+        let trace = dir.join("t.json");
+        let mut env = vec![("GPUGUARD_TRACE", s(&trace))];
+        env.extend(cap.map(|c| ("GPUGUARD_CAP", c)));
+        let r = run("gg_obs", &["spike"], &env, true);
+        r.assert_ok();
+        assert!(!r.stderr.contains("gave up"), "{}", r.describe());
+        let events = load_trace(&trace);
+        let text = || std::fs::read_to_string(&trace).unwrap();
+        let samples: Vec<(u64, u64, u64)> = named(&events, "device 0")
+            .iter()
+            .map(|e| {
+                let n = |k: &str| e["args"][k].as_u64().unwrap_or(0);
+                (e["ts"].as_u64().unwrap(), n("live"), n("high"))
+            })
+            .collect();
+        let first = samples.iter().position(|s| s.1 == 10 * MIB);
+        let after = samples.iter().position(|s| s.1 == 11 * MIB);
+        let (Some(first), Some(after)) = (first, after) else {
+            panic!("{cap:?}: the 10 and 11 MiB samples\n{}", text());
+        };
+        // (A sample taken at the very moment would show it as live bytes too.)
+        assert!(
+            samples[first + 1..=after].iter().any(|s| s.2 == 510 * MIB),
+            "{cap:?}: a sample after the 10 MiB one carries the moment of 510 MiB as \
+             its high\n{}",
+            text()
+        );
+        let (_, rep) = exit_report(&r);
+        assert_eq!(rep["devices"][0]["peak_bytes"], 510 * MIB, "{cap:?}");
+        let svg = dir.join("t.svg");
+        let p = run(cli(), &["plot", s(&trace), "-o", s(&svg)], &[], false);
+        assert!(p.status.success(), "{}", p.describe());
+        let svg = std::fs::read_to_string(&svg).unwrap();
+        assert!(
+            svg.contains(">peak 510.0 MiB<") && svg.contains(r#"class="high""#),
+            "{cap:?}: the plot's peak is the report's\n{svg}"
+        );
+    }
 }
 
 #[test]

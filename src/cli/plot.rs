@@ -1,7 +1,9 @@
 //! `gpuguard plot TRACE -o mem.svg`: memory over time per device, from a trace
 //! (`GPUGUARD_TRACE`), as one standalone SVG file: a line of live bytes per device
-//! (dashed: live plus what pools hold, when they hold any), each device's peak and cap
-//! as lines, and marks for cap refusals, trims, warnings and reports.
+//! (dashed: live plus what pools hold, when they hold any), bars where a device went
+//! higher between two samples than either shows, each device's peak (the highest
+//! level, between samples included: the reports' peak) and cap as lines, and marks
+//! for cap refusals, trims, warnings and reports.
 
 use super::load::{read_streamed, shown};
 use super::output::{warn, write_view};
@@ -16,8 +18,8 @@ use std::path::PathBuf;
 #[command(
     after_help = "TRACE is a file written by GPUGUARD_TRACE (or `gpuguard run --trace`), \
     whole or cut short by a killed process. The SVG has live bytes per device (dashed: \
-    plus what CUDA pools hold), each device's peak and cap, and marks for cap refusals, \
-    trims, warnings and reports (hover for details)."
+    plus what CUDA pools hold; bars: higher between two samples), each device's peak \
+    and cap, and marks for cap refusals, trims, warnings and reports (hover for details)."
 )]
 pub struct PlotArgs {
     /// A trace file
@@ -82,7 +84,7 @@ pub fn render_svg(trace: &Trace) -> String {
         .devices
         .values()
         .flatten()
-        .map(|s| (s.live + s.pool_held).max(s.cap.unwrap_or(0)))
+        .map(|s| (s.live + s.pool_held).max(s.high).max(s.cap.unwrap_or(0)))
         .max()
         .unwrap_or(0);
     let frame = Frame {
@@ -229,7 +231,13 @@ fn device_lines(
             r#"<path class="held" data-device="{device}" d="{held}" fill="none" stroke="{colour}" stroke-width="1" stroke-dasharray="5 3" opacity="0.8"><title>device {device}: live + held by pools (charged against the cap)</title></path>"#
         );
     }
-    let peak = samples.iter().map(|s| s.live).max().unwrap_or(0);
+    let between = highs_between(svg, frame, device, &points, colour);
+    // The highest level, between samples included: what the reports call the peak.
+    let peak = samples
+        .iter()
+        .map(|s| s.high.max(s.live))
+        .max()
+        .unwrap_or(0);
     let y = frame.y(peak);
     let _ = writeln!(
         svg,
@@ -271,6 +279,13 @@ fn device_lines(
             &format!(r#"stroke="{colour}" stroke-dasharray="5 3""#),
         );
     }
+    if between {
+        line(
+            svg,
+            "higher between samples".into(),
+            &format!(r#"stroke="{colour}" stroke-width="6" opacity="0.35""#),
+        );
+    }
     line(
         svg,
         format!("peak {}", human_bytes(peak)),
@@ -291,8 +306,47 @@ fn device_lines(
     *legend_y += 8.0;
 }
 
+/// Where a sample's `high` stands above the live line on both sides of the time it
+/// covers (since the sample before), a bar over that time up to it: the device went
+/// that high at some moment between the two samples. Whether any was drawn.
+fn highs_between(
+    svg: &mut String,
+    frame: &Frame,
+    device: i32,
+    points: &[Sample],
+    colour: &str,
+) -> bool {
+    let mut drawn = false;
+    let mut before: Option<&Sample> = None;
+    for s in points {
+        let shown = before.map_or(s.live, |b| b.live.max(s.live));
+        if s.high > shown {
+            // At least two pixels wide, ending at the sample that reports it.
+            let x1 = frame.x(s.t_us);
+            let x0 = before.map_or(x1, |b| frame.x(b.t_us)).min(x1 - 2.0);
+            let (top, bottom) = (frame.y(s.high), frame.y(shown));
+            let since = before.map_or(String::new(), |b| format!(" after {}", duration(b.t_us)));
+            let _ = writeln!(
+                svg,
+                r#"<rect class="high" data-device="{device}" x="{x0:.1}" y="{top:.1}" width="{:.1}" height="{:.1}" fill="{colour}" opacity="0.35"><title>{}</title></rect>"#,
+                x1 - x0,
+                bottom - top,
+                xml(&format!(
+                    "device {device}: {} at a moment{since}, by {} (between two samples)",
+                    human_bytes(s.high),
+                    duration(s.t_us)
+                ))
+            );
+            drawn = true;
+        }
+        before = Some(s);
+    }
+    drawn
+}
+
 /// Keeps, per pixel column, the samples with the lowest and the highest live bytes and
-/// the last one, so that a long trace draws the same shape from a bounded path.
+/// the last one, so that a long trace draws the same shape from a bounded path; the
+/// last one kept carries the highest `high` of the column.
 fn thin_for_width(samples: &[Sample], frame: &Frame) -> Vec<Sample> {
     let columns = (WIDTH - LEFT - RIGHT) as usize;
     if samples.len() <= columns * 3 {
@@ -317,7 +371,11 @@ fn thin_for_width(samples: &[Sample], frame: &Frame) -> Vec<Sample> {
             .collect();
         keep.sort_unstable();
         keep.dedup();
+        let column_high = bucket.iter().map(|s| s.high).max().unwrap_or(0);
         out.extend(keep.into_iter().map(|i| bucket[i]));
+        if let Some(last) = out.last_mut() {
+            last.high = last.high.max(column_high);
+        }
         start = end;
     }
     out
@@ -562,6 +620,34 @@ mod tests {
         assert_eq!(xml("a<b>&\"'\u{1}"), "a&lt;b&gt;&amp;&quot;&apos;\u{FFFD}");
     }
 
+    /// The peak is the highest level, between samples included; a trace without
+    /// highs (older, or nothing between samples) draws no bars.
+    #[test]
+    fn the_peak_counts_what_came_between_samples() {
+        let sample = |t_us: u64, live: u64, high: u64| Sample {
+            t_us,
+            live,
+            high,
+            pool_held: 0,
+            cap: None,
+        };
+        let mut trace = Trace::default();
+        trace.devices.insert(
+            0,
+            vec![
+                sample(0, 10 << 20, 10 << 20),
+                sample(50_000, 10 << 20, 510 << 20),
+            ],
+        );
+        let svg = render_svg(&trace);
+        assert!(svg.contains(">peak 510.0 MiB<"), "{svg}");
+        assert_eq!(svg.matches(r#"<rect class="high""#).count(), 1, "{svg}");
+        assert!(svg.contains("higher between samples"), "{svg}");
+        trace.devices.insert(0, vec![sample(0, 10 << 20, 10 << 20)]);
+        let svg = render_svg(&trace);
+        assert!(svg.contains(">peak 10.0 MiB<") && !svg.contains(r#"class="high""#));
+    }
+
     #[test]
     fn thinning_keeps_the_extremes() {
         let frame = Frame {
@@ -572,6 +658,7 @@ mod tests {
             .map(|i| Sample {
                 t_us: i * 10,
                 live: if i == 54_321 { 999_999 } else { i % 100 },
+                high: if i == 12_345 { 5_000_000 } else { i % 100 },
                 pool_held: 0,
                 cap: None,
             })
@@ -579,6 +666,10 @@ mod tests {
         let thin = thin_for_width(&samples, &frame);
         assert!(thin.len() <= 3 * 730, "{}", thin.len());
         assert!(thin.iter().any(|s| s.live == 999_999));
+        assert!(
+            thin.iter().any(|s| s.high == 5_000_000),
+            "a high between samples left out is kept"
+        );
         assert_eq!(thin.last(), samples.last());
         assert!(thin.windows(2).all(|w| w[0].t_us <= w[1].t_us));
     }

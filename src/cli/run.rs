@@ -455,7 +455,12 @@ fn summary(
                  GPUGUARD_SNAPSHOT_EVERY=60s writes reports while it runs)",
                 signal_name(sig)
             ),
-            None => put!(out, "  (no process of it wrote a report: did it use CUDA?)"),
+            // A process that allocates no CUDA memory writes no report unless asked.
+            None => put!(
+                out,
+                "  (no process of it wrote a report: a process writes one once it \
+                 allocates CUDA memory, or when asked; did it allocate any?)"
+            ),
         }
         return out;
     }

@@ -105,6 +105,14 @@ impl Books {
         n == 1
     }
 
+    /// Whether the process ever allocated memory gpuguard tracks (device or pinned
+    /// host), successfully or not: an allocation the driver failed or a cap refused
+    /// counts. A process for which this is false gets no report it did not ask for
+    /// (no exit report, no snapshots): it would say nothing.
+    pub fn allocated_any(&self) -> bool {
+        !self.ledger.seen_devices().is_empty() || self.ledger.host().seen.load(Relaxed) != 0
+    }
+
     pub fn total(&self, device: i32) -> u64 {
         let t = usize::try_from(device)
             .ok()

@@ -38,7 +38,7 @@ struct Observer {
     log_every_ns: Option<u64>,
     next_log_ns: u64,
     /// Per device: the overall peak at the last line, and the highest live bytes
-    /// sampled since.
+    /// since (the books' high-water mark, read at each sample).
     lines: BTreeMap<i32, (u64, u64)>,
     /// Per device: refusals already put on the timeline.
     denied: BTreeMap<i32, u64>,
@@ -394,11 +394,14 @@ fn sample(o: &mut Observer, books: &Books, now: u64) {
     let t = o.last_t_us.max(t);
     for &d in &devices {
         let c = books.ledger.device(d);
+        // The high-water mark first: read and restarted at the level now, so what
+        // came between this sample and the one before is in it.
+        let high = c.take_high();
         let live = c.current();
         let w = o.lines.entry(d).or_insert((0, 0));
-        w.1 = w.1.max(live);
+        w.1 = w.1.max(high);
         if let Some(tr) = o.trace.as_mut() {
-            tr.sample(t, d, live, c.pool_excess(), c.cap());
+            tr.sample_high(t, d, live, high, c.pool_excess(), c.cap());
         }
     }
     let Some(tr) = o.trace.as_mut() else {
@@ -478,7 +481,7 @@ fn log_line(o: &mut Observer, books: &Books) {
         let peak = c.peak.load(Relaxed);
         let w = o.lines.entry(d).or_insert((0, 0));
         // A new overall peak since the last line is exact; otherwise the highest
-        // level the helper sampled.
+        // level the high-water marks saw since.
         let since = if peak > w.0 { peak } else { w.1.max(live) };
         *w = (peak, live);
         let sep = if i == 0 { " " } else { "; " };

@@ -68,6 +68,18 @@ pub(crate) fn write_final_report(
     if let Some(books) = active_books()
         && !EXIT_WRITTEN.swap(true, AcqRel)
     {
+        if !books.allocated_any() {
+            // A process that only asked the driver about devices (a framework's
+            // compile worker): its report would have no device and nothing live.
+            log(
+                LogLevel::Info,
+                format_args!(
+                    "no exit report: this process allocated no CUDA memory \
+                     (a report signal or gpuguard_write_report still writes one)"
+                ),
+            );
+            return;
+        }
         let extra = Extra {
             ending: ending.map(|signal| gpuguard_core::report::Ending {
                 signal,

@@ -340,7 +340,10 @@ fn run(fd: c_int) {
                 } else {
                     next
                 });
-                shielded(|| write_report("snapshot", Extra::default()));
+                // Nothing allocated yet: a snapshot would say nothing.
+                if active_books().is_some_and(|b| b.allocated_any()) {
+                    shielded(|| write_report("snapshot", Extra::default()));
+                }
             }
         }
         if let Some(books) = active_books() {

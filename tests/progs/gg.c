@@ -865,6 +865,47 @@ static int mode_report_request(int argc, char **argv)
     return 0;
 }
 
+/* Raises the report signal and waits for the signal report it asks for. */
+static void signal_report(void)
+{
+    int reports = count_reports(".signal.json");
+    raise(SIGUSR1);
+    wait_reports(".signal.json", reports + 1);
+}
+
+/* ---- quiet [ask]: CUDA initialized and asked about memory, nothing allocated (a
+ * framework's compile worker). ask: "signal": three report signals, each report
+ * waited for; the second one at least 2 ms after the first report (a helper thread
+ * that answered it has run past a 1 ms GPUGUARD_SNAPSHOT_EVERY once it answers
+ * the third). "request": gpuguard_write_report. "refused": one allocation, of
+ * 2 GiB (run with a smaller cap) ---- */
+static int mode_quiet(int argc, char **argv)
+{
+    const char *ask = argc > 1 ? argv[1] : "";
+    gg_setup(0);
+    size_t free_b = 0, total_b = 0;
+    MUST(cuMemGetInfo_v2(&free_b, &total_b));
+    printf("MEMINFO %zu %zu\n", free_b, total_b);
+    if (strcmp(ask, "signal") == 0) {
+        signal_report();
+        long long first = mono_ms();
+        while (mono_ms() < first + 2) sleep_ms(1);
+        signal_report();
+        signal_report();
+    } else if (strcmp(ask, "request") == 0) {
+        gg_report_fn wr = (gg_report_fn)dlsym(RTLD_DEFAULT, "gpuguard_write_report");
+        char path[4096] = "";
+        int rc = wr ? wr(NULL, path, sizeof path) : -2;
+        rc_line("gpuguard_write_report", rc);
+        printf("REPORT %s\n", path);
+    } else if (strcmp(ask, "refused") == 0) {
+        CUdeviceptr p;
+        rc_line("refused", cuMemAlloc_v2(&p, 2048 * MiB));
+    }
+    puts("OK");
+    return 0;
+}
+
 /* ---- capi: gpuguard_device_counters around the device count ----
  * CAPI <phase> <device> <rc> for devices -1, 0, n-1, n, n+1 and 63, before any
  * CUDA call and after cuInit and one allocation; n = the sim's device count. */
@@ -1005,6 +1046,7 @@ static const struct gg_mode g_modes[] = {
     {"own_handler_after", mode_own_handler_after},
     {"storm", mode_storm},
     {"report_request", mode_report_request},
+    {"quiet", mode_quiet},
     {"capi", mode_capi},
     {"sigalloc", mode_sigalloc},
     {"nocuda", mode_nocuda_},

@@ -274,6 +274,42 @@ static int mode_logevery(int argc, char **argv)
     return 0;
 }
 
+/* Waits until the trace ($GPUGUARD_TRACE) holds `text` (GG_WAIT_BOUND_MS at most):
+ * the helper thread has written that sample. */
+static void wait_trace(const char *text)
+{
+    const char *path = getenv("GPUGUARD_TRACE");
+    static char buf[1 << 20];
+    for (long waited = 0; path && waited < GG_WAIT_BOUND_MS; waited++) {
+        FILE *f = fopen(path, "r");
+        size_t n = f ? fread(buf, 1, sizeof buf - 1, f) : 0;
+        if (f) fclose(f);
+        buf[n] = 0;
+        if (strstr(buf, text)) return;
+        sleep_ms(1);
+    }
+    fprintf(stderr, "gave up waiting for %s in the trace\n", text);
+}
+
+/* ---- spike (run with GPUGUARD_TRACE): 10 MiB until the trace has that sample;
+ * 500 MiB for a moment (made and freed between two of the helper's samples); then
+ * 11 MiB until the trace has that sample too; all freed ---- */
+static int mode_spike(int argc, char **argv)
+{
+    (void)argc; (void)argv;
+    setup();
+    CUdeviceptr a = dev_alloc(10 * MiB);
+    wait_trace("\"live\":10485760,");
+    CUdeviceptr b = dev_alloc(500 * MiB);
+    dev_free(b);
+    CUdeviceptr c = dev_alloc(1 * MiB);
+    wait_trace("\"live\":11534336,");
+    dev_free(c);
+    dev_free(a);
+    puts("OK");
+    return 0;
+}
+
 /* ---- capi: caps set and lifted at run time, a trim on request ---- */
 static int mode_capi(int argc, char **argv)
 {
@@ -373,6 +409,7 @@ static const struct gg_mode g_modes[] = {
     {"warn_exit", mode_warn_exit},
     {"logevery", mode_logevery},
     {"logevery_sync", mode_logevery_sync},
+    {"spike", mode_spike},
     {"capi", mode_capi},
     {NULL, NULL},
 };

@@ -219,13 +219,19 @@ pub struct DeviceCounters {
     /// peak by at most the bytes of calls in flight with several. Uncapped: see
     /// `FLUSH_BYTES`. Read it through `snapshot()` (which also counts unfolded bytes).
     pub peak: AtomicU64,
+    /// Highest live bytes since the helper thread last read it (`take_high`): raised
+    /// where `peak` is, on the same line, so the timeline's samples carry what
+    /// happened between them. Never written by a hook beyond that raise.
+    high: AtomicU64,
     pub failed: AtomicU64,
     pub denied: AtomicU64,
-    pub unknown_frees: AtomicU64,
     /// Set once a device has been touched, so reports list only devices in use.
     pub seen: AtomicU64,
     /// The cap in bytes; 0 when uncapped. Changed only through `set_limit`.
     pub limit: AtomicU64,
+    /// On the next line (written only when a free finds no record): the first line
+    /// keeps what every hook reads or writes, `high` among it (a test checks).
+    pub unknown_frees: AtomicU64,
     /// Live bytes of stream-ordered pool blocks: all of them on a capped device; on
     /// an uncapped one, the stripes hold them (see `pool_live_bytes`).
     pub pool_live: AtomicU64,
@@ -445,11 +451,30 @@ impl DeviceCounters {
         self.raise_peak(now);
     }
 
+    /// Raises the peak and the high-water mark to `now`. Both sit on the line the
+    /// caller just wrote (`live`): a load of each, and an atomic max only when the
+    /// level passes one of them.
     #[inline]
     fn raise_peak(&self, now: i64) {
-        if now > 0 && now as u64 > self.peak.load(Relaxed) {
-            self.peak.fetch_max(now as u64, Relaxed);
+        if now <= 0 {
+            return;
         }
+        let now = now as u64;
+        if now > self.peak.load(Relaxed) {
+            self.peak.fetch_max(now, Relaxed);
+        }
+        if now > self.high.load(Relaxed) {
+            self.high.fetch_max(now, Relaxed);
+        }
+    }
+
+    /// The highest live bytes since the last call (at least the live bytes now), and
+    /// the mark restarted at the live bytes now: the helper thread's read for one
+    /// timeline sample. One reader at a time (the helper thread, or the exit).
+    pub fn take_high(&self) -> u64 {
+        let live = self.current();
+        // A raise between the two reads lands in the swapped value: never lost.
+        self.high.swap(live, Relaxed).max(live)
     }
 
     pub fn snapshot(&self) -> CountersSnapshot {
@@ -1457,6 +1482,70 @@ mod tests {
             let s = l.device(0).snapshot();
             assert_eq!((s.current, s.peak), (live, peak), "step {i}");
         }
+    }
+
+    /// The high-water mark the timeline samples: what a moment between two reads
+    /// held, in every accounting mode (capped, uncapped, journaled), restarted at
+    /// the live bytes by each read.
+    #[test]
+    fn the_high_water_mark_keeps_what_came_between_two_reads() {
+        for mode in ["capped", "uncapped", "journaled"] {
+            let l = Ledger::new();
+            if mode == "capped" {
+                l.device(0).set_limit(1 << 40);
+            }
+            let mut w = (mode == "journaled").then(|| Writer::new(&l));
+            let mut t = 0;
+            let mut step = |l: &Ledger, addr: u64, bytes: Option<u64>| {
+                t += 1;
+                match (&mut w, bytes) {
+                    (Some(w), Some(b)) => w.push(l, jalloc(addr, b, t, 1)),
+                    (Some(w), None) => w.push(l, jfree(addr, t)),
+                    (None, Some(b)) => l.insert(Key::device(addr), rec(b, 0, Kind::Device)),
+                    (None, None) => {
+                        let r = l.take(Key::device(addr)).unwrap();
+                        l.confirm_free(&r);
+                    }
+                }
+            };
+            step(&l, 0x1000, Some(10 << 20));
+            l.drain();
+            assert_eq!(l.device(0).take_high(), 10 << 20, "{mode}");
+            // A spike below the overall peak's reach is still this interval's high.
+            step(&l, 0x2000, Some(500 << 20));
+            step(&l, 0x2000, None);
+            l.drain();
+            assert_eq!(l.device(0).take_high(), 510 << 20, "{mode}");
+            // Read again with nothing between: the level, not the old spike.
+            assert_eq!(l.device(0).take_high(), 10 << 20, "{mode}");
+            step(&l, 0x1000, None);
+            l.drain();
+            assert_eq!(
+                l.device(0).take_high(),
+                10 << 20,
+                "{mode}: the level it fell from"
+            );
+            assert_eq!(l.device(0).take_high(), 0, "{mode}");
+            assert_eq!(l.device(0).snapshot().peak, 510 << 20, "{mode}");
+        }
+    }
+
+    /// What a hook reads or writes on a device's shared line (the cap's charge and
+    /// limit, live bytes, the peak and the high-water mark, `seen`) is on one 64-byte
+    /// cache line: the high-water mark added no line to any hook.
+    #[test]
+    fn the_hot_counters_share_one_cache_line() {
+        use std::mem::offset_of;
+        let at = [
+            offset_of!(DeviceCounters, charge),
+            offset_of!(DeviceCounters, live),
+            offset_of!(DeviceCounters, peak),
+            offset_of!(DeviceCounters, high),
+            offset_of!(DeviceCounters, seen),
+            offset_of!(DeviceCounters, limit),
+        ];
+        let lines: Vec<usize> = at.iter().map(|o| o / 64).collect();
+        assert!(lines.iter().all(|l| *l == lines[0]), "offsets {at:?}");
     }
 
     #[test]

@@ -6,7 +6,7 @@
 //! ```text
 //! [
 //! {"name":"gpuguard_trace","ph":"M",...},
-//! {"name":"device 0","ph":"C","ts":1234,"pid":7,"tid":7,"args":{"live":1048576,"pool_held":0}},
+//! {"name":"device 0","ph":"C","ts":1234,"pid":7,"tid":7,"args":{"high":1048576,"live":1048576,"pool_held":0}},
 //! ...
 //! {"name":"trace end","ph":"i",...}
 //! ]
@@ -21,7 +21,11 @@
 //! The writer is driven by the library's helper thread, never by a hook: it samples the
 //! books about as often as it likes and the writer keeps at most one counter event per
 //! device and interval (the interval's highest value and its last), and skips samples
-//! that repeat the last one written. Each time the file grows by a sixteenth of its
+//! that repeat the last one written. Each counter event carries, beside the live bytes
+//! at its time, `high`: the highest live bytes since the event before (the books'
+//! high-water mark, which the helper reads and restarts at each sample), so a moment
+//! between two samples is never lost; traces written before `high` read as if it
+//! equalled `live`. Each time the file grows by a sixteenth of its
 //! byte budget the interval doubles (recorded as a `trace thinned` event), so each
 //! sixteenth covers twice the time of the one before: a 64 MiB budget lasts for weeks
 //! of a busy process. At the budget only the closing event is written.
@@ -95,6 +99,8 @@ impl Default for TraceOptions {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Values {
     live: u64,
+    /// The highest live bytes since the sample before (never below `live`).
+    high: u64,
     pool_held: u64,
     cap: Option<u64>,
 }
@@ -110,10 +116,13 @@ struct Timed {
 #[derive(Debug, Default)]
 struct Track {
     written: Option<Timed>,
-    /// The interval's highest `live` sample, kept so that thinning never hides a peak.
+    /// The interval's highest `live` sample, kept so that thinning never hides a peak;
+    /// its `high` covers every sample of the interval up to it.
     peak: Option<Timed>,
     /// The interval's last sample.
     latest: Option<Timed>,
+    /// The highest `high` of the interval's samples after `peak`.
+    high_after_peak: u64,
 }
 
 /// Bytes kept for the closing event and the `]`, which are always written.
@@ -204,16 +213,33 @@ impl TraceWriter {
         self.written_bytes
     }
 
-    /// Records device `device`'s books at `t_us` (µs since the first CUDA call). Cheap
-    /// when nothing changed; writes at most the interval's peak and last sample.
+    /// Records device `device`'s books at `t_us` (µs since the first CUDA call), with
+    /// nothing known about the time since the sample before (`high` is `live`).
     pub fn sample(&mut self, t_us: u64, device: i32, live: u64, pool_held: u64, cap: Option<u64>) {
+        self.sample_high(t_us, device, live, live, pool_held, cap);
+    }
+
+    /// Records device `device`'s books at `t_us` (µs since the first CUDA call):
+    /// `live` bytes now, and `high`, the highest live bytes since the sample before.
+    /// Cheap when nothing changed; writes at most the interval's peak and last
+    /// sample, and no `high` is lost to either.
+    pub fn sample_high(
+        &mut self,
+        t_us: u64,
+        device: i32,
+        live: u64,
+        high: u64,
+        pool_held: u64,
+        cap: Option<u64>,
+    ) {
         if self.stopped {
             return;
         }
-        let now = Timed {
+        let mut now = Timed {
             t_us,
             values: Values {
                 live,
+                high: high.max(live),
                 pool_held,
                 cap,
             },
@@ -224,8 +250,19 @@ impl TraceWriter {
         if unchanged && track.latest.is_none() {
             return;
         }
-        if track.peak.is_none_or(|p| live > p.values.live) {
-            track.peak = Some(now);
+        match track.peak {
+            Some(p) if live <= p.values.live => {
+                track.high_after_peak = track.high_after_peak.max(now.values.high);
+            }
+            before => {
+                // The new peak answers for every high of the interval so far.
+                let so_far = before.map_or(0, |p| p.values.high.max(track.high_after_peak));
+                let mut p = now;
+                p.values.high = p.values.high.max(so_far);
+                track.peak = Some(p);
+                track.high_after_peak = 0;
+                now = p;
+            }
         }
         track.latest = Some(now);
         let due = track
@@ -313,15 +350,21 @@ impl TraceWriter {
             return;
         };
         let peak = track.peak.take();
-        let Some(latest) = track.latest.take() else {
+        let after_peak = std::mem::take(&mut track.high_after_peak);
+        let Some(mut latest) = track.latest.take() else {
             return;
         };
         let mut out = Vec::with_capacity(2);
-        if let Some(p) = peak
-            && p.values.live > latest.values.live
-            && p.t_us < latest.t_us
-        {
-            out.push(p);
+        match peak {
+            Some(p) if p.values.live > latest.values.live && p.t_us < latest.t_us => {
+                out.push(p);
+                latest.values.high = latest.values.high.max(after_peak);
+            }
+            // The peak is not written apart: the last sample answers for its high.
+            p => {
+                let before = p.map_or(0, |p| p.values.high);
+                latest.values.high = latest.values.high.max(before).max(after_peak);
+            }
         }
         out.push(latest);
         for sample in out {
@@ -337,7 +380,11 @@ impl TraceWriter {
     }
 
     fn counter_event(&self, device: i32, s: Timed) -> Value {
-        let mut args = json!({"live": s.values.live, "pool_held": s.values.pool_held});
+        let mut args = json!({
+            "live": s.values.live,
+            "high": s.values.high,
+            "pool_held": s.values.pool_held,
+        });
         if let (Some(cap), Some(map)) = (s.values.cap, args.as_object_mut()) {
             map.insert("cap".into(), cap.into());
         }
@@ -444,6 +491,10 @@ pub fn device_track_name(device: i32) -> String {
 pub struct Sample {
     pub t_us: u64,
     pub live: u64,
+    /// The highest live bytes since the sample before (never below `live`; `live`
+    /// in traces written before the field). Where the reader or a plot thins
+    /// samples, a sample left out passes its `high` on to the next one kept.
+    pub high: u64,
     pub pool_held: u64,
     pub cap: Option<u64>,
 }
@@ -529,12 +580,14 @@ pub const KEPT_EVENTS: [&str; 7] = [
 ];
 
 /// Up to three samples of one time bucket: the lowest and highest live bytes, and
-/// the last (latest `t_us`, the later one read among equals).
+/// the last (latest `t_us`, the later one read among equals); and the highest
+/// `high` of all its samples, which the last one carries when they are written out.
 #[derive(Clone, Copy)]
 struct Bucket {
     low: Sample,
     high: Sample,
     last: Sample,
+    max_high: u64,
 }
 
 impl Bucket {
@@ -543,10 +596,12 @@ impl Bucket {
             low: s,
             high: s,
             last: s,
+            max_high: s.high,
         }
     }
 
     fn add(&mut self, s: Sample) {
+        self.max_high = self.max_high.max(s.high);
         if s.live < self.low.live {
             self.low = s;
         }
@@ -563,6 +618,7 @@ impl Bucket {
         for s in [o.low, o.high, o.last] {
             self.add(s);
         }
+        self.max_high = self.max_high.max(o.max_high);
     }
 }
 
@@ -604,12 +660,15 @@ impl Thinned {
     /// The samples kept, in time order (a sample kept for two reasons once).
     fn samples(self) -> Vec<Sample> {
         let mut out = Vec::with_capacity(self.buckets.len() * 3);
-        for b in self.buckets.into_values() {
+        for mut b in self.buckets.into_values() {
+            // What the samples left out reached, the bucket's last sample says.
+            b.last.high = b.last.high.max(b.max_high);
             let mut three = [b.low, b.high, b.last];
             three.sort_by_key(|s| s.t_us);
             for s in three {
-                if out.last() != Some(&s) {
-                    out.push(s);
+                match out.last_mut() {
+                    Some(l) if Sample { high: s.high, ..*l } == s => l.high = l.high.max(s.high),
+                    _ => out.push(s),
                 }
             }
         }
@@ -794,6 +853,7 @@ fn add_event(
                 .add(Sample {
                     t_us: ts as u64,
                     live,
+                    high: event.args["high"].as_u64().unwrap_or(live).max(live),
                     pool_held: event.args["pool_held"].as_u64().unwrap_or(0),
                     cap: event.args["cap"].as_u64(),
                 });
@@ -942,7 +1002,7 @@ mod tests {
             .unwrap();
         assert_eq!(
             c["args"],
-            json!({"live": 300, "pool_held": 50, "cap": 1000})
+            json!({"live": 300, "high": 300, "pool_held": 50, "cap": 1000})
         );
         let d1 = all.iter().find(|e| e["name"] == "device 1").unwrap();
         assert!(d1["args"].get("cap").is_none(), "uncapped: no cap counter");
@@ -1001,16 +1061,85 @@ mod tests {
         for (i, live) in [50u64, 900, 40, 30].iter().enumerate() {
             w.sample(1_000 + i as u64 * 1_000, 0, *live, 0, None);
         }
-        // Unchanged samples write nothing.
+        // The 40 after the peak rides on the interval's last sample as its high; the
+        // next sample says the high is back at the level; unchanged ones after it
+        // write nothing.
         w.sample(10_000, 0, 30, 0, None);
         w.sample(30_000, 0, 30, 0, None);
         w.sample(40_000, 0, 30, 0, None);
         w.finish(50_000).unwrap();
         let events: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
         assert_eq!(
-            counters(&events, 0),
-            vec![(0, 10), (2_000, 900), (10_000, 30)]
+            highs(&events),
+            vec![
+                (0, 10, 10),
+                (2_000, 900, 900),
+                (10_000, 30, 40),
+                (30_000, 30, 30)
+            ]
         );
+    }
+
+    fn highs(events: &Value) -> Vec<(u64, u64, u64)> {
+        events
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|e| e["ph"] == "C")
+            .map(|e| {
+                let a = &e["args"];
+                let n = |k: &str| a[k].as_u64().unwrap();
+                (e["ts"].as_u64().unwrap(), n("live"), n("high"))
+            })
+            .collect()
+    }
+
+    /// What the books' high-water mark saw between samples reaches the file, whether
+    /// the interval's peak is written apart or folded into its last sample.
+    #[test]
+    fn highs_between_samples_survive_the_interval() {
+        let path = temp_path("highs");
+        let mut w = TraceWriter::create(&path, options()).unwrap();
+        w.sample_high(0, 0, 10, 10, 0, None);
+        // Within 10 ms: the peak sample (900) is written apart; the 950 seen after
+        // it goes to the interval's last sample, the 500 before it to the peak.
+        w.sample_high(1_000, 0, 20, 500, 0, None);
+        w.sample_high(2_000, 0, 900, 900, 0, None);
+        w.sample_high(3_000, 0, 40, 950, 0, None);
+        w.sample_high(4_000, 0, 30, 30, 0, None);
+        w.sample_high(10_000, 0, 30, 30, 0, None);
+        // The level unchanged but for a spike between two samples: written.
+        w.sample_high(20_000, 0, 30, 4_000, 0, None);
+        w.sample_high(30_000, 0, 30, 30, 0, None);
+        // The interval's peak is its last sample: a high before it is carried.
+        w.sample_high(31_000, 0, 25, 700, 0, None);
+        w.sample_high(32_000, 0, 60, 60, 0, None);
+        w.finish(50_000).unwrap();
+        let events: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        assert_eq!(
+            highs(&events),
+            vec![
+                (0, 10, 10),
+                (2_000, 900, 900),
+                (10_000, 30, 950),
+                (20_000, 30, 4_000),
+                (30_000, 30, 30),
+                (32_000, 60, 700)
+            ]
+        );
+        let trace = read(std::fs::read_to_string(&path).unwrap().as_bytes()).unwrap();
+        let high: Vec<u64> = trace.devices[&0].iter().map(|s| s.high).collect();
+        assert_eq!(high, vec![10, 900, 950, 4_000, 30, 700]);
+    }
+
+    #[test]
+    fn a_trace_without_highs_reads_its_live_bytes_as_highs() {
+        let text = "[\n{\"name\":\"gpuguard_trace\",\"ph\":\"M\",\"pid\":7,\"args\":{\"schema\":\"gpuguard-trace/1\"}},\n\
+            {\"name\":\"device 0\",\"ph\":\"C\",\"ts\":5,\"args\":{\"live\":100,\"pool_held\":0}},\n\
+            {\"name\":\"device 0\",\"ph\":\"C\",\"ts\":9,\"args\":{\"live\":40,\"high\":7}},\n";
+        let trace = read(text.as_bytes()).unwrap();
+        let got: Vec<(u64, u64)> = trace.devices[&0].iter().map(|s| (s.live, s.high)).collect();
+        assert_eq!(got, vec![(100, 100), (40, 40)], "a high below live is live");
     }
 
     #[test]
@@ -1071,8 +1200,11 @@ mod tests {
         let n = 200_000u64;
         for i in 0..n {
             let live = if i == 123_457 { 1 << 40 } else { i % 1000 };
+            // One moment between samples higher than any sample: its sample is
+            // an ordinary one, which thinning leaves out.
+            let high = if i == 77_777 { 1 << 41 } else { live };
             text.push_str(&format!(
-                "{{\"name\":\"device 0\",\"ph\":\"C\",\"ts\":{},\"args\":{{\"live\":{live}}}}},\n",
+                "{{\"name\":\"device 0\",\"ph\":\"C\",\"ts\":{},\"args\":{{\"live\":{live},\"high\":{high}}}}},\n",
                 i * 10
             ));
             if i % 20 == 0 {
@@ -1092,6 +1224,13 @@ mod tests {
             samples.iter().any(|s| s.live == 1 << 40),
             "the peak is kept"
         );
+        let spike: Vec<&Sample> = samples.iter().filter(|s| s.high == 1 << 41).collect();
+        assert_eq!(spike.len(), 1, "the high between samples is kept once");
+        assert!(
+            spike[0].t_us >= 77_777 * 10,
+            "{spike:?}: not before its moment"
+        );
+        assert!(samples.iter().all(|s| s.high >= s.live));
         assert_eq!(
             samples.last().unwrap().t_us,
             (n - 1) * 10,

@@ -393,8 +393,8 @@ fn diff_and_show_of_snapshots_name_the_leak() {
     let text = &out.stdout;
     let sect = text.find("suspected leaks in gg").expect(text);
     let section = &text[sect..];
-    // Up to the details that follow the answer.
-    let section = &section[..section.find("\ndetails of").unwrap_or(section.len())];
+    // Up to the reports that follow the answer.
+    let section = &section[..section.find("\n\n").unwrap_or(section.len())];
     // Every report given is in the series, in seq order.
     let mut seqs: Vec<u64> = steps.iter().map(|(_, v)| u(&v["seq"])).collect();
     seqs.push(u(&exit_report(&r).1["seq"]));

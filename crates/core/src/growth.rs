@@ -15,9 +15,9 @@
 //! So how often it rose does not matter: a leak that steps every 2, 3 or 5 reports, or
 //! every report, rises in both halves (any step period up to half the series), and
 //! one that never falls needs no other margin. A site that grew in one step (a
-//! warm-up, a new input shape), or only early, has no rise in one half; one that goes
-//! up and down around a level falls about as far as it rises. Two reports (one
-//! interval) compare directly: a suspect if it grew.
+//! warm-up, a new input shape), or in one half only, has no rise in the other; one
+//! that goes up and down around a level falls about as far as it rises. Two reports
+//! (one interval) compare directly: a suspect if it grew.
 //!
 //! When the series ends in the exit report and the site's bytes fell only there (the
 //! program freed its list as it returned, just before exit), the judgment is on the
@@ -29,7 +29,7 @@
 //! nothing of them, rather than that they held nothing).
 //!
 //! Ranking: by kind, then by bytes grown over the judged reports (the sites' own
-//! figures, estimates where stacks are sampled). The kinds are views of the same
+//! figures). The kinds are views of the same
 //! memory at three precisions, not shares of it: a framework's own lines of its blocks
 //! (block-exact, from its recorder, sampled or not) first, then lines from the
 //! allocating thread's stack (the line that made the framework take memory from the

@@ -2,9 +2,9 @@
 //! report, in `seq` order, a table per device and the lines holding the most live
 //! memory), then the details.
 //!
-//! Why one file of about 880 lines before its tests: the text and the `--json` output are built from
-//! the same pieces side by side, so that both always say the same; the site and trend
-//! logic they share is in `growth.rs`.
+//! Why one file of about 880 lines before its tests: the text and the `--json` output
+//! are built from the same pieces side by side, so that both always say the same; the
+//! site and trend logic they share is in `growth.rs`.
 
 use super::growth::{
     Live, MergedSite, PYTHON_STACK, SiteKey, SiteTrend, live_allocations, native_sites,

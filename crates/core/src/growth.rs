@@ -555,7 +555,7 @@ mod tests {
         !judged(&[("s", bytes.to_vec())]).is_empty()
     }
 
-    /// A site that keeps `step` more every time `leaks(i)` says so, from `base`.
+    /// From `base`, `step` more in each report `i` where `rises(i)` (n intervals).
     fn stairs(base: u64, step: u64, rises: impl Fn(usize) -> bool, n: usize) -> Vec<u64> {
         let mut b = base;
         (0..=n)

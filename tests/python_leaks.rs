@@ -464,13 +464,16 @@ fn show_series(r: &Run) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-/// The suspected leaks of `show`'s text, first first: each one's lines.
+/// The suspected leaks of `show`'s text, first first: each one's lines (a suspect
+/// begins with its growth, `    +8.0 MiB...`; the section ends with a blank line).
 fn suspects(text: &str) -> Vec<Vec<&str>> {
     let Some(at) = text.find("suspected leaks in") else {
         return Vec::new();
     };
-    text[at..]
-        .split("    rose in ")
+    let section = &text[at..];
+    let section = &section[..section.find("\n\n").unwrap_or(section.len())];
+    section
+        .split("\n    +")
         .skip(1)
         .map(|s| s.lines().collect())
         .collect()

@@ -393,8 +393,8 @@ fn diff_and_show_of_snapshots_name_the_leak() {
     let text = &out.stdout;
     let sect = text.find("suspected leaks in gg").expect(text);
     let section = &text[sect..];
-    // Up to the details that follow the answer.
-    let section = &section[..section.find("\ndetails of").unwrap_or(section.len())];
+    // Up to the reports that follow the answer.
+    let section = &section[..section.find("\n\n").unwrap_or(section.len())];
     // Every report given is in the series, in seq order.
     let mut seqs: Vec<u64> = steps.iter().map(|(_, v)| u(&v["seq"])).collect();
     seqs.push(u(&exit_report(&r).1["seq"]));
@@ -408,6 +408,122 @@ fn diff_and_show_of_snapshots_name_the_leak() {
     assert!(first_frame.contains("remember_batch_stats"), "{section}");
     // The weights (allocated once, never grown) are not suspected.
     assert!(!section.contains("256.0 MiB"), "{section}");
+}
+
+/// `gg snapshots 4 3`, a snapshot every 250 ms: the leak steps once every three
+/// snapshots or more (a handshake: each step waits for three more), so it rises in at
+/// most a third of the intervals and never falls. Its report files in file-name order
+/// (a shell's glob), which is not `seq` order past nine reports, and their seqs.
+fn leak_every_third_snapshot() -> (Run, Vec<PathBuf>, Vec<u64>) {
+    let r = gg_run(
+        "gg",
+        &["snapshots", "4", "3"],
+        &[("GPUGUARD_SNAPSHOT_EVERY", "250ms")],
+    );
+    r.assert_ok();
+    let waited: Vec<u64> = r
+        .out()
+        .kv("STEP_DONE")
+        .iter()
+        .map(|l| l["waited"])
+        .collect();
+    assert_eq!(waited, vec![1; 4], "{}", r.describe());
+    let mut files: Vec<(PathBuf, Value)> = reports_with_reason(&r, "snapshot");
+    files.push(exit_report(&r));
+    files.sort_by_key(|(p, _)| file_name(p));
+    assert!(files.len() >= 13, "{:?}", dir_files(&r));
+    let seqs = files.iter().map(|(_, v)| u(&v["seq"])).collect();
+    (r, files.into_iter().map(|(p, _)| p).collect(), seqs)
+}
+
+#[test]
+fn a_leak_stepping_every_third_snapshot_is_the_suspect() {
+    let (r, files, _) = leak_every_third_snapshot();
+    let mut args = vec!["show", "--leaks"];
+    args.extend(files.iter().map(|p| s(p)));
+    let out = gpuguard(&args);
+    succeeded(&out);
+    let text = &out.stdout;
+    let at = text
+        .find(&format!("suspected leaks in gg (pid {})", r.pid))
+        .expect(text);
+    let section = &text[at..text[at..].find("\n\n").map_or(text.len(), |e| at + e)];
+    // One suspect: the cache kept each step. It rose in at most half the intervals
+    // (the former criterion needed more) and never fell. Neither the weights (held
+    // throughout) nor the temporaries (live in a snapshot taken during a step) are.
+    let heads: Vec<&str> = section.lines().filter(|l| l.starts_with("    +")).collect();
+    assert_eq!(heads.len(), 1, "{section}");
+    let (rose, intervals) = {
+        let words: Vec<&str> = heads[0].split_whitespace().collect();
+        let at = words.iter().position(|w| *w == "rose").expect(section);
+        let n = |w: &str| w.trim_end_matches(',').parse::<usize>().expect(section);
+        (n(words[at + 2]), n(words[at + 4]))
+    };
+    assert!(rose >= 3 && 2 * rose <= intervals, "{section}");
+    assert!(heads[0].ends_with(", never fell"), "{section}");
+    let first_frame = section
+        .lines()
+        .find(|l| l.starts_with("        "))
+        .expect(section);
+    assert!(first_frame.contains("remember_batch_stats"), "{section}");
+    assert!(!section.contains("256.0 MiB"), "{section}");
+}
+
+#[test]
+fn show_answers_first_and_takes_reports_in_seq_order() {
+    let (r, files, seqs) = leak_every_third_snapshot();
+    let mut sorted = seqs.clone();
+    sorted.sort_unstable();
+    assert_ne!(
+        seqs, sorted,
+        "file-name order is seq order: the test shows nothing"
+    );
+    let names: Vec<&str> = files.iter().map(|p| s(p)).collect();
+    let in_seq: Vec<&str> = {
+        let mut v: Vec<(u64, &str)> = seqs.iter().copied().zip(names.iter().copied()).collect();
+        v.sort_unstable();
+        v.into_iter().map(|(_, n)| n).collect()
+    };
+    for leaks in [true, false] {
+        let mut args = vec!["show"];
+        if leaks {
+            args.push("--leaks");
+        }
+        args.extend(&names);
+        let out = gpuguard(&args);
+        succeeded(&out);
+        let text = &out.stdout;
+        // The answer first: the suspected leaks, before any report's own figures.
+        assert!(
+            text.starts_with(&format!("suspected leaks in gg (pid {})", r.pid)),
+            "{text}"
+        );
+        assert!(text.contains("remember_batch_stats"), "{text}");
+        // Then the reports, by seq: their headers, and their details.
+        for prefix in ["gpuguard report ", "details of "] {
+            let shown: Vec<&str> = text
+                .lines()
+                .filter_map(|l| l.strip_prefix(prefix))
+                .collect();
+            if leaks && prefix == "details of " {
+                assert!(shown.is_empty(), "{text}");
+            } else {
+                assert_eq!(shown, in_seq, "{prefix}\n{text}");
+            }
+        }
+    }
+    let mut args = vec!["show", "--json"];
+    args.extend(&names);
+    let out = gpuguard(&args);
+    succeeded(&out);
+    let v: Value = serde_json::from_str(&out.stdout).unwrap();
+    let listed: Vec<u64> = v["reports"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| u(&r["seq"]))
+        .collect();
+    assert_eq!(listed, sorted);
 }
 
 #[test]

@@ -1,9 +1,10 @@
-//! `gpuguard show`: the answer first (a table per device, the lines holding the most
-//! live memory, suspected leaks across reports), then the details.
+//! `gpuguard show`: the answer first (the suspected leaks across reports, then per
+//! report, in `seq` order, a table per device and the lines holding the most live
+//! memory), then the details.
 //!
-//! Why one file of about 820 lines: the text and the `--json` output are built from
-//! the same pieces side by side, so that both always say the same; the site and trend
-//! logic they share is in `growth.rs`.
+//! Why one file of about 880 lines before its tests: the text and the `--json` output
+//! are built from the same pieces side by side, so that both always say the same; the
+//! site and trend logic they share is in `growth.rs`.
 
 use super::growth::{
     Live, MergedSite, PYTHON_STACK, SiteKey, SiteTrend, live_allocations, native_sites,
@@ -44,7 +45,9 @@ const FRAMES_SHOWN: usize = 8;
 pub fn main(args: ShowArgs) -> Outcome {
     // Only the first `top` live allocations are ever shown: the rest are counted.
     let reports = load_all_keeping(&args.files, args.top as usize)?;
-    let named: Vec<(String, &Report)> = args.files.iter().map(|f| shown(f)).zip(&reports).collect();
+    let mut named: Vec<(String, &Report)> =
+        args.files.iter().map(|f| shown(f)).zip(&reports).collect();
+    in_seq_order(&mut named);
     let text = if args.json {
         let summary = json_summary(&named, &args);
         json::pretty(&summary)
@@ -56,10 +59,26 @@ pub fn main(args: ShowArgs) -> Outcome {
     Ok(0)
 }
 
+/// Each process's reports in `seq` order (a shell's glob gives #1, #10, #11, #2), the
+/// processes in the order of their first file given.
+fn in_seq_order<'a>(named: &mut [(String, &'a Report)]) {
+    let process = |r: &'a Report| (r.host.as_deref(), r.pid);
+    let mut first: HashMap<(Option<&str>, u32), usize> = HashMap::new();
+    for (i, (_, r)) in named.iter().enumerate() {
+        first.entry(process(r)).or_insert(i);
+    }
+    // Stable: a report given twice stays twice.
+    named.sort_by_key(|(_, r)| (first[&process(r)], r.seq));
+}
+
+/// The answer first (the suspected leaks, where several reports of a process give
+/// them), then what supports it: each report's figures and top lines, then details.
 fn render(named: &[(String, &Report)], args: &ShowArgs) -> String {
     let mut out = String::new();
-    for (i, (file, r)) in named.iter().enumerate() {
-        if i > 0 {
+    let reports: Vec<&Report> = named.iter().map(|(_, r)| *r).collect();
+    render_suspected(&mut out, &reports, args.top as usize);
+    for (file, r) in named {
+        if !out.is_empty() && !out.ends_with("\n\n") {
             put!(out);
         }
         render_header(&mut out, file, r);
@@ -68,8 +87,6 @@ fn render(named: &[(String, &Report)], args: &ShowArgs) -> String {
         }
         render_top_sites(&mut out, r, args.top as usize);
     }
-    let reports: Vec<&Report> = named.iter().map(|(_, r)| *r).collect();
-    render_suspected(&mut out, &reports, args.top as usize);
     if args.leaks_only {
         return out;
     }
@@ -471,6 +488,7 @@ fn suspect_trend(s: &Suspect) -> SiteTrend {
 
 /// For each process with 2 or more reports: its suspected leaks, by
 /// `gpuguard_core::growth::suspects` (the criterion is there and in docs/command.md).
+/// Each section ends with a blank line.
 fn render_suspected(out: &mut String, reports: &[&Report], top: usize) {
     for group in processes(reports) {
         let grown = suspects(&group);
@@ -484,7 +502,7 @@ fn render_suspected(out: &mut String, reports: &[&Report], top: usize) {
         });
         put!(
             out,
-            "\nsuspected leaks in {} ({rank}pid {}), across reports {}:",
+            "suspected leaks in {} ({rank}pid {}), across reports {}:",
             clean(&group[0].program),
             group[0].pid,
             labels.join(", ")
@@ -492,25 +510,42 @@ fn render_suspected(out: &mut String, reports: &[&Report], top: usize) {
         if grown.is_empty() {
             put!(
                 out,
-                "  none: no call site's live bytes grew in most intervals"
+                "  none: no call site's live bytes kept rising (in both halves of the series, by more than they fell back)"
             );
+            put!(out);
             continue;
         }
+        // Kinds are told apart only where there are several (see growth.rs).
+        let kinds = grown.iter().any(|g| g.precision() != grown[0].precision());
         put!(
             out,
-            "  call sites whose live bytes grew in most intervals, steadiest first, then fastest:"
+            "  call sites whose live bytes kept rising, {}most bytes grown first:",
+            if kinds {
+                "a framework's block lines, then Python stack lines, then native sites; "
+            } else {
+                ""
+            }
         );
         for g in grown.iter().take(top) {
             put!(
                 out,
-                "    rose in {} of {}: +{}{}{}",
-                g.rose,
-                count(g.intervals as u64, "interval"),
+                "    +{}{}: rose in {} of {}, {}{}",
                 human_bytes(g.growth),
                 g.per_second
                     .map_or(String::new(), |r| format!(", {}/s", human_bytes(r as u64))),
+                g.rose,
+                count(g.intervals as u64, "interval"),
+                if g.fell == 0 {
+                    "never fell".to_string()
+                } else {
+                    format!(
+                        "fell in {} (at most {} below an earlier figure)",
+                        g.fell,
+                        human_bytes(g.fell_back)
+                    )
+                },
                 if g.exit_drop_ignored {
-                    ", then fell at exit (judged before that drop)"
+                    "; then fell at exit (judged before that drop)"
                 } else {
                     ""
                 }
@@ -524,6 +559,7 @@ fn render_suspected(out: &mut String, reports: &[&Report], top: usize) {
                 count((grown.len() - top) as u64, "more call site")
             );
         }
+        put!(out);
     }
 }
 
@@ -822,14 +858,17 @@ struct JsonSuspect {
     sites: Vec<JsonLeak>,
 }
 
-/// A suspected leak: its growth over the reports judged, and how steady it was.
+/// A suspected leak: its growth over the reports judged, and how it rose and fell.
 #[derive(Serialize)]
 struct JsonLeak {
     #[serde(flatten)]
     growth: JsonGrowth,
-    /// Intervals between consecutive reports judged, and how many it rose in.
+    /// Intervals between consecutive reports judged, and how many it rose and fell in.
     rose: usize,
+    fell: usize,
     intervals: usize,
+    /// The deepest it fell below an earlier figure of its own over the reports judged.
+    fell_back_bytes: u64,
     #[serde(skip_serializing_if = "Option::is_none")]
     bytes_per_second: Option<f64>,
     /// The exit report's drop was left out of the judgment.
@@ -934,7 +973,9 @@ fn json_summary<'a>(named: &'a [(String, &'a Report)], args: &ShowArgs) -> JsonS
                 .map(|g| JsonLeak {
                     growth: JsonGrowth::new(&suspect_trend(g), g.growth),
                     rose: g.rose,
+                    fell: g.fell,
                     intervals: g.intervals,
+                    fell_back_bytes: g.fell_back,
                     bytes_per_second: g.per_second,
                     exit_drop_ignored: g.exit_drop_ignored,
                     unanswered_seqs: group
@@ -989,6 +1030,66 @@ mod tests {
         assert!(out.contains("across reports #1, #2, #3"), "{out}");
         assert!(out.contains("leak") && !out.contains("bumpy"), "{out}");
         assert_eq!(out.matches("suspected leaks").count(), 1, "{out}");
+    }
+
+    #[test]
+    fn the_answer_comes_first_and_reports_in_seq_order() {
+        // Twelve snapshots of one process given in file-name order (#1, #10, #11, #12,
+        // #2, ...), a leak stepping every third one, and another process's report.
+        let mut reps: Vec<Report> = (1..=12u64)
+            .map(|seq| rep(7, seq, &[("leak", 100 + (seq / 3) * 10), ("flat", 5)]))
+            .collect();
+        reps.push(rep(8, 1, &[("other", 1)]));
+        let mut names: Vec<String> = (1..=12).map(|seq| format!("r.7.{seq}.json")).collect();
+        names.push("r.8.1.json".into());
+        let mut order: Vec<usize> = (0..names.len()).collect();
+        order.sort_by(|a, b| names[*a].cmp(&names[*b]));
+        let mut named: Vec<(String, &Report)> = order
+            .iter()
+            .map(|&i| (names[i].clone(), &reps[i]))
+            .collect();
+        assert_eq!(named[1].0, "r.7.10.json");
+        in_seq_order(&mut named);
+        let seqs: Vec<(u32, u64)> = named.iter().map(|(_, r)| (r.pid, r.seq)).collect();
+        let want: Vec<(u32, u64)> = (1..=12).map(|s| (7, s)).chain([(8, 1)]).collect();
+        assert_eq!(seqs, want);
+        for leaks_only in [true, false] {
+            let args = ShowArgs {
+                files: Vec::new(),
+                leaks_only,
+                top: 10,
+                json: false,
+            };
+            let out = render(&named, &args);
+            assert!(out.starts_with("suspected leaks in"), "{out}");
+            let first_report = out.find("gpuguard report ").unwrap();
+            let section = &out[..first_report];
+            assert!(
+                section.contains("    +40 B: rose in 4 of 11 intervals, never fell\n"),
+                "{out}"
+            );
+            assert!(!section.contains("flat"), "{out}");
+            let headers: Vec<&str> = out
+                .lines()
+                .filter_map(|l| l.strip_prefix("gpuguard report "))
+                .collect();
+            let want: Vec<String> = (1..=12)
+                .map(|s| format!("r.7.{s}.json"))
+                .chain(["r.8.1.json".to_string()])
+                .collect();
+            assert_eq!(headers, want, "{out}");
+        }
+        // The JSON's reports too.
+        let args = ShowArgs {
+            files: Vec::new(),
+            leaks_only: true,
+            top: 10,
+            json: true,
+        };
+        let summary = json_summary(&named, &args);
+        let files: Vec<&str> = summary.reports.iter().map(|r| r.file).collect();
+        assert_eq!(files[..3], ["r.7.1.json", "r.7.2.json", "r.7.3.json"]);
+        assert_eq!(summary.suspected_leaks[0].sites[0].fell, 0);
     }
 
     #[test]

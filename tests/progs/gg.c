@@ -442,13 +442,14 @@ static int mode_leak(int argc, char **argv)
     return 0;
 }
 
-/* ---- snapshots K: K steps of a training loop (run with GPUGUARD_SNAPSHOT_EVERY), on
- * 256 MiB of weights kept throughout. Each step makes temporaries, forgets an 8 MiB
- * cache (remember_batch_stats), frees the temporaries, then waits until two more
- * snapshot reports are in the folder: the second was begun after the first was in
- * place, so after the step's leak, and before the next step. So for each step k
- * there is a snapshot holding the weights and exactly k caches, whatever the timing;
- * snapshots taken during a step may also hold its temporaries. ---- */
+/* ---- snapshots K [N]: K steps of a training loop (run with GPUGUARD_SNAPSHOT_EVERY),
+ * on 256 MiB of weights kept throughout. Each step makes temporaries, forgets an 8 MiB
+ * cache (remember_batch_stats), frees the temporaries, then waits until N (default 2)
+ * more snapshot reports are in the folder: the second was begun after the first was
+ * in place, so after the step's leak, and before the next step. So for each step k
+ * there is a snapshot holding the weights and exactly k caches, whatever the timing,
+ * and the leak steps once every N snapshots or more; snapshots taken during a step
+ * may also hold its temporaries. ---- */
 __attribute__((noinline, noclone)) CUdeviceptr remember_batch_stats(size_t bytes)
 {
     CUdeviceptr p;
@@ -460,6 +461,8 @@ __attribute__((noinline, noclone)) CUdeviceptr remember_batch_stats(size_t bytes
 static int mode_snapshots(int argc, char **argv)
 {
     int k = argc > 1 ? atoi(argv[1]) : 3;
+    int per = argc > 2 ? atoi(argv[2]) : 2;
+    if (per < 2) per = 2;
     gg_setup(0);
     CUdeviceptr weights = dev_alloc(256 * MiB, 0);
     for (int s = 1; s <= k; s++) {
@@ -471,7 +474,7 @@ static int mode_snapshots(int argc, char **argv)
         dev_free(acts);
         dev_free(grads);
         int have = count_reports(".snapshot.json");
-        printf("STEP_DONE step=%d waited=%d\n", s, wait_reports(".snapshot.json", have + 2));
+        printf("STEP_DONE step=%d waited=%d\n", s, wait_reports(".snapshot.json", have + per));
     }
     dev_free(weights);
     finish();

@@ -1,25 +1,42 @@
 //! Which call sites look like leaks across a series of reports of one process.
 //!
-//! The criterion (docs/command.md, "Suspected leaks"): over the reports in order, a site is
-//! a suspect when its live bytes ended higher than they started and rose in most
-//! intervals between consecutive reports (more than half, and at least two when
-//! there are two or more intervals). A site that grew once (a warm-up, a new input
-//! shape) and then stayed flat is not one. When the series ends in the exit report
-//! and the site's bytes fell only there (the program freed its list as it returned,
-//! just before exit), the judgment is on the series before that drop, and the
-//! suspect says so. Suspects are ranked by how steadily they grew (the share of
-//! intervals in which they rose); among equally steady ones, a framework's own lines
-//! of its blocks first (block-exact, from its recorder, sampled or not), then lines
-//! from the allocating thread's stack (the line that made the framework take memory
-//! from the driver, which under a cache may be any allocation), then native sites
-//! (a framework's are its allocator): sampled lines count only some blocks, so
-//! speeds compare only within a kind; then by how fast (bytes a second over the
-//! judged reports, or per interval without times). A site that held nothing in the
+//! The criterion (docs/command.md, "Suspected leaks"). Leaked memory is never freed, so
+//! a leaking site's live bytes are its leak, which only grows, plus whatever else it
+//! holds for a while (temporaries, a cache), which comes and goes. Over the site's
+//! reports in `seq` order, b_0 .. b_n with the middle report m = n/2 (rounded down)
+//! in both halves, a site is a suspect when:
+//! - after the middle it never went back as low as it was before: the lowest of
+//!   b_m .. b_n is above the lowest of all (its floor rose);
+//! - after the middle it went higher than it ever was before: the highest of all is
+//!   above the highest of b_0 .. b_m (its high rose);
+//! - each of those two rises is at least its noise: the deepest it ever fell below
+//!   an earlier figure of its own (0 for a site that never fell).
+//!
+//! So how often it rose does not matter: a leak that steps every 2, 3 or 5 reports, or
+//! every report, rises in both halves (any step period up to half the series), and
+//! one that never falls needs no other margin. A site that grew in one step (a
+//! warm-up, a new input shape), or in one half only, has no rise in the other; one
+//! that goes up and down around a level falls about as far as it rises. Two reports
+//! (one interval) compare directly: a suspect if it grew.
+//!
+//! When the series ends in the exit report and the site's bytes fell only there (the
+//! program freed its list as it returned, just before exit), the judgment is on the
+//! series before that drop, and the suspect says so. A site that held nothing in the
 //! first reports is judged from the report before it first held memory, over at
-//! least two intervals: one that appears in the last report only is not a suspect.
-//! A framework's own lines are judged only over the reports that framework answered
-//! for (a report taken while it could not answer, such as at interpreter teardown,
-//! says nothing of them, rather than that they held nothing).
+//! least two intervals: one that appears in the last report only is not a suspect. A
+//! framework's own lines are judged only over the reports that framework answered for
+//! (a report taken while it could not answer, such as at interpreter teardown, says
+//! nothing of them, rather than that they held nothing).
+//!
+//! Ranking: by kind, then by bytes grown over the judged reports (the sites' own
+//! figures). The kinds are views of the same
+//! memory at three precisions, not shares of it: a framework's own lines of its blocks
+//! (block-exact, from its recorder, sampled or not) first, then lines from the
+//! allocating thread's stack (the line that made the framework take memory from the
+//! driver, which under a cache may be any allocation), then native sites (a
+//! framework's are its allocator). One leak shows in all three, its pool's growth
+//! (cache included) in the coarser two, so bytes compare only within a kind; a
+//! process with native sites only is ranked by bytes alone.
 
 use crate::report::Report;
 use std::collections::{HashMap, HashSet};
@@ -38,9 +55,13 @@ pub struct Suspect {
     pub key: SiteKey,
     /// Live (bytes, count) in each report of the series, in order.
     pub live: Vec<(u64, u64)>,
-    /// Of the intervals judged, how many it rose in.
+    /// Of the intervals judged, how many it rose in and how many it fell in.
     pub rose: usize,
+    pub fell: usize,
     pub intervals: usize,
+    /// The deepest it fell below an earlier figure of its own over the judged
+    /// reports: its noise (0 when it never fell).
+    pub fell_back: u64,
     /// Bytes it grew by over the judged reports.
     pub growth: u64,
     /// Bytes a second over the judged reports, when they carry times.
@@ -53,17 +74,6 @@ pub struct Suspect {
 }
 
 impl Suspect {
-    /// The share of intervals it rose in, 0 to 1.
-    pub fn steadiness(&self) -> f64 {
-        self.rose as f64 / self.intervals.max(1) as f64
-    }
-
-    /// Bytes per second, else per interval.
-    pub fn speed(&self) -> f64 {
-        self.per_second
-            .unwrap_or(self.growth as f64 / self.intervals.max(1) as f64)
-    }
-
     pub fn is_python(&self) -> bool {
         self.key.framework.is_some()
     }
@@ -147,25 +157,64 @@ impl<'r> Answered<'r> {
     }
 }
 
-/// The judgment on one series of live bytes: (rose, intervals, growth, first
-/// report judged) if a suspect. A site that holds nothing in the first reports is
-/// judged from the report before it first held memory, and needs two intervals
-/// there (one when the whole series has only one).
-fn judge(all: &[u64]) -> Option<(usize, usize, u64, usize)> {
-    let start = all.iter().position(|b| *b > 0)?.saturating_sub(1);
-    let bytes = &all[start..];
-    let intervals = bytes.len().checked_sub(1).filter(|n| *n > 0)?;
-    if intervals < 2 && all.len() > 2 {
+/// The judgment on a suspect's series of live bytes.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Judged {
+    /// The first report judged (of the series given).
+    first: usize,
+    rose: usize,
+    fell: usize,
+    intervals: usize,
+    fell_back: u64,
+    growth: u64,
+}
+
+/// The judgment on one series of live bytes (the module's criterion): `Some` if a
+/// suspect. A site that holds nothing in the first reports is judged from the report
+/// before it first held memory, and needs two intervals there (one when the whole
+/// series has only one).
+fn judge(all: &[u64]) -> Option<Judged> {
+    let first = all.iter().position(|b| *b > 0)?.saturating_sub(1);
+    let b = &all[first..];
+    let n = b.len().checked_sub(1).filter(|n| *n > 0)?;
+    if n < 2 && all.len() > 2 {
         return None;
     }
-    let rose = bytes.windows(2).filter(|w| w[1] > w[0]).count();
-    let growth = bytes.last()?.checked_sub(bytes[0]).filter(|g| *g > 0)?;
-    let most = rose * 2 > intervals && (intervals == 1 || rose >= 2);
-    most.then_some((rose, intervals, growth, start))
+    let growth = b[n].checked_sub(b[0]).filter(|g| *g > 0)?;
+    // The deepest fall below the highest figure before it.
+    let mut high = 0;
+    let fell_back = b
+        .iter()
+        .map(|&x| {
+            high = high.max(x);
+            high - x
+        })
+        .max()
+        .unwrap_or(0);
+    if n >= 2 {
+        let m = n / 2;
+        let lowest = |s: &[u64]| s.iter().copied().min().unwrap_or(0);
+        let highest = |s: &[u64]| s.iter().copied().max().unwrap_or(0);
+        let floor_rose = lowest(&b[m..]) - lowest(b);
+        let high_rose = highest(b) - highest(&b[..=m]);
+        let clear = |rise: u64| rise > 0 && rise >= fell_back;
+        if !(clear(floor_rose) && clear(high_rose)) {
+            return None;
+        }
+    }
+    let steps = || b.windows(2);
+    Some(Judged {
+        first,
+        rose: steps().filter(|w| w[1] > w[0]).count(),
+        fell: steps().filter(|w| w[1] < w[0]).count(),
+        intervals: n,
+        fell_back,
+        growth,
+    })
 }
 
 /// The suspected leaks across `reports` of one process (any order; sorted by
-/// `seq` here, duplicates dropped), most steady first, then fastest.
+/// `seq` here, duplicates dropped): by kind, then most bytes grown (see the module).
 pub fn suspects(reports: &[&Report]) -> Vec<Suspect> {
     let mut series: Vec<&Report> = reports.to_vec();
     series.sort_by_key(|r| r.seq);
@@ -195,7 +244,7 @@ pub fn suspects(reports: &[&Report]) -> Vec<Suspect> {
             // A drop in the exit report is the program's teardown (its lists freed as
             // it returned): the judgment is on the series before it whenever that one
             // is a suspect, even where the whole series (which ends lower, but maybe
-            // still above its start) would be one too, less steadily.
+            // still above its start) would be one too, with less growth.
             let before_exit = (ends_at_exit && n >= 3 && bytes[n - 1] < bytes[n - 2])
                 .then(|| judge(&bytes[..n - 1]))
                 .flatten();
@@ -203,19 +252,21 @@ pub fn suspects(reports: &[&Report]) -> Vec<Suspect> {
                 Some(j) => (Some(j), true),
                 None => (judge(&bytes), false),
             };
-            let (rose, intervals, growth, first) = judged?;
+            let j = judged?;
             let last = if exit_drop_ignored { n - 2 } else { n - 1 };
-            let secs = series[with[last]].uptime_s - series[with[first]].uptime_s;
+            let secs = series[with[last]].uptime_s - series[with[j.first]].uptime_s;
             Some(Suspect {
                 key: SiteKey {
                     framework: k.0.map(str::to_string),
                     frames: k.1.to_vec(),
                 },
                 live,
-                rose,
-                intervals,
-                growth,
-                per_second: (secs > 0.0).then(|| growth as f64 / secs),
+                rose: j.rose,
+                fell: j.fell,
+                intervals: j.intervals,
+                fell_back: j.fell_back,
+                growth: j.growth,
+                per_second: (secs > 0.0).then(|| j.growth as f64 / secs),
                 exit_drop_ignored,
                 unanswered: {
                     let mut u = vec![true; series.len()];
@@ -228,10 +279,9 @@ pub fn suspects(reports: &[&Report]) -> Vec<Suspect> {
         })
         .collect();
     out.sort_by(|a, b| {
-        b.steadiness()
-            .total_cmp(&a.steadiness())
-            .then(b.precision().cmp(&a.precision()))
-            .then(b.speed().total_cmp(&a.speed()))
+        b.precision()
+            .cmp(&a.precision())
+            .then(b.growth.cmp(&a.growth))
             .then(a.key.cmp(&b.key))
     });
     out
@@ -352,9 +402,10 @@ mod tests {
     }
 
     #[test]
-    fn steady_before_fast_and_most_intervals_needed() {
-        // "bumpy" grows more but in only 2 of 4 intervals; "steady" in all 4;
-        // "mostly" in 3 of 4 and fastest of the two that qualify after "steady".
+    fn most_bytes_grown_first_and_a_site_that_falls_back_is_not_one() {
+        // "bumpy" grows most but falls back almost to its start in the middle: no
+        // suspect. "mostly" falls once, by less than it rises after: a suspect that
+        // grew more than "steady", so first (the steadier site came first before).
         let series = [
             [("steady", 10), ("bumpy", 10), ("mostly", 0)],
             [("steady", 11), ("bumpy", 500), ("mostly", 100)],
@@ -370,8 +421,9 @@ mod tests {
         // Order given does not matter: seq does.
         let refs: Vec<&Report> = rs.iter().rev().collect();
         let s = suspects(&refs);
-        assert_eq!(names(&s), ["steady", "mostly"]);
-        assert!(s[0].steadiness() > s[1].steadiness());
+        assert_eq!(names(&s), ["mostly", "steady"]);
+        assert_eq!((s[0].rose, s[0].fell, s[0].fell_back), (3, 1, 50));
+        assert_eq!((s[1].rose, s[1].fell, s[1].fell_back), (4, 0, 0));
     }
 
     #[test]
@@ -448,13 +500,13 @@ mod tests {
         assert_eq!((s[1].rose, s[1].intervals), (5, 5));
         assert_eq!(s[0].unanswered, [false, false, false, true, false, false]);
         assert!(!s[1].unanswered.contains(&true));
-        // Answered, with nothing left: that is a fall.
+        // Answered, with nothing left: that is a fall, to below its start, so the
+        // line is no suspect (its floor did not rise).
         let mut rs = rs;
         rs[3].classification = rs[0].classification.clone();
         let refs: Vec<&Report> = rs.iter().collect();
         let s = suspects(&refs);
-        assert_eq!(names(&s), ["t.py:28 in train", "t.py:29 in train"]);
-        assert_eq!((s[1].rose, s[1].intervals), (4, 5));
+        assert_eq!(names(&s), ["t.py:28 in train"]);
     }
 
     #[test]
@@ -474,14 +526,157 @@ mod tests {
         let s = suspects(&[&a, &b]);
         assert_eq!(s.len(), 1);
         assert!(s[0].is_python());
-        // Equally steady: the Python line before a faster native site.
+        // Kinds first: the Python line before a native site that grew more.
         b.sites[0].live_bytes = 1000;
         let s = suspects(&[&a, &b]);
         assert_eq!(s.len(), 2);
         assert!(s[0].is_python() && !s[1].is_python());
         assert_eq!(s[0].key.framework.as_deref(), Some("pytorch"));
         assert_eq!(s[0].per_second, None);
-        assert_eq!(s[0].speed(), 20.0);
+        assert_eq!((s[0].growth, s[1].growth), (20, 999));
         assert!(suspects(&[&a]).is_empty());
+    }
+
+    // ---- the criterion's shapes: one site's live bytes over a series of snapshots ----
+
+    const MIB: u64 = 1 << 20;
+
+    /// The suspects among sites given as (name, bytes in each report), one report a
+    /// second.
+    fn judged(sites: &[(&str, Vec<u64>)]) -> Vec<Suspect> {
+        let n = sites[0].1.len();
+        let rs: Vec<Report> = (0..n)
+            .map(|i| {
+                let figures: Vec<(&str, u64)> = sites.iter().map(|(f, b)| (*f, b[i])).collect();
+                rep(i as u64 + 1, "snapshot", i as f64, &figures)
+            })
+            .collect();
+        let refs: Vec<&Report> = rs.iter().collect();
+        suspects(&refs)
+    }
+
+    fn suspected(bytes: &[u64]) -> bool {
+        !judged(&[("s", bytes.to_vec())]).is_empty()
+    }
+
+    /// From `base`, `step` more in each report `i` where `rises(i)` (n intervals).
+    fn stairs(base: u64, step: u64, rises: impl Fn(usize) -> bool, n: usize) -> Vec<u64> {
+        let mut b = base;
+        (0..=n)
+            .map(|i| {
+                if i > 0 && rises(i) {
+                    b += step;
+                }
+                b
+            })
+            .collect()
+    }
+
+    /// Pseudo-random numbers below `bound` (a fixed sequence per seed).
+    fn noise(seed: u64, bound: u64) -> impl FnMut() -> u64 {
+        let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+        move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x % bound
+        }
+    }
+
+    #[test]
+    fn a_slow_leak_that_never_falls_is_a_suspect_however_few_intervals_it_rose_in() {
+        // 8 MiB kept every 120 ms, a snapshot every 100 ms, 17 reports: some intervals
+        // see none kept. Rising in 9 of 16 intervals, and in 7 of 16 (a leak a little
+        // slower than every other report).
+        for pattern in ["1011010110101010", "1001010010100101"] {
+            let b = stairs(256 * MIB, 8 * MIB, |i| &pattern[i - 1..i] == "1", 16);
+            let s = judged(&[("slow", b)]);
+            let rose = pattern.matches('1').count();
+            assert_eq!(names(&s), ["slow"], "{pattern}");
+            assert_eq!((s[0].rose, s[0].fell, s[0].intervals), (rose, 0, 16));
+            assert_eq!(s[0].growth, rose as u64 * 8 * MIB);
+        }
+    }
+
+    #[test]
+    fn a_leak_that_steps_every_few_reports_is_a_suspect_at_any_phase() {
+        // A leak per epoch read with a snapshot interval shorter than the epoch: one
+        // step every k intervals, starting anywhere in the first k.
+        for k in [2, 3, 5, 8] {
+            for phase in 0..k {
+                let b = stairs(64 * MIB, 8 * MIB, |i| (i + phase) % k == 0, 16);
+                assert!(suspected(&b), "every {k} intervals, phase {phase}: {b:?}");
+            }
+        }
+        // Also over a short series: steps in 2 of 4 intervals, one in each half.
+        assert!(suspected(&[10, 20, 20, 30, 30]));
+    }
+
+    #[test]
+    fn a_leak_faster_than_the_snapshots_is_a_suspect() {
+        // A snapshot every 60 s, a leak every 25 s: two or three kept per interval.
+        let b: Vec<u64> = (0..=12u64).map(|i| (i * 60 / 25) * 4 * MIB).collect();
+        let s = judged(&[("fast", b)]);
+        assert_eq!(names(&s), ["fast"]);
+        assert_eq!(
+            (s[0].rose, s[0].intervals, s[0].growth),
+            (12, 12, 28 * 4 * MIB)
+        );
+    }
+
+    #[test]
+    fn a_warm_up_is_no_suspect_however_it_is_spread_over_the_first_half() {
+        for steps in [
+            &[1usize][..],
+            &[1, 2],
+            &[1, 3, 4],
+            &[2, 5, 7],
+            // One step only, wherever it falls.
+            &[8],
+            &[9],
+            &[15],
+        ] {
+            let b = stairs(0, 32 * MIB, |i| steps.contains(&i), 16);
+            assert!(!suspected(&b), "{steps:?}: {b:?}");
+        }
+        // Then up and down by a little around the level it reached.
+        for seed in 0..200 {
+            let mut wobble = noise(seed, MIB);
+            let b: Vec<u64> = (0..=16)
+                .map(|i| if i == 0 { 0 } else { 100 * MIB + wobble() })
+                .collect();
+            assert!(!suspected(&b), "seed {seed}: {b:?}");
+        }
+    }
+
+    #[test]
+    fn a_site_going_up_and_down_around_a_level_is_no_suspect() {
+        for seed in 0..200 {
+            // Noise of any shape around a level...
+            let mut r = noise(seed, 16 * MIB);
+            let b: Vec<u64> = (0..=16).map(|_| 64 * MIB + r()).collect();
+            assert!(!suspected(&b), "seed {seed}: {b:?}");
+            // ... or temporaries that are live in some reports and not in others.
+            let mut r = noise(seed + 1000, 2);
+            let b: Vec<u64> = (0..=16).map(|_| 64 * MIB + r() * 8 * MIB).collect();
+            assert!(!suspected(&b), "seed {seed}: {b:?}");
+        }
+        // A cache that fills up, then goes up and down about the level it reached.
+        assert!(!suspected(&[0, 50, 80, 90, 95, 92, 96, 94, 97, 95]));
+        // A cache emptied now and then (a sawtooth).
+        assert!(!suspected(&[0, 10, 20, 0, 10, 20, 0, 10, 20, 30]));
+    }
+
+    #[test]
+    fn a_leak_under_noise_of_its_own_site_is_a_suspect() {
+        // 1 MiB kept each interval at a site whose temporaries (up to 4 MiB) are live
+        // in some reports and not in others: it falls in many intervals.
+        for seed in 0..200 {
+            let mut temps = noise(seed, 4 * MIB);
+            let b: Vec<u64> = (0..=16u64).map(|i| 32 * MIB + i * MIB + temps()).collect();
+            let s = judged(&[("leak", b.clone()), ("flat", vec![5 * MIB; 17])]);
+            assert_eq!(names(&s), ["leak"], "seed {seed}: {b:?}");
+            assert!(s[0].fell_back < 4 * MIB);
+        }
     }
 }

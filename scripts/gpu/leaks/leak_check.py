@@ -62,9 +62,9 @@ import ggv as tl  # noqa: E402  (scripts/gpu/lib/ggv.py)
 
 MiB = tl.MiB
 mib = tl.mib
-# A site starts with its growth: '+<bytes>' (diff) or 'rose in N of M ...: +<bytes>'
-# (the suspected leaks of show).
-SITE_START = re.compile(r"^\s*(?:\+\s*\d|rose in \d+ of \d+)")
+# A site starts with its growth: '+<bytes>' (diff, and the suspected leaks of show:
+# '+<bytes>[, <rate>/s]: rose in N of M intervals, ...').
+SITE_START = re.compile(r"^\s*\+\s*\d")
 LABEL_LINE = re.compile(r"^\s+(?:[AB]|#\d+)\s")
 # A Python site's key header (src/cli/show.rs): a framework's blocks, or the
 # allocating thread's Python stack (framework python-stack).

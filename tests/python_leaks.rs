@@ -411,6 +411,12 @@ fn small_leak_is_a_suspect(action: &str, every: &str) {
                 .any(|l| l.contains("held by ~") && l.ends_with(&want)),
             "{shown}"
         );
+        // Among the suspects, the growing segments' call site names that line.
+        let seg_suspect = text.split("\n\n").next().is_some_and(|s| {
+            s.lines()
+                .any(|l| l.starts_with("      held by ~") && l.ends_with(&want))
+        });
+        assert!(seg_suspect, "{text}");
     }
     // Each report says what it cost the main thread, and from the second one on, how
     // long the last window was open and how many allocations it recorded.

@@ -31,3 +31,15 @@ pub fn lines(r: &Report, ids: &[u32]) -> Vec<String> {
         })
         .collect()
 }
+
+/// `lines` for the call sites of `r` with these frames (a site's identity across
+/// reports: ids differ from report to report).
+pub fn of_frames(r: &Report, site_frames: &[String]) -> Vec<String> {
+    let ids: Vec<u32> = r
+        .sites
+        .iter()
+        .filter(|s| s.frames == site_frames)
+        .map(|s| s.id)
+        .collect();
+    lines(r, &ids)
+}

@@ -551,6 +551,19 @@ fn render_suspected(out: &mut String, reports: &[&Report], top: usize) {
                 }
             );
             render_rows_answered(out, &suspect_trend(g), &labels, &g.unanswered);
+            if g.key.framework.is_none() {
+                // A framework's segments: the lines whose blocks fill them, as the
+                // latest report that knows them says.
+                let held = group
+                    .iter()
+                    .rev()
+                    .map(|r| holders::of_frames(r, &g.key.frames))
+                    .find(|h| !h.is_empty())
+                    .unwrap_or_default();
+                for line in held {
+                    put!(out, "      held by {line}");
+                }
+            }
         }
         if grown.len() > top {
             put!(

@@ -13,6 +13,9 @@ import sys
 import time
 
 _gg_state = {"atexit": False, "torch_recorder": None, "cupy_hook": None}
+# When gpuguard's Python side started: CuPy's sampled lines are scaled over the time
+# since (see _GGCupyWindow.scale).
+_GG_STARTED = time.monotonic()
 # "frames": the frame layout handed to the hooks (or why there is none), once.
 
 
@@ -620,7 +623,7 @@ def _gg_classify_now(args, at_exit=False):
                 # but are not listed in res["blocks"], which would make each driver
                 # allocation that holds one CuPy's with only those blocks in use (the
                 # in-use split per allocation would be wrong where it is now absent).
-                sampled = _gg_cupy_sampled(cp, pool, devices, blocks, at_exit)
+                sampled = _gg_cupy_sampled(cp, pool, devices, blocks, at_exit, scale)
                 if sampled is not None:
                     fw["detail"] = "default memory pool totals; " + sampled
                 else:
@@ -1196,6 +1199,9 @@ class _GGCupyWindow:
         self.opened = 0.0
         self.first_ms = 0.0
         self.last_ms = None
+        # The first halves' time (what the windows recorded, for scaling their lines
+        # up: `scale`).
+        self.recorded_s = 0.0
         self.deferred = 0  # changes of the hooks dict put off: a hook method ran
         self.gen = 0  # which window is (or was last) open
         self.closing = 0  # the window whose close is due (0: none)
@@ -1277,6 +1283,7 @@ class _GGCupyWindow:
         if self.seen >= _GG_WINDOW_ALLOCS or elapsed + step > longest:
             self.mode = 2
             self.first_ms = elapsed * 1000.0
+            self.recorded_s += elapsed
             g = self.gen
 
             def due():
@@ -1416,6 +1423,21 @@ class _GGCupyWindow:
         finally:
             _gg_gc_back(was)
 
+    def scale(self, sampled, used):
+        """The factor that scales the lines' `sampled` bytes up to an estimate of all:
+        the time since gpuguard's Python side started over the time the windows
+        recorded (CuPy counts no pool mallocs outside a hook, so time stands for them:
+        a block kept per step is made in a window as often as a step is), never past
+        the pool's bytes in use (`used`). None before a window recorded."""
+        now = time.monotonic()
+        rec = self.recorded_s + (now - self.opened if self.mode == 1 else 0.0)
+        if rec <= 0 or sampled <= 0:
+            return None
+        f = max(1.0, (now - _GG_STARTED) / rec)
+        if sampled * f > used:
+            f = max(1.0, used / float(sampled))
+        return f
+
     def devices(self):
         return set(self.per_dev)
 
@@ -1474,9 +1496,9 @@ def _gg_cupy_window(args):
     _gg_cupy_change(w, w.open)
 
 
-def _gg_cupy_sampled(cp, pool, devices, blocks, at_exit):
-    """The default mode's CuPy lines into `blocks`; the detail that says what they
-    are, or None when no window ever opened."""
+def _gg_cupy_sampled(cp, pool, devices, blocks, at_exit, scale):
+    """The default mode's CuPy lines into `blocks` (and their factor into `scale`);
+    the detail that says what they are, or None when no window ever opened."""
     w = _gg_state.get("cupy_window")
     if w is None:
         return None
@@ -1486,7 +1508,9 @@ def _gg_cupy_sampled(cp, pool, devices, blocks, at_exit):
     for d in set(devices) | w.devices():
         with cp.cuda.Device(d):
             used[d] = int(pool.used_bytes())
-    blocks.extend(w.blocks(used, at_exit))
+    mine = w.blocks(used, at_exit)
+    blocks.extend(mine)
+    f = w.scale(sum(b[1] for b in mine), sum(used.values()))
     if w.last_ms is None:
         last = "none closed yet"
     else:
@@ -1496,6 +1520,12 @@ def _gg_cupy_sampled(cp, pool, devices, blocks, at_exit):
         "(cupy-sampled) of the pool blocks allocated in those windows that still live "
         "(GPUGUARD_PYTHON=lines hooks every block)" % last
     )
+    if f is not None:
+        scale["cupy-sampled"] = f
+        detail += (
+            "; their figures are estimates, scaled by %.1f: the windows recorded 1/%.1f of the time "
+            "since gpuguard started (at most the pool's bytes in use)" % (f, f)
+        )
     if w.deferred:
         detail += "; %d hook changes waited for a memory hook to return" % w.deferred
     if w.self_closed:

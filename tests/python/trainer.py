@@ -7,7 +7,8 @@ Actions, run in order:
   cache:MiB     allocate that much in 1 MiB blocks and drop it (the framework caches it)
   leak:N        one step of the leak: keep N 1 MiB blocks in a global list
   small:N:MS    N training steps that each keep one 64 KiB tensor (MS ms a step);
-                N = sK: steps until K more snapshot reports are in GPUGUARD_DIR
+                N = sK: steps until K more snapshot reports are in GPUGUARD_DIR;
+                then prints KEPT <blocks kept in all>
   temps:N:MS    N such steps that keep nothing (temporaries only)
   userhook:US   (cupy) install a memory hook of the program's own beside gpuguard's,
                 whose malloc and free methods each wait US microseconds with the GIL
@@ -199,6 +200,8 @@ for action in sys.argv[2:]:
             del tmp
             if name == "small":
                 LEAKS.append(alloc(64 << 10))  # SMALL-LEAK-LINE
+        if name == "small":
+            print("KEPT %d" % len(LEAKS), flush=True)
     elif name == "userhook":
         from cupy.cuda import memory_hook
 

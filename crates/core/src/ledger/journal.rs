@@ -93,17 +93,25 @@ fn encode(e: &Event) -> [u64; WORDS] {
         rec.t_ns,
         u64::from(rec.site) | u64::from(rec.thread) << 32,
         // The top 16 bits are the lap (`lap`); kind (7 of them), space (4) and tag
-        // (3) share a byte, so the weight fits.
+        // (3) share a byte, so the weight fits (`FITS`: no masks on this path).
         u64::from(rec.device as u16)
-            | u64::from(rec.kind as u8 & 0xf) << 16
-            | (key.space as u64 & 0x3) << 20
+            | u64::from(rec.kind as u8) << 16
+            | (key.space as u64) << 20
             | tag << 22
             | u64::from(rec.api) << 24
             | u64::from(rec.weight) << 32,
     ]
 }
 
+/// Kind, space and tag fit their bits of an entry's last word unmasked.
+const FITS: () = assert!(
+    Kind::ALL.len() <= 16 && Space::HostPtr as u64 <= 3 && TAG_FREE <= 3,
+    "an entry's kind, space and tag share one byte"
+);
+
 fn decode(w: [u64; WORDS]) -> Event {
+    #[allow(clippy::let_unit_value)]
+    let () = FITS;
     let space = match (w[5] >> 20) & 0x3 {
         0 => Space::DevicePtr,
         1 => Space::VmmHandle,

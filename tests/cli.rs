@@ -270,6 +270,21 @@ fn past_the_stack_rate_sites_are_estimates_and_every_byte_is_counted() {
         .find(|l| l.contains("not captured"))
         .unwrap_or_else(|| panic!("no line for them:\n{}", d.stdout));
     assert!(line.contains(&format!("0 -> {passed}")), "{line}");
+    // The burst's figure in B is an estimate, marked as in show; in A it is exact.
+    let rows: Vec<&str> = d
+        .stdout
+        .lines()
+        .filter(|l| l.trim_start().starts_with("A ") || l.trim_start().starts_with("B "))
+        .collect();
+    assert!(
+        rows.iter()
+            .any(|l| l.trim_start().starts_with("B ") && l.contains('~'))
+            && rows
+                .iter()
+                .any(|l| l.trim_start().starts_with("A ") && !l.contains('~')),
+        "{}",
+        d.stdout
+    );
     let d = gpuguard(&["diff", "--json", s(&every), s(&path)]);
     let v: Value = serde_json::from_str(&d.stdout).expect("json");
     assert_eq!(u(&v["sampled_out"][1]["count"]), passed, "{v}");

@@ -418,6 +418,12 @@ fn small_leak_is_a_suspect(action: &str, every: &str) {
                 .any(|l| l.starts_with("      held by ~") && l.ends_with(&want))
         });
         assert!(seg_suspect || kept < 8 * (2 << 20), "{text}");
+        // The sampled line's rows among the suspects are marked as estimates.
+        assert!(
+            text.lines()
+                .any(|l| l.trim_start().starts_with('#') && l.contains(" ~")),
+            "{text}"
+        );
     }
     // Each report says what it cost the main thread, and from the second one on, how
     // long the last window was open and how many allocations it recorded.

@@ -19,12 +19,15 @@ pub struct SiteKey {
 pub struct Live {
     pub bytes: u64,
     pub count: u64,
+    /// The figures are estimates (some of the site's stacks or blocks were sampled).
+    pub estimated: bool,
 }
 
 impl Live {
-    fn add(&mut self, bytes: u64, count: u64) {
+    fn add(&mut self, bytes: u64, count: u64, captured: Option<u64>) {
         self.bytes = self.bytes.saturating_add(bytes);
         self.count = self.count.saturating_add(count);
+        self.estimated |= captured.is_some();
     }
 }
 
@@ -36,14 +39,16 @@ type Borrowed<'r> = (Option<&'r str>, &'r [String]);
 fn site_map(r: &Report) -> HashMap<Borrowed<'_>, Live> {
     let mut map: HashMap<Borrowed, Live> = HashMap::new();
     for s in &r.sites {
-        map.entry((None, s.frames.as_slice()))
-            .or_default()
-            .add(s.live_bytes, s.live_count);
+        map.entry((None, s.frames.as_slice())).or_default().add(
+            s.live_bytes,
+            s.live_count,
+            s.captured,
+        );
     }
     for s in &r.python_sites {
         map.entry((Some(s.framework.as_str()), s.frames.as_slice()))
             .or_default()
-            .add(s.live_bytes, s.live_count);
+            .add(s.live_bytes, s.live_count, s.captured);
     }
     map
 }

@@ -445,10 +445,11 @@ fn render_rows_answered(out: &mut String, t: &SiteTrend, labels: &[String], unan
                 "-"
             );
         } else {
+            let approx = if live.estimated { "~" } else { "" };
             put!(
                 out,
-                "      {label:<10} {:>11} in {}",
-                human_bytes(live.bytes),
+                "      {label:<10} {:>11} in {approx}{}",
+                format!("{approx}{}", human_bytes(live.bytes)),
                 count(live.count, unit)
             );
         }
@@ -481,8 +482,29 @@ fn suspect_trend(s: &Suspect) -> SiteTrend {
         live: s
             .live
             .iter()
-            .map(|&(bytes, count)| Live { bytes, count })
+            .map(|&(bytes, count)| Live {
+                bytes,
+                count,
+                estimated: false,
+            })
             .collect(),
+    }
+}
+
+/// Marks the figures of `t` that are estimates in the reports of `group` (its
+/// series, in order): where the site's stacks or blocks were sampled there.
+fn mark_estimates(t: &mut SiteTrend, group: &[&Report]) {
+    for (live, r) in t.live.iter_mut().zip(group) {
+        live.estimated = match t.key.python.as_deref() {
+            None => r
+                .sites
+                .iter()
+                .any(|s| s.captured.is_some() && s.frames == t.key.frames),
+            Some(fw) => r
+                .python_sites
+                .iter()
+                .any(|s| s.captured.is_some() && s.framework == fw && s.frames == t.key.frames),
+        };
     }
 }
 
@@ -550,7 +572,9 @@ fn render_suspected(out: &mut String, reports: &[&Report], top: usize) {
                     ""
                 }
             );
-            render_rows_answered(out, &suspect_trend(g), &labels, &g.unanswered);
+            let mut trend = suspect_trend(g);
+            mark_estimates(&mut trend, &group);
+            render_rows_answered(out, &trend, &labels, &g.unanswered);
             if g.key.framework.is_none() {
                 // A framework's segments: the lines whose blocks fill them, as the
                 // latest report that knows them says.

@@ -75,12 +75,6 @@ int gpuguard_set_cap(int device, uint64_t bytes);
 int gpuguard_push_tag(const char *tag);
 int gpuguard_pop_tag(void);
 
-/* Benchmark aid, not a user feature: on = 0 makes every hook pass straight through
- * (nothing recorded, counted or capped; the books are not true afterwards), on = 1
- * turns the books back on, on < 0 only asks. Returns the setting before: 1 on, 0 off.
- * For scripts/bench/train_bench.py --ab-blocks (docs/performance.md). */
-int gpuguard_bench_set_books(int on);
-
 #ifdef __cplusplus
 }
 #endif

@@ -1,22 +1,87 @@
 //! The benchmark switch (`gpuguard_bench_set_books`, a benchmark aid for the in-process
-//! A/B training measurement; `docs/performance.md`) on the simulated CUDA stack, and
-//! the self-tests of the A/B analysis (`scripts/bench/ab_analyze.py --self-test`).
+//! A/B training measurement; `docs/performance.md`) on the simulated CUDA stack, in the
+//! benchmark build (`--features bench`) it lives in; that the library users get has
+//! no benchmark symbol; and the self-tests of the A/B analysis
+//! (`scripts/bench/ab_analyze.py --self-test`).
 
 mod common;
 
-use common::{manifest_dir, python, run};
-use std::process::Command;
+use common::{manifest_dir, profile_dir, python, run, shim};
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::sync::OnceLock;
 
-/// `tests/python/<script>` under the shim on the sim; it prints `marker` when its own
-/// checks pass.
+/// libgpuguard.so built with `--features bench --profile fault` (the release
+/// profile's panic strategy, built quickly) into `target/bench-lib`, once per test
+/// process: what `scripts/bench/build_bench_lib.sh` builds for the benchmarks.
+fn bench_shim() -> PathBuf {
+    static LIB: OnceLock<PathBuf> = OnceLock::new();
+    LIB.get_or_init(|| {
+        let target = profile_dir()
+            .parent()
+            .expect("target dir")
+            .join("bench-lib");
+        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+        let out = Command::new(cargo)
+            .args([
+                "build",
+                "--lib",
+                "--features",
+                "bench",
+                "--profile",
+                "fault",
+            ])
+            .arg("--manifest-path")
+            .arg(manifest_dir().join("Cargo.toml"))
+            .env("CARGO_TARGET_DIR", &target)
+            .stdin(Stdio::null())
+            .output()
+            .expect("running cargo build");
+        assert!(
+            out.status.success(),
+            "building the benchmark library failed:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let lib = target.join("fault").join("libgpuguard.so");
+        assert!(lib.exists(), "{} missing", lib.display());
+        lib
+    })
+    .clone()
+}
+
+/// The dynamic symbols a library defines (`nm -D --defined-only`).
+fn exported(lib: &std::path::Path) -> String {
+    let out = Command::new("nm")
+        .args(["-D", "--defined-only"])
+        .arg(lib)
+        .output()
+        .expect("running nm (binutils)");
+    assert!(out.status.success(), "nm {}", lib.display());
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[test]
+fn only_the_benchmark_build_has_the_benchmark_switch() {
+    // The library users preload carries no benchmark code: no switch to export, no
+    // check of it in the hooks (the hooks' build differs).
+    let user = exported(&shim());
+    assert!(user.contains(" gpuguard_version"), "{user}");
+    assert!(!user.contains("gpuguard_bench"), "{user}");
+    let bench = exported(&bench_shim());
+    assert!(bench.contains(" gpuguard_bench_set_books"), "{bench}");
+}
+
+/// `tests/python/<script>` under the benchmark build on the sim; it prints `marker`
+/// when its own checks pass.
 fn run_checked(script: &str, marker: &str) {
     let py = python().display().to_string();
     let path = manifest_dir().join("tests/python").join(script);
+    let lib = bench_shim().display().to_string();
     let r = run(
         &py,
         &[&path.display().to_string()],
-        &[("PYTHONDONTWRITEBYTECODE", "1")],
-        true,
+        &[("PYTHONDONTWRITEBYTECODE", "1"), ("LD_PRELOAD", &lib)],
+        false,
     );
     assert!(
         r.status.success() && r.stdout.contains(marker),

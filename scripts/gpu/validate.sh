@@ -33,7 +33,8 @@
 #
 # Needs, in the repository copy: target/release/libgpuguard.so, target/release/gpuguard
 # and, for core/cudarc, target/release/examples/cudarc_client (built elsewhere with
-# cargo build --release [--example cudarc_client], carried over). On the machine:
+# cargo build --release [--example cudarc_client], carried over); for bench-train,
+# target/bench-lib/release/libgpuguard.so (scripts/bench/build_bench_lib.sh). On the machine:
 # python3 with torch, jax, cupy; nvcc; nvidia-smi. No network, no cargo.
 #
 # Every run is under LD_PRELOAD=<repo>/target/release/libgpuguard.so and its own

@@ -1,4 +1,6 @@
-//! A benchmark aid, not a user feature: `gpuguard_bench_set_books(0)` turns the books
+//! A benchmark aid, not a user feature, in benchmark builds only (`--features bench`;
+//! the release library has neither the symbol nor its check in the hooks):
+//! `gpuguard_bench_set_books(0)` turns the books
 //! into pass-through for the whole process (every hook still runs, but calls the real
 //! function without recording, reserving against a cap or counting), and
 //! `gpuguard_bench_set_books(1)` turns them back on. It exists so that the training
@@ -17,8 +19,11 @@
 //! count of resumptions beside it (`resumptions`); both sit on the hot line (`hot`)
 //! and are written only by this switch, so hooks on every thread only ever read them.
 
+#[cfg(feature = "bench")]
 use super::hot::HOT;
+#[cfg(feature = "bench")]
 use std::ffi::c_int;
+#[cfg(feature = "bench")]
 use std::sync::atomic::Ordering::Relaxed;
 
 // The flag (`HOT.paused`) and how many times the books were resumed
@@ -30,18 +35,25 @@ use std::sync::atomic::Ordering::Relaxed;
 /// a run without pauses captures, and the benchmark would overstate the cost.
 #[inline(always)]
 pub(crate) fn resumptions() -> u32 {
-    HOT.resumptions.load(Relaxed)
+    #[cfg(feature = "bench")]
+    return HOT.resumptions.load(Relaxed);
+    #[cfg(not(feature = "bench"))]
+    0
 }
 
-/// Whether the books are paused (benchmark pass-through).
+/// Whether the books are paused (benchmark pass-through; never without the switch).
 #[inline(always)]
 pub(crate) fn paused() -> bool {
-    HOT.paused.load(Relaxed)
+    #[cfg(feature = "bench")]
+    return HOT.paused.load(Relaxed);
+    #[cfg(not(feature = "bench"))]
+    false
 }
 
 /// Benchmark aid (see the module's doc): `on` 1 keeps the books (the default), 0 makes
 /// every hook pass straight through, a negative value only asks. Returns the setting
 /// before the call: 1 books on, 0 pass-through.
+#[cfg(feature = "bench")]
 #[cfg_attr(not(test), unsafe(no_mangle))]
 pub extern "C" fn gpuguard_bench_set_books(on: c_int) -> c_int {
     let was_on = if on < 0 {
@@ -85,6 +97,7 @@ pub(crate) mod timing {
         RecBook,
         RecMemo,
     }
+    #[cfg(feature = "hook-timing")]
     pub(crate) const N: usize = 15;
 
     impl Phase {
@@ -171,11 +184,6 @@ pub(crate) mod timing {
     pub(crate) use on::{charge, lap, mark, memos_off, read, stamp, ticks_per_ms};
 
     #[cfg(not(feature = "hook-timing"))]
-    pub(crate) fn ticks_per_ms() -> u64 {
-        0
-    }
-
-    #[cfg(not(feature = "hook-timing"))]
     #[inline(always)]
     pub(crate) fn stamp() -> u64 {
         0
@@ -186,9 +194,6 @@ pub(crate) mod timing {
     pub(crate) fn charge(_phase: Phase, since: u64) -> u64 {
         since
     }
-
-    #[cfg(not(feature = "hook-timing"))]
-    pub(crate) fn read(_out: &mut [u64]) {}
 
     #[cfg(not(feature = "hook-timing"))]
     #[inline(always)]
@@ -208,17 +213,15 @@ pub(crate) mod timing {
 /// Diagnostic (see `timing`): fills `out` (room for `n` values) with the per-phase
 /// time-stamp-counter sums and counts, `[paused][phase][cycles, count]`, then the
 /// counter's ticks per millisecond (measured for 20 ms now), and returns how many
-/// values it wrote (0 in a build without the `hook-timing` feature). With `out` null
-/// it returns how many values a full answer has (0 without the feature).
+/// values it wrote. With `out` null it returns how many values a full answer has.
+/// Diagnostic builds only (`--features hook-timing`).
 ///
 /// # Safety
 /// `out` must point to `n` writable `u64`s (or be null, with `n` 0).
+#[cfg(feature = "hook-timing")]
 #[cfg_attr(not(test), unsafe(no_mangle))]
 pub unsafe extern "C" fn gpuguard_bench_hook_times(out: *mut u64, n: usize) -> usize {
     let total = 2 * timing::N * 2 + 1;
-    if !cfg!(feature = "hook-timing") {
-        return 0;
-    }
     if out.is_null() {
         return total;
     }
@@ -231,7 +234,7 @@ pub unsafe extern "C" fn gpuguard_bench_hook_times(out: *mut u64, n: usize) -> u
     out.len()
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "bench"))]
 mod tests {
     use super::*;
 

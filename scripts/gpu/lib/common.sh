@@ -7,6 +7,10 @@
 #          how many seconds the suite has left; every timeout is cut to it.
 
 LIB=${GGV_LIB:-$ROOT/target/release/libgpuguard.so}
+# bench-train's build: one with the books' switch (scripts/bench/build_bench_lib.sh);
+# GGV_LIB, where given, names the build to measure (run_async_split.sh's timing and
+# base builds), which must have the switch too.
+BENCH_LIB=${GGV_BENCH_LIB:-${GGV_LIB:-$ROOT/target/bench-lib/release/libgpuguard.so}}
 CLI=${GGV_CLI:-$ROOT/target/release/gpuguard}
 CLIENT=${GGV_CLIENT:-$ROOT/target/release/examples/cudarc_client}
 PY=${PYTHON:-python3}

@@ -2,8 +2,9 @@
 # training overhead to ±0.5% (issue 14 item 2; docs/performance.md, "Training overhead
 # to ±0.5%: method"). Each workload runs once under gpuguard with
 # scripts/bench/train_bench.py --ab-blocks: after its warm-up, blocks of identical
-# steps alternate books on / paused (gpuguard_bench_set_books, a benchmark aid) in ABBA
-# order inside the one process; scripts/bench/ab_analyze.py turns the blocks into the
+# steps alternate books on / paused (gpuguard_bench_set_books, a benchmark aid that only
+# the benchmark build has: target/bench-lib/release/libgpuguard.so, from
+# scripts/bench/build_bench_lib.sh, carried) in ABBA order inside the one process; scripts/bench/ab_analyze.py turns the blocks into the
 # overhead with its 95% interval (one ABR line per workload).
 #
 # Runs (names for GGV_ONLY):
@@ -45,13 +46,18 @@ suite_bench_train() {
   local n
   n=$(echo $runs | wc -w)
   [ "$n" -gt 0 ] || return 0
+  if [ ! -f "$BENCH_LIB" ]; then
+    echo "bench-train: $BENCH_LIB missing (build it with scripts/bench/build_bench_lib.sh and carry it)"
+    echo "{\"workload\": \"bench-train\", \"status\": \"FAIL\", \"problems\": [\"no benchmark build\"]}" >>"$SUMMARY"
+    return 0
+  fi
   local ab=${GGV_BENCH_TRAIN_AB_S:-$(((BUDGET - 40 * n) / n))}
   [ "$ab" -lt 20 ] && ab=20
   [ "$ab" -gt 300 ] && ab=300
   echo "bench-train: runs:$runs; ${ab}s of A/B blocks each"
   : >"$SW/bench_train.txt"
   for r in $runs; do
-    local d=$SW/runs/$r wl=torch conf="" lines="" preload=$LIB
+    local d=$SW/runs/$r wl=torch conf="" lines="" preload=$BENCH_LIB
     mkdir -p "$d/reports"
     case $r in
       torch_default) ;;

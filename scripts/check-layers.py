@@ -22,7 +22,7 @@ from pathlib import Path
 LAYERS = [
     ("ffi", ["hot", "fault", "sys", "cuda", "wake", "endings", "capture", "real", "table"], []),
     ("base", ["line", "events", "control", "tags", "settings", "unwind", "python::api", "python::layout",
-              "python::exit_status", "python::frames", "bench_switch"], ["ffi"]),
+              "python::exit_status", "python::frames", "python::names", "bench_switch"], ["ffi"]),
     ("books", ["books", "caps"], ["ffi", "base"]),
     ("state", ["state"], ["ffi", "base", "books"]),
     ("track", ["track", "track::stash", "track::memo"], ["ffi", "base", "books", "state"]),

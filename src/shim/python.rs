@@ -29,6 +29,7 @@ mod api;
 mod exit_status;
 pub(crate) mod frames;
 mod layout;
+pub(crate) mod names;
 
 use api::{Api, MethodDef, Obj, api, lock};
 use exit_status::ExitStatusKept;
@@ -288,7 +289,7 @@ pub(crate) fn call(function: &str, devices: &[i32]) -> String {
         "False"
     };
     let pairs = active_books()
-        .map(|b| frames::pairs_json(&frames::unresolved(&b.sites)))
+        .map(|b| names::pairs_json(&names::unresolved(&b.sites)))
         .unwrap_or_else(|| "[]".into());
     // The snapshot interval sizes the default mode's sampling windows.
     let every = settings()
@@ -313,7 +314,7 @@ pub(crate) fn at_exit_answer() -> Option<String> {
 static BROKEN: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 pub(super) fn after_fork_in_child() {
-    frames::after_fork_in_child();
+    names::after_fork_in_child();
     // The parent's queued call is not the child's; forget it. A lock held at the
     // fork would never be released here, so only try them.
     let ok = match (EXCHANGE.try_lock(), AT_EXIT.try_lock(), ANSWER.try_lock()) {
@@ -576,7 +577,7 @@ extern "C" fn submit(_module: Obj, arg: Obj) -> Obj {
             if tag == "frames" {
                 frames::set_layout(body);
             } else if tag == "resolved" {
-                frames::resolved(body);
+                names::resolved(body);
             } else if tag == "exit" {
                 // The interpreter tears its thread states down next: from here on no
                 // hook may read them.
@@ -624,7 +625,7 @@ extern "C" fn pending_pairs(_module: Obj, _unused: Obj) -> Obj {
     };
     let text = shielded(|| {
         active_books()
-            .map(|b| frames::pairs_json(&frames::unresolved(&b.sites)))
+            .map(|b| names::pairs_json(&names::unresolved(&b.sites)))
             .unwrap_or_else(|| "[]".into())
     })
     .unwrap_or_else(|| "[]".into());

@@ -134,6 +134,7 @@ fn program_name() -> String {
 /// a site starts at the caller.
 pub(crate) fn symbolize(pc: usize, tables: &Tables) -> FrameInfo {
     use super::python::frames;
+    use super::python::names;
     if super::tags::is_tag(pc) {
         return FrameInfo {
             text: super::tags::text(pc),
@@ -144,7 +145,7 @@ pub(crate) fn symbolize(pc: usize, tables: &Tables) -> FrameInfo {
     }
     if frames::is_python(pc) {
         return FrameInfo {
-            text: match frames::text(pc) {
+            text: match names::text(pc) {
                 Some(t) => format!("{}{t}", gpuguard_core::report::PY_FRAME),
                 None => format!("{}(code no longer alive)", gpuguard_core::report::PY_FRAME),
             },

@@ -323,8 +323,7 @@ fn run(fd: c_int) {
             let n = books.sites.len();
             if n != sites_seen {
                 sites_seen = n;
-                if shielded(|| !python::frames::unresolved(&books.sites).is_empty())
-                    .unwrap_or(false)
+                if shielded(|| !python::names::unresolved(&books.sites).is_empty()).unwrap_or(false)
                 {
                     shielded(install_python);
                 }

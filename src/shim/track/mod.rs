@@ -10,6 +10,7 @@ use super::bench_switch;
 use super::bench_switch::timing::{self, Phase};
 use super::books::Books;
 use super::python::frames;
+use super::python::names;
 use super::real::{DRIVER, is_driver_code, own_code};
 use super::settings::{config, stacks};
 use super::state::{active_books, books, shielded};
@@ -597,7 +598,7 @@ fn capture_site_at(books: &Books, t: &ThreadState, depth: usize) -> u32 {
         let (id, new) = cached_site(books, t, &pcs[..n]);
         if new && py_n > 0 {
             // Its Python code is running now: the time to copy what names it.
-            frames::remember(&pcs[..n]);
+            names::remember(&pcs[..n]);
         }
         id
     };

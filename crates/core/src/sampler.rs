@@ -75,18 +75,23 @@ const NS_PER_S: u64 = 1_000_000_000;
 pub struct Sampler {
     /// When the current window began (0: no allocation yet).
     window_ns: u64,
-    /// Allocations and bytes in the current window.
+    /// Bytes left to the next sample point: integers, so the countdown a hook makes
+    /// for most allocations is a subtraction and a compare.
+    until: i64,
+    /// Allocations in the current window, and their bytes in `UNIT`s (32 bits: the
+    /// state fits the hook's second cache line of the thread's state, `track`).
     count: u32,
-    bytes: u64,
+    units: u32,
     /// Bytes between sample points on average in the current window (0: every
-    /// allocation is captured). `f32`s: the state stays on the hook's second cache
-    /// line of the thread's state (`track`), and 24 bits of precision are plenty.
+    /// allocation is captured).
     mean: f32,
-    /// Bytes left to the next sample point.
-    until: f32,
     /// xorshift state, never 0.
     rng: u32,
 }
+
+/// What a window's bytes are counted in: any allocation counts one at least, and a
+/// window holds up to 256 GiB.
+const UNIT: u64 = 64;
 
 impl Default for Sampler {
     fn default() -> Self {
@@ -98,10 +103,10 @@ impl Sampler {
     pub const fn new() -> Sampler {
         Sampler {
             window_ns: 0,
+            until: 0,
             count: 0,
-            bytes: 0,
+            units: 0,
             mean: 0.0,
-            until: 0.0,
             rng: 0x9E37_79B9,
         }
     }
@@ -127,12 +132,14 @@ impl Sampler {
             self.next_window(now_ns, since, rate);
         }
         self.count = self.count.saturating_add(1);
-        self.bytes = self.bytes.saturating_add(bytes);
-        if self.mean == 0.0 || bytes >= ALWAYS_BYTES {
+        let units = bytes.div_ceil(UNIT).min(u64::from(u32::MAX)) as u32;
+        self.units = self.units.saturating_add(units);
+        if self.mean.to_bits() == 0 || bytes >= ALWAYS_BYTES {
             return ONE;
         }
-        self.until -= bytes as f32;
-        if self.until > 0.0 {
+        // Below ALWAYS_BYTES: no overflow.
+        self.until -= bytes as i64;
+        if self.until > 0 {
             return NONE;
         }
         self.captured(bytes)
@@ -151,7 +158,7 @@ impl Sampler {
     }
 
     /// Bytes to the next sample point: exponential with mean `mean`.
-    fn next_gap(&mut self) -> f32 {
+    fn next_gap(&mut self) -> i64 {
         let mut x = self.rng;
         x ^= x << 13;
         x ^= x >> 17;
@@ -159,7 +166,8 @@ impl Sampler {
         self.rng = x;
         // Uniform in (0, 1]: never ln(0).
         let u = (f64::from(x) + 1.0) / (f64::from(u32::MAX) + 1.0);
-        (-u.ln() * f64::from(self.mean)) as f32
+        // At least one byte: a point falls in the next allocation at the earliest.
+        ((-u.ln() * f64::from(self.mean)) as i64).max(1)
     }
 
     /// A new window from `now_ns`: its `mean` from the window that just ended (every
@@ -167,7 +175,7 @@ impl Sampler {
     #[cold]
     fn next_window(&mut self, now_ns: u64, since: u64, rate: u32) {
         let (last, bytes) = if self.window_ns != 0 && since < 2 * WINDOW_NS {
-            (u64::from(self.count), self.bytes)
+            (u64::from(self.count), u64::from(self.units) * UNIT)
         } else {
             (0, 0)
         };
@@ -184,11 +192,11 @@ impl Sampler {
         if mean != self.mean {
             self.mean = mean;
             // Memoryless: a fresh gap at the new mean keeps every allocation's chance.
-            self.until = if mean == 0.0 { 0.0 } else { self.next_gap() };
+            self.until = if mean == 0.0 { 0 } else { self.next_gap() };
         }
         self.window_ns = now_ns.max(1);
         self.count = 0;
-        self.bytes = 0;
+        self.units = 0;
     }
 }
 

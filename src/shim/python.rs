@@ -1,4 +1,4 @@
-//! The Python bridge: runs gpuguard's Python side (`bridge.py`) inside a Python
+//! The Python bridge: runs gpuguard's Python side (`bridge/`, its files joined in order) inside a Python
 //! process, on the interpreter's main thread, through `Py_AddPendingCall`.
 //!
 //! Why this way: the allocation hooks run with the GIL released and possibly under a
@@ -143,10 +143,21 @@ static DONE: Condvar = Condvar::new();
 static ANSWER: Mutex<Option<String>> = Mutex::new(None);
 /// The classification taken by Python's own `atexit`, for the exit report.
 static AT_EXIT: Mutex<Option<String>> = Mutex::new(None);
-/// The private namespace `bridge.py` runs in (a dict, owned, never freed).
+/// The private namespace the bridge runs in (a dict, owned, never freed).
 static NAMESPACE: AtomicPtr<c_void> = AtomicPtr::new(std::ptr::null_mut());
 
-const BRIDGE_SOURCE: &str = concat!(include_str!("bridge.py"), "\0");
+const BRIDGE_SOURCE: &str = concat!(
+    include_str!("bridge/base.py"),
+    include_str!("bridge/threads.py"),
+    include_str!("bridge/frames.py"),
+    include_str!("bridge/setup.py"),
+    include_str!("bridge/trim.py"),
+    include_str!("bridge/classify.py"),
+    include_str!("bridge/torch_window.py"),
+    include_str!("bridge/cupy_window.py"),
+    include_str!("bridge/exit.py"),
+    "\0"
+);
 
 /// Whether this process has a running interpreter gpuguard may use.
 pub(crate) fn present() -> bool {
@@ -158,7 +169,7 @@ pub(crate) fn present() -> bool {
         })
 }
 
-/// Runs `call` (Python statements over `bridge.py`'s functions) on the main thread.
+/// Runs `call` (Python statements over the bridge's functions) on the main thread.
 /// With `wait`, blocks for at most that long for the answer. Never call it from a
 /// hook, or from a thread that may hold the GIL. While a stream of the process is in
 /// CUDA graph capture nothing runs (`Outcome::Capturing`): the main thread may be the
@@ -275,7 +286,7 @@ fn cancel(ex: &mut Exchange, id: u64) {
     }
 }
 
-/// The Python statement that calls one of `bridge.py`'s entry points with what it
+/// The Python statement that calls one of the bridge's entry points with what it
 /// needs to know: the devices gpuguard has seen memory on, and the stack depth (0:
 /// no recorders).
 /// Python frames of call sites not resolved yet go along, so they are named while
@@ -424,7 +435,7 @@ extern "C" fn keeping_status(_module: Obj, f: Obj) -> Obj {
     r
 }
 
-/// The namespace with `bridge.py` run in it, made on first use.
+/// The namespace with the bridge run in it, made on first use.
 unsafe fn namespace(a: &Api) -> Result<Obj, Stop> {
     let ns = NAMESPACE.load(Acquire);
     if !ns.is_null() {

@@ -5,7 +5,7 @@
 //! chain and the code objects it references hold still while it is read. Where the
 //! thread state keeps it, and how frames are laid out, comes from `layout`: known
 //! for the running interpreter from its first allocation on (3.10 to 3.13), else
-//! measured by `bridge.py` (`_gg_calibrate`) on the main thread, which also checks a
+//! measured by the bridge (`bridge/frames.py`, `_gg_calibrate`) on the main thread, which also checks a
 //! known layout and turns frames off if it disagrees. Until one is confirmed,
 //! nothing is read. The interpreter's own entry frames (3.12+: owned by the C
 //! stack) are not frames of code and are skipped, as are frames of code it made

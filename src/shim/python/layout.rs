@@ -11,7 +11,7 @@
 //!
 //! What is found here is confirmed again at first use (a frame's code pointer must
 //! point at an object whose type is `PyCode_Type`, see `frames::walk`) and by the
-//! main thread's calibration (`bridge.py`, `_gg_calibrate`), which turns frames off
+//! main thread's calibration (`bridge/frames.py`, `_gg_calibrate`), which turns frames off
 //! if it disagrees. Other versions wait for the calibration alone.
 
 use crate::shim::real::lookup;

@@ -3,7 +3,7 @@
 //! When a capture makes a new call site, its code objects are alive (they are
 //! running), so their names and line tables (immutable fields) are copied then, and
 //! a frame is named from that copy whenever the report comes. Where no copy could be
-//! made, `bridge.py` names frames (`_gg_resolve`) while their code is alive.
+//! made, the bridge names frames (`bridge/frames.py`, `_gg_resolve`) while their code is alive.
 
 use super::api::lock;
 use super::frames::{self, ADDR_MASK, OFFSET_MAX, PY_TAG, is_python};

@@ -22,15 +22,23 @@ def train():
     history = []
     end = time.time() + seconds
     n = 0
+    pool = cp.get_default_memory_pool()
+    base = None
     while time.time() < end:
         x = cp.random.standard_normal((64, 512), dtype=cp.float32)
         y = cp.maximum(x @ w, 0)
         w = w - 0.001 * (x.T @ y) / 64
+        if base is None:
+            del x, y
+            base = pool.used_bytes()
         history.append(cp.empty(16384, dtype=cp.float32))  # SMALL-LEAK-LINE
         n += 1
         if n % 100 == 0:
             cp.cuda.Device().synchronize()
             print("step", n, flush=True)
+            # What the kept arrays hold by CuPy's own counter (the pool's bytes in use
+            # over its value after the first step).
+            print("kept %d %d" % (time.time() * 1000, pool.used_bytes() - base), flush=True)
         time.sleep(0.002)
     return n
 

@@ -35,14 +35,23 @@ def train():
     history = []
     end = time.time() + seconds
     n = 0
+    dev = jax.local_devices()[0]
+    base = None
     while time.time() < end:
         x = jax.random.normal(jax.random.PRNGKey(n), (64, 512))
         w1, w2 = step(w1, w2, x)
+        if base is None:
+            w2.block_until_ready()
+            del x
+            base = dev.memory_stats()["bytes_in_use"]
         history.append(jnp.zeros(16384, dtype=jnp.float32) + n)  # SMALL-LEAK-LINE
         n += 1
         if n % 100 == 0:
             history[-1].block_until_ready()
             print("step", n, flush=True)
+            # What the kept arrays hold by JAX's own counter (bytes in use over its
+            # value after the first step).
+            print("kept %d %d" % (time.time() * 1000, dev.memory_stats()["bytes_in_use"] - base), flush=True)
         time.sleep(0.002)
     return n
 

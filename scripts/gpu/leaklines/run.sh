@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
-# Issue 12's GPU checks (the CPU parts are tested on the simulator).
+# The GPU checks of issues 12 and 25 (the CPU parts are tested on the simulator).
 #   scripts/gpu/leaklines/run.sh OUTDIR [WORKLOAD...]
-# WORKLOAD: torch_native torch_expandable torch_async jax cupy cost cost_jax cost_cupy
+# WORKLOAD: torch_native torch_expandable torch_async jax cupy gpt2 cost cost_jax cost_cupy
 # (default: all), and rcost_torch rcost_jax rcost_cupy (only when named: report_cost.py,
 # the in-process cost of one report and its window, RCOST_SECONDS (60) of blocks).
 # Each leak workload runs 8 s under `gpuguard run` in default mode with snapshots every
-# second, then check.py judges (a) the first allocations carry Python frames, (b) the
-# 64 KiB-a-step line is the first suspect of `gpuguard show`, (c) no "(code no longer
-# alive)" frame; `cost` records (d) the step cost of PyTorch's sampled recorder, and
+# second (after a bare twin of the same script, for its stderr), then check.py judges
+# (a) the first allocations carry Python frames, (b) the line kept each step (64 KiB;
+# gpt2: a transformers GPT-2 built from a config, its last logits) is the first suspect
+# of `gpuguard show`, (c) no "(code no longer alive)" frame, (d) that suspect's figure
+# within 30% of the kept bytes by the framework's counter, (e) no stderr line the bare
+# twin lacks; `cost` records the step cost of PyTorch's sampled recorder, and
 # cost_jax / cost_cupy the steps the JAX / CuPy script makes in 8 s bare, under gpuguard,
 # and under gpuguard with a snapshot a second (JAX's device memory profile is read at
 # each report), COST_ROUNDS (3, at most 3) rounds of COST_SECONDS (8) in rotating order.
@@ -21,12 +24,14 @@ gg=${GGV_CLI:-$PWD/target/release/gpuguard}
 lib=${GGV_LIB:-$PWD/target/release/libgpuguard.so}
 [ -x "$gg" ] || { echo "no gpuguard at $gg: cargo build --release first" >&2; exit 2; }
 here=scripts/gpu/leaklines
-all=(torch_native torch_expandable torch_async jax cupy cost cost_jax cost_cupy)
+all=(torch_native torch_expandable torch_async jax cupy gpt2 cost cost_jax cost_cupy)
 [ $# -gt 0 ] && all=("$@")
 one() { # NAME SCRIPT [ENV...]
     local name=$1 script=$2 d="$out/$1"
     shift 2
     rm -rf "$d" && mkdir -p "$d"
+    # The bare twin first: the stderr lines the script prints without gpuguard.
+    env "$@" python3 "$script" 8 >"$d/bare_stdout.txt" 2>"$d/bare_stderr.txt"
     env "$@" GPUGUARD_DIR="$d" GPUGUARD_SNAPSHOT_EVERY=1s "$gg" run -- python3 "$script" 8 \
         >"$d/stdout.txt" 2>"$d/stderr.txt"
     echo "$name: run exit $?"
@@ -40,6 +45,7 @@ for w in "${all[@]}"; do
         torch_async) one "$w" $here/leak_small.py PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync ;;
         jax) one "$w" $here/leak_small_jax.py ;;
         cupy) one "$w" $here/leak_small_cupy.py ;;
+        gpt2) one "$w" $here/leak_gpt2.py PYTORCH_CUDA_ALLOC_CONF= ;;
         cost)
             # (d) the recorder's own cost, and the process under gpuguard with and
             # without the sampling windows (snapshots every second vs none).

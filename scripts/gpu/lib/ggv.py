@@ -664,7 +664,7 @@ if __name__ == "__main__":
     sys.exit(main())
 
 
-GG_OWN_LINE = re.compile(r"^gpuguard(\[\d+\])?: ")
+GG_OWN_LINE = re.compile(r"^gpuguard(\[\d+\]| run)?: ")
 _NUMBERS = re.compile(r"0x[0-9a-fA-F]+|\d+")
 
 
@@ -678,8 +678,15 @@ def foreign_stderr(guarded_lines, bare_lines):
     bare twin (the same command without gpuguard) did not print, numbers aside: what
     gpuguard made the program or its framework say."""
     bare = {_shape(ln) for ln in bare_lines}
-    return [
-        ln
-        for ln in guarded_lines
-        if ln.strip() and not GG_OWN_LINE.match(ln) and _shape(ln) not in bare
-    ]
+    out, summary = [], False
+    for ln in guarded_lines:
+        if GG_OWN_LINE.match(ln):
+            # `gpuguard run`'s summary goes on in indented lines.
+            summary = ln.startswith("gpuguard run: ")
+            continue
+        if summary and ln.startswith("  "):
+            continue
+        summary = False
+        if ln.strip() and _shape(ln) not in bare:
+            out.append(ln)
+    return out

@@ -62,6 +62,7 @@ fn write(dir: &Path, name: &str, pid: u32, seq: u64, grow: u64, keep: u64) -> Pa
             live_count: LIVE / SITES,
             captured: None,
             held_by: Vec::new(),
+            captured_bytes: 0,
         })
         .collect();
     sites.sort_by_key(|s| std::cmp::Reverse(s.live_bytes));

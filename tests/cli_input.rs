@@ -59,6 +59,7 @@ fn report(dir: &Path, name: &str, seq: u64, evil: &str, bytes: u64) -> PathBuf {
             live_count: 1,
             captured: None,
             held_by: Vec::new(),
+            captured_bytes: 0,
         }],
         ..Default::default()
     };

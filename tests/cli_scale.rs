@@ -189,6 +189,7 @@ fn many_sites(dir: &Path, seq: u64) -> PathBuf {
             live_count: 1,
             captured: None,
             held_by: Vec::new(),
+            captured_bytes: 0,
         }
     };
     let mut r = shell(seq);
@@ -251,6 +252,7 @@ fn many_live(path: &Path, live: u64) {
         live_count: live,
         captured: None,
         held_by: Vec::new(),
+        captured_bytes: 0,
     }];
     let entry = |i: u64| LiveAllocation {
         address: Hex(0x7f00_0000_0000 + (i << 12)),
@@ -300,6 +302,7 @@ fn a_huge_program_name_is_cut_in_show_and_the_flame_graph() {
         live_count: 1,
         captured: None,
         held_by: Vec::new(),
+        captured_bytes: 0,
     }];
     r.devices = vec![device(0, 1 << 20)];
     let path = dir.join("name.json");
@@ -408,6 +411,7 @@ fn a_deep_stack_draws_without_overflowing() {
         live_count: 1,
         captured: None,
         held_by: Vec::new(),
+        captured_bytes: 0,
     }];
     r.devices = vec![device(0, 1 << 20)];
     let path = dir.join("deep.json");

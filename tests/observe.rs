@@ -584,9 +584,9 @@ fn allocations_sampled_out_under_a_tag_are_estimated_within_their_phase() {
         "every allocation captured or passed over"
     );
     assert!(passed > 0, "sampled: {}", rep["sampled_out"]);
-    // Within 20% (see cli.rs, past_the_stack_rate_sites_are_estimates_...).
+    // Within a factor of 3 (see cli.rs, past_the_stack_rate_sites_are_estimates_...).
     assert!(
-        (estimate as f64 / n as f64 - 1.0).abs() < 0.2,
+        estimate * 3 > n && estimate < 3 * n,
         "{estimate} estimated of {n} under the label\n{sites:#?}"
     );
     assert!(rep.get("stackless").is_none(), "{}", rep["stackless"]);

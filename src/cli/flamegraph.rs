@@ -564,6 +564,7 @@ mod tests {
                     live_count: 3,
                     captured: None,
                     held_by: Vec::new(),
+                    captured_bytes: 0,
                 },
                 Site {
                     id: 1,
@@ -572,6 +573,7 @@ mod tests {
                     live_count: 1,
                     captured: None,
                     held_by: Vec::new(),
+                    captured_bytes: 0,
                 },
             ],
             python_sites: vec![PythonSite {

@@ -266,6 +266,7 @@ mod tests {
                 live_count: live,
                 captured: None,
                 held_by: Vec::new(),
+                captured_bytes: 0,
             }],
             ..Default::default()
         }

@@ -84,7 +84,12 @@ pub fn render_svg(trace: &Trace) -> String {
         .devices
         .values()
         .flatten()
-        .map(|s| (s.live + s.pool_held).max(s.high).max(s.cap.unwrap_or(0)))
+        .map(|s| {
+            s.live
+                .saturating_add(s.pool_held)
+                .max(s.high)
+                .max(s.cap.unwrap_or(0))
+        })
         .max()
         .unwrap_or(0);
     let frame = Frame {
@@ -225,7 +230,12 @@ fn device_lines(
     );
     let pools_hold = samples.iter().any(|s| s.pool_held > 0);
     if pools_hold {
-        let held = step_path(frame, &points, |s| Some(s.live + s.pool_held), end_x);
+        let held = step_path(
+            frame,
+            &points,
+            |s| Some(s.live.saturating_add(s.pool_held)),
+            end_x,
+        );
         let _ = writeln!(
             svg,
             r#"<path class="held" data-device="{device}" d="{held}" fill="none" stroke="{colour}" stroke-width="1" stroke-dasharray="5 3" opacity="0.8"><title>device {device}: live + held by pools (charged against the cap)</title></path>"#

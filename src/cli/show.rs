@@ -336,15 +336,13 @@ fn render_stackless(out: &mut String, r: &Report) {
     }
     // Reports made before stacks were sampled by bytes listed the sampled-out
     // allocations here, with no estimates.
-    let older = r.config.stack_rate.is_some()
-        && r.sampled_out.is_empty()
-        && r.sites.iter().all(|s| s.captured.is_none());
+    let older = r.config.stack_rate.is_some() && !r.config.sampled_by_bytes;
     let why = match r.config.stack_rate {
         Some(rate) if older => format!(
             "past {rate} stack captures a second per thread only some allocations get one \
              (GPUGUARD_STACK_RATE=all: every one)"
         ),
-        _ => "made by signal handlers inside a hook".to_string(),
+        _ => "made by signal handlers inside a hook, or their stack could not be read".to_string(),
     };
     put!(
         out,
@@ -532,7 +530,7 @@ fn render_suspected(out: &mut String, reports: &[&Report], top: usize) {
         if grown.is_empty() {
             put!(
                 out,
-                "  none: no call site's live bytes kept rising (in both halves of the series, by more than they fell back)"
+                "  none: no call site's live bytes kept rising (in both halves of the series, by at least as much as they fell back)"
             );
             put!(out);
             continue;
@@ -1050,6 +1048,7 @@ mod tests {
                     live_count: 1,
                     captured: None,
                     held_by: Vec::new(),
+                    captured_bytes: 0,
                 })
                 .collect(),
             ..Default::default()

@@ -191,6 +191,7 @@ pub(crate) fn write(
             dir: s.dir.to_string_lossy().into_owned(),
             max_live: s.cfg.max_live,
             snapshot_every_ms: s.cfg.snapshot_every_ms,
+            sampled_by_bytes: true,
         },
         denial: refusal.as_ref().map(|(d, _)| d.clone()),
         max_live: s.cfg.max_live,

@@ -83,6 +83,9 @@ pub struct AnswerSite {
     /// up by the share of allocations its windows saw): the blocks it saw.
     #[serde(default)]
     pub captured: Option<u64>,
+    /// The factor the seen blocks were scaled by (with `captured`).
+    #[serde(default)]
+    pub scale: Option<f64>,
 }
 
 impl Answer {
@@ -120,9 +123,10 @@ pub fn apply(report: &mut Report, answer: Answer) -> bool {
     let scale: Vec<f64> = answer
         .sites
         .iter()
-        .map(|s| match s.captured {
-            Some(c) if c > 0 => s.count as f64 / c as f64,
-            _ => 1.0,
+        .map(|s| {
+            s.scale
+                .filter(|f| f.is_finite() && *f >= 1.0)
+                .unwrap_or(1.0)
         })
         .collect();
     let credits = join_blocks(&mut report.live, answer.blocks);
@@ -181,11 +185,17 @@ fn credit_sites(report: &mut Report, credits: &[(u32, usize, u64)], scale: &[f64
         let Some(lines) = by_site.remove(&s.id) else {
             continue;
         };
+        // The site's own segments were sampled too (`Site::captured_bytes`): what
+        // its captured ones hold stands for all of them.
+        let site_scale = match (s.captured, s.captured_bytes) {
+            (Some(_), c) if c > 0 => (s.live_bytes as f64 / c as f64).max(1.0),
+            _ => 1.0,
+        };
         let mut held: Vec<SiteHolder> = lines
             .into_iter()
             .map(|(line, bytes)| SiteHolder {
                 python_site: line,
-                bytes: bytes.round() as u64,
+                bytes: (bytes * site_scale).round() as u64,
             })
             .collect();
         held.sort_by(|a, b| {
@@ -408,6 +418,7 @@ mod tests {
             live_count: 1,
             captured: None,
             held_by: Vec::new(),
+            captured_bytes: 0,
         };
         let mut r = Report {
             sites: vec![

@@ -307,6 +307,7 @@ mod tests {
                     live_count: 1,
                     captured: None,
                     held_by: Vec::new(),
+                    captured_bytes: 0,
                 })
                 .collect(),
             ..Default::default()

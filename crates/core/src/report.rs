@@ -44,7 +44,8 @@ pub struct Report {
     /// Call sites of live allocations, most bytes first.
     pub sites: Vec<Site>,
     /// Live allocations no site holds, though stacks are on: made by a signal
-    /// handler inside a hook. Their bytes are in every total.
+    /// handler inside a hook, or whose stack could not be read. Their bytes are in
+    /// every total.
     #[serde(default, skip_serializing_if = "Stackless::is_empty")]
     pub stackless: Stackless,
     /// Live allocations whose stacks the sampler passed over (`config.stack_rate`):
@@ -370,7 +371,9 @@ pub struct Site {
     pub live_bytes: u64,
     pub live_count: u64,
     /// Where the figures are estimates: how many of the site's live allocations
-    /// were captured. Absent where every one was.
+    /// were captured. Absent where no capture stood for more than itself: the figures
+    /// are then the captured allocations' own sums (past the rate, allocations of the
+    /// site that were passed over can still be missing from them: `sampled_out`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub captured: Option<u64>,
     /// The Python lines whose framework blocks fill the site's live allocations
@@ -379,6 +382,11 @@ pub struct Site {
     /// those lines' own figures are. Absent where no block with a line lies in them.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub held_by: Vec<SiteHolder>,
+    /// In the library only (never written): where the figures are estimates, what
+    /// the captured allocations hold, exactly, so `held_by` can be scaled as the
+    /// site's own figures are (0 elsewhere).
+    #[serde(skip)]
+    pub captured_bytes: u64,
 }
 
 /// A Python line holding part of a call site's memory (`Site::held_by`).
@@ -406,6 +414,11 @@ pub struct ReportConfig {
     /// `GPUGUARD_SNAPSHOT_EVERY` in milliseconds, `null` when off.
     #[serde(default)]
     pub snapshot_every_ms: Option<u64>,
+    /// Stacks past the rate are sampled by bytes and sites are estimates (`sampled_out`
+    /// counts the allocations passed over); `false` in reports of versions before,
+    /// whose `stackless` counted those allocations.
+    #[serde(default)]
+    pub sampled_by_bytes: bool,
 }
 
 /// `1.5 GiB`-style sizes for people.

@@ -353,6 +353,9 @@ pub fn build_parts(input: &ReportInput<'_>) -> (Report, LiveList) {
     }
     for (s, u) in sites.iter_mut().zip(&uses) {
         (s.live_bytes, s.live_count, s.captured) = u.figures();
+        if s.captured.is_some() {
+            s.captured_bytes = u.bytes;
+        }
     }
     sites.sort_unstable_by(|a, b| b.live_bytes.cmp(&a.live_bytes).then(a.id.cmp(&b.id)));
     // The list's entries point at the merged ids, streamed or materialized alike.

@@ -111,6 +111,21 @@ impl Sampler {
         }
     }
 
+    /// A sampler whose random points are its own: threads seeded apart (by their
+    /// ids) make independent errors, where one seed would make threads with alike
+    /// allocations err alike.
+    pub const fn seeded(seed: u32) -> Sampler {
+        let mut s = Sampler::new();
+        // xorshift's state is never 0; a multiplicative mix spreads nearby ids.
+        s.rng = seed.wrapping_mul(0x9E37_79B9) | 1;
+        s
+    }
+
+    /// Whether no allocation has been seen yet (a thread's first: seed it then).
+    pub fn is_fresh(&self) -> bool {
+        self.window_ns == 0 && self.count == 0
+    }
+
     /// Counts no time before `now_ns`: the next allocation continues the current
     /// window at its chance. For a benchmark's paused books (their steps must sample
     /// as a run without pauses would: a pause is not a quiet spell).

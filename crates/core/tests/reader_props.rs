@@ -166,6 +166,7 @@ fn site() -> impl Strategy<Value = Site> {
             live_count,
             captured: None,
             held_by: Vec::new(),
+            captured_bytes: 0,
         })
 }
 

@@ -31,6 +31,7 @@ def _gg_sites(blocks, out_sites, scale=None):
                     "bytes": int(round(size * f)),
                     "count": max(n, int(round(n * f))),
                     "captured": n,
+                    "scale": f,
                 }
             )
     return index
@@ -170,9 +171,8 @@ def _gg_torch_scale(t):
     w = _gg_state.get("torch_windows")
     if not w:
         return None
-    try:
-        now = int(t.cuda.memory_stats().get("allocation.all.allocated", 0))
-    except Exception:
+    now = _gg_torch_allocations(t, w.get("devices"))
+    if now is None:
         return None
     seen = w["seen"]
     if w.get("open_at") is not None:

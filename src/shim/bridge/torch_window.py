@@ -36,28 +36,36 @@ def _gg_sample_window(args):
     t = _gg_torch()
     if t is None or _gg_torch_backend(t) != "native":
         return
+    if st.get("torch_window_open"):
+        # The last window is still open (a report came within its span): a second
+        # would turn the recorder off under it and count its allocations twice.
+        return
     step, longest = _gg_window_span(args)
     mem = t.cuda.memory
+    devices = list(args.get("devices") or [])
 
     def allocations():
-        try:
-            return int(t.cuda.memory_stats().get("allocation.all.allocated", 0))
-        except Exception:
-            return None
+        return _gg_torch_allocations(t, devices)
 
     def open_window():
         try:
             mem._record_memory_history(enabled="state", context="alloc", stacks="python")
         except Exception as e:
             st["torch_recorder"] = "error: " + _gg_err(e)
+            st["torch_window_open"] = False
             return
         st["torch_recorder"] = "sampling"
         opened[0], first[0] = time.monotonic(), allocations()
         if first[0] is not None:
             # From the program's first allocation: the blocks kept before the first
-            # window (a whole snapshot interval) are estimated too.
-            w = st.setdefault("torch_windows", {"from": 0, "seen": 0})
+            # window (a whole snapshot interval) are estimated too. A counter that went
+            # back (reset_accumulated_memory_stats) starts the count again.
+            w = st.get("torch_windows")
+            if w is None or first[0] < w.get("last", 0):
+                w = st["torch_windows"] = {"from": 0 if w is None else first[0], "seen": 0}
             w["open_at"] = first[0]
+            w["last"] = first[0]
+            w["devices"] = devices
         _gg_timer(step, check)
 
     opened, first = [0.0], [None]
@@ -76,6 +84,9 @@ def _gg_sample_window(args):
         if tw is not None:
             tw["seen"] += w.get("allocations", 0)
             tw["open_at"] = None
+            if n is not None:
+                tw["last"] = n
+        st["torch_window_open"] = False
 
     def check():
         n = allocations()
@@ -89,6 +100,22 @@ def _gg_sample_window(args):
     # calling thread's own RecordFunction callbacks and removes it from the calling
     # thread's; closed on another thread, it is not found and PyTorch prints a warning
     # ("Requested callback is not found") on the program's stderr after every window.
-    _gg_timer(0, open_window)
+    st["torch_window_open"] = True
+    try:
+        _gg_timer(0, open_window)
+    except Exception:
+        st["torch_window_open"] = False
+        raise
+
+
+def _gg_torch_allocations(t, devices):
+    """PyTorch's tensor allocations so far, over the devices gpuguard saw (each asked by
+    its ordinal: memory_stats() alone reads the calling thread's current device, and
+    the windows are counted on gpuguard's timer thread); None if PyTorch cannot say."""
+    try:
+        ms = t.cuda.memory_stats
+        return sum(int(ms(d).get("allocation.all.allocated", 0)) for d in (devices or [None]))
+    except Exception:
+        return None
 
 

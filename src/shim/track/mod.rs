@@ -481,6 +481,9 @@ fn sampled_site(books: &Books, t: &ThreadState, t_ns: u64, bytes: u64) -> (u32, 
         return (capture_site_at(books, t, c.depth), sampler::ONE);
     };
     let mut s = t.sampler.get();
+    if s.is_fresh() {
+        s = Sampler::seeded(thread_id(t));
+    }
     let resumed = bench_switch::resumptions();
     if t.sampler_resumed.get() != resumed {
         // The benchmark's books were paused since this thread's last allocation:

@@ -283,13 +283,52 @@ pub fn look(dirs: &[Dir], proc_root: &Path, now_ms: u64, grace_ms: u64) -> Look 
     out
 }
 
+/// Where the status directories are: the default ones (of user `me`, or of every
+/// user for root), given ones, and every subdirectory of given roots (one per job
+/// or container, made by the library under `GPUGUARD_STATUS_DIR`). Found again at
+/// each look: a user or a job that starts later is seen.
+#[derive(Clone, Debug, Default)]
+pub struct Source {
+    /// `Some(me)`: the default directories of this user (of all, for root).
+    pub defaults: Option<u32>,
+    pub dirs: Vec<Dir>,
+    /// Directories whose subdirectories are status directories, and whose those
+    /// must be (`None`: anyone's, for root).
+    pub roots: Vec<(PathBuf, Option<u32>)>,
+}
+
+/// At most this many subdirectories of a root are read.
+pub const MAX_SUBDIRS: usize = 4096;
+
+impl Source {
+    pub fn dirs(&self) -> Vec<Dir> {
+        let mut out = self.defaults.map(default_dirs).unwrap_or_default();
+        out.extend(self.dirs.iter().cloned());
+        for (root, owner) in &self.roots {
+            let mut subs: Vec<PathBuf> = std::fs::read_dir(root)
+                .into_iter()
+                .flatten()
+                .flatten()
+                .map(|e| e.path())
+                .take(MAX_SUBDIRS)
+                .collect();
+            subs.sort();
+            out.extend(subs.into_iter().map(|path| Dir {
+                path,
+                owner: *owner,
+            }));
+        }
+        out
+    }
+}
+
 /// The processes seen, each kept for the grace period after it was last read.
 pub struct Fleet {
-    pub dirs: Vec<Dir>,
+    pub source: Source,
     pub grace_ms: u64,
     proc_root: PathBuf,
     /// By (directory, pid, start time): the last status read and when (unix ms).
-    seen: HashMap<(usize, u32, u64), (Status, u64)>,
+    seen: HashMap<(PathBuf, u32, u64), (Status, u64)>,
 }
 
 /// What [`Fleet::refresh`] gives: the processes to expose and the last look's counts.
@@ -299,9 +338,9 @@ pub struct View {
 }
 
 impl Fleet {
-    pub fn new(dirs: Vec<Dir>, grace_ms: u64) -> Fleet {
+    pub fn new(source: Source, grace_ms: u64) -> Fleet {
         Fleet {
-            dirs,
+            source,
             grace_ms,
             proc_root: PathBuf::from("/proc"),
             seen: HashMap::new(),
@@ -311,17 +350,22 @@ impl Fleet {
     /// Reads the directories now; the processes read, and those read within the
     /// grace period, by pid.
     pub fn refresh(&mut self, now_ms: u64) -> View {
-        let mut look = Look::default();
-        for (i, d) in self.dirs.iter().enumerate() {
-            let one = look_one(d, &self.proc_root, now_ms, self.grace_ms);
+        let mut total = Look::default();
+        for d in self.source.dirs() {
+            let one = look(
+                std::slice::from_ref(&d),
+                &self.proc_root,
+                now_ms,
+                self.grace_ms,
+            );
             for s in &one.statuses {
                 self.seen
-                    .insert((i, s.pid, s.start_ticks), (s.clone(), now_ms));
+                    .insert((d.path.clone(), s.pid, s.start_ticks), (s.clone(), now_ms));
             }
-            look.read += one.read;
-            look.dirs_read += one.dirs_read;
+            total.read += one.read;
+            total.dirs_read += one.dirs_read;
             for (k, v) in one.skipped {
-                *look.skipped.entry(k).or_insert(0) += v;
+                *total.skipped.entry(k).or_insert(0) += v;
             }
         }
         let grace = self.grace_ms;
@@ -329,12 +373,11 @@ impl Fleet {
             .retain(|_, (_, at)| now_ms.saturating_sub(*at) <= grace);
         let mut statuses: Vec<Status> = self.seen.values().map(|(s, _)| s.clone()).collect();
         statuses.sort_by_key(|s| (s.pid, s.start_ticks));
-        View { statuses, look }
+        View {
+            statuses,
+            look: total,
+        }
     }
-}
-
-fn look_one(d: &Dir, proc_root: &Path, now_ms: u64, grace_ms: u64) -> Look {
-    look(std::slice::from_ref(d), proc_root, now_ms, grace_ms)
 }
 
 #[cfg(test)]
@@ -445,13 +488,14 @@ mod tests {
     fn an_ended_process_stays_for_the_grace_period() {
         let dir = temp_dir("grace");
         status::write_status(&dir, &status_of_me(5_000)).unwrap();
-        let mut fleet = Fleet::new(
-            vec![Dir {
+        let source = Source {
+            dirs: vec![Dir {
                 path: dir.clone(),
                 owner: Some(me()),
             }],
-            10_000,
-        );
+            ..Default::default()
+        };
+        let mut fleet = Fleet::new(source, 10_000);
         assert_eq!(fleet.refresh(5_000).statuses.len(), 1);
         status::remove_status(&dir, std::process::id()).unwrap();
         assert_eq!(

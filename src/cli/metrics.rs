@@ -4,7 +4,7 @@
 //! node_exporter's textfile collector (`--every` to keep it fresh). The families and
 //! labels are in docs/metrics.md.
 
-use super::fleet::{self, Dir, Fleet, Skip, View};
+use super::fleet::{Dir, Fleet, Skip, Source, View};
 use super::output::{warn, write_file};
 use super::{Failure, Outcome};
 use gpuguard_core::status::{self, Status};
@@ -52,6 +52,10 @@ pub struct MetricsArgs {
     /// Read this status directory instead of the default ones (repeatable)
     #[arg(long = "status-dir", value_name = "DIR")]
     pub status_dirs: Vec<PathBuf>,
+    /// Read every subdirectory of DIR as a status directory, e.g. one per job under a
+    /// shared host path (repeatable; instead of the default ones)
+    #[arg(long = "status-root", value_name = "DIR")]
+    pub status_roots: Vec<PathBuf>,
     /// Keep a process that ended listed for DURATION after its file was last read
     #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = parse_duration)]
     pub grace: Duration,
@@ -366,27 +370,40 @@ pub fn wants_openmetrics(accept: &str) -> bool {
         .is_some_and(|(om, _)| om)
 }
 
-/// The directories to read: `--status-dir` ones, else the default ones.
-fn dirs(args: &MetricsArgs) -> Result<Vec<Dir>, Failure> {
+/// The directories to read: `--status-dir` and `--status-root` ones, else the
+/// default ones. As root, a given directory may be anyone's; else only this user's.
+fn source(args: &MetricsArgs) -> Result<Source, Failure> {
     let me = std::fs::metadata("/proc/self")
         .map(|m| m.uid())
         .map_err(|e| Failure::Input(format!("cannot find this process's user: {e}")))?;
-    if args.status_dirs.is_empty() {
-        return Ok(fleet::default_dirs(me));
+    let owner = (me != 0).then_some(me);
+    if args.status_dirs.is_empty() && args.status_roots.is_empty() {
+        return Ok(Source {
+            defaults: Some(me),
+            ..Default::default()
+        });
     }
-    Ok(args
-        .status_dirs
-        .iter()
-        .map(|p| Dir {
-            path: p.clone(),
-            owner: (me != 0).then_some(me),
-        })
-        .collect())
+    Ok(Source {
+        defaults: None,
+        dirs: args
+            .status_dirs
+            .iter()
+            .map(|p| Dir {
+                path: p.clone(),
+                owner,
+            })
+            .collect(),
+        roots: args
+            .status_roots
+            .iter()
+            .map(|p| (p.clone(), owner))
+            .collect(),
+    })
 }
 
 pub fn main(args: MetricsArgs) -> Outcome {
     let grace_ms = args.grace.as_millis() as u64;
-    let fleet = Fleet::new(dirs(&args)?, grace_ms);
+    let fleet = Fleet::new(source(&args)?, grace_ms);
     match (&args.listen, &args.textfile) {
         (Some(addr), _) => serve(addr, fleet),
         (None, Some(file)) => textfile(file, fleet, args.every),
@@ -540,7 +557,7 @@ mod tests {
         s.labels.insert("pid".into(), "1".into());
         View {
             statuses: vec![s],
-            look: fleet::Look {
+            look: super::super::fleet::Look {
                 read: 1,
                 ..Default::default()
             },

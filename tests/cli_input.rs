@@ -181,6 +181,7 @@ fn bidi_overrides_are_escaped_in_the_ps_table() {
             pool_held_bytes: 0,
             ..Default::default()
         }],
+        ..Default::default()
     };
     status::write_status(&dir, &st).unwrap();
     let out = Command::new(cli())

@@ -126,6 +126,7 @@ fn status_bytes(pid: u32, start_ticks: u64) -> Vec<u8> {
             pool_held_bytes: 1 << 29,
             ..Default::default()
         }],
+        ..Default::default()
     };
     serde_json::to_vec_pretty(&st).unwrap()
 }

@@ -511,7 +511,10 @@ fn prometheus_scrapes_caps_refusals_trims_and_leaks() {
     let mut report_path = None;
     loop {
         let mut line = String::new();
-        assert!(torch_out.read_line(&mut line).unwrap() > 0, "trainer.py ended");
+        assert!(
+            torch_out.read_line(&mut line).unwrap() > 0,
+            "trainer.py ended"
+        );
         if let Some(p) = line.trim().strip_prefix("REPORT ") {
             report_path = Some(PathBuf::from(p));
         }

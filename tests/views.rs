@@ -426,6 +426,7 @@ fn status_of(pid: u32, start_ticks: u64, program: &str) -> Status {
                 ..Default::default()
             },
         ],
+        ..Default::default()
     }
 }
 

@@ -508,6 +508,7 @@ fn status_doc() -> impl Strategy<Value = Status> {
                     ..Default::default()
                 })
                 .collect(),
+            ..Default::default()
         })
 }
 

@@ -826,3 +826,66 @@ fn the_library_does_not_link_the_exporter_crates() {
         );
     }
 }
+
+/// `--textfile FILE --every 200ms` keeps the file fresh: a change in a status file
+/// reaches it without another command.
+#[test]
+fn textfile_every_keeps_the_file_fresh() {
+    let Some((_, promtool)) = tools() else {
+        return;
+    };
+    let root = scratch("every");
+    let dir = root.join("status");
+    status::ensure_dir(&dir).unwrap();
+    let sleeper = Kid(Command::new("sleep").arg("120").spawn().unwrap());
+    let pid = sleeper.0.id();
+    let mut st = Status {
+        schema: status::SCHEMA.into(),
+        pid,
+        program: "every".into(),
+        start_ticks: status::process_start_ticks(Path::new("/proc"), pid).unwrap(),
+        updated_unix_ms: 1,
+        devices: vec![status::DeviceStatus {
+            device: 0,
+            live_bytes: MIB,
+            ..Default::default()
+        }],
+        ..Default::default()
+    };
+    status::write_status(&dir, &st).unwrap();
+    let out = root.join("gpuguard.prom");
+    let _exporter = Kid(Command::new(env!("CARGO_BIN_EXE_gpuguard"))
+        .args(["metrics", "--every", "200ms", "--status-dir"])
+        .arg(&dir)
+        .arg("--textfile")
+        .arg(&out)
+        .stdin(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap());
+    let wait_for = |want: &str| {
+        let start = Instant::now();
+        loop {
+            if let Ok(text) = std::fs::read_to_string(&out)
+                && text.contains(want)
+            {
+                return text;
+            }
+            assert!(
+                start.elapsed() < DEADLINE,
+                "{} never showed {want}",
+                out.display()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    let text = wait_for(&format!(
+        "pid=\"{pid}\",program=\"every\",device=\"0\"}} {MIB}\n"
+    ));
+    promtool_check(&promtool, &["check", "metrics"], Some(&text));
+    st.devices[0].live_bytes = 3 * MIB;
+    status::write_status(&dir, &st).unwrap();
+    wait_for(&format!("device=\"0\"}} {}\n", 3 * MIB));
+    drop(sleeper);
+    let _ = std::fs::remove_dir_all(root);
+}

@@ -453,17 +453,16 @@ fn serve(addr: &str, fleet: Fleet) -> Outcome {
     });
     for request in server.incoming_requests() {
         let response = respond(&request, &fleet);
-        // A client gone before the answer is its own business.
-        let _ = request.respond(response);
+        // Written from a thread of its own: a client that reads slowly (or never)
+        // holds only that thread, not the next scrape. A client gone before the
+        // answer is its own business.
+        std::thread::spawn(move || {
+            let _ = request.respond(response);
+        });
     }
     Err(Failure::Input(format!(
         "--listen {addr}: the server stopped"
     )))
-}
-
-fn header(name: &str, value: &str) -> tiny_http::Header {
-    tiny_http::Header::from_bytes(name.as_bytes(), value.as_bytes())
-        .unwrap_or_else(|_| "X-Unused: 1".parse().expect("a valid header"))
 }
 
 fn respond(
@@ -491,7 +490,12 @@ fn respond(
             } else {
                 prometheus_client::encoding::prometheus_text::CONTENT_TYPE
             };
-            Response::from_string(body).with_header(header("Content-Type", kind))
+            let response = Response::from_string(body);
+            // Both types are valid header values: the header is always there.
+            match tiny_http::Header::from_bytes(&b"Content-Type"[..], kind.as_bytes()) {
+                Ok(h) => response.with_header(h),
+                Err(()) => response,
+            }
         }
         "/" => Response::from_string("gpuguard metrics: see /metrics\n"),
         _ => Response::from_string("not found\n").with_status_code(404),

@@ -46,6 +46,8 @@ enum Command {
     Flamegraph(cli::flamegraph::FlamegraphArgs),
     /// List this user's processes running gpuguard: devices, live, peak, caps
     Ps(cli::ps::PsArgs),
+    /// Export every guarded process's memory, caps, trims and leaks to Prometheus
+    Metrics(cli::metrics::MetricsArgs),
 }
 
 /// clap's help and version go to stdout, its usage errors to stderr; both through
@@ -76,6 +78,7 @@ fn main() -> ExitCode {
         Command::Plot(args) => cli::plot::main(args),
         Command::Flamegraph(args) => cli::flamegraph::main(args),
         Command::Ps(args) => cli::ps::main(args),
+        Command::Metrics(args) => cli::metrics::main(args),
     };
     match outcome {
         Ok(status) => ExitCode::from(status),

@@ -16,11 +16,13 @@ macro_rules! put {
 
 pub mod diff;
 pub mod flamegraph;
+pub mod fleet;
 pub mod growth;
 pub mod holders;
 pub mod json;
 pub mod lib_path;
 pub mod load;
+pub mod metrics;
 pub mod output;
 pub mod plot;
 pub mod procs;

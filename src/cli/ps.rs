@@ -270,6 +270,7 @@ mod tests {
                     peak_bytes: 4 << 30,
                     cap_bytes: Some(8 << 30),
                     pool_held_bytes: 0,
+                    ..Default::default()
                 },
                 DeviceStatus {
                     device: 1,
@@ -277,6 +278,7 @@ mod tests {
                     peak_bytes: 1 << 20,
                     cap_bytes: None,
                     pool_held_bytes: 0,
+                    ..Default::default()
                 },
             ],
             ..Default::default()

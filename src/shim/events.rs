@@ -40,6 +40,10 @@ static QUEUE: Mutex<Vec<Event>> = Mutex::new(Vec::new());
 /// Per device: the frameworks' in-use and cached bytes at the last report that had
 /// their account.
 static FRAMEWORK: Mutex<BTreeMap<i32, (u64, u64)>> = Mutex::new(BTreeMap::new());
+/// Trims done, and the bytes they released in all.
+static TRIMS: Mutex<(u64, u64)> = Mutex::new((0, 0));
+/// The first suspected leak over the last reports: its line and bytes a second.
+static SUSPECT: Mutex<Option<(String, f64)>> = Mutex::new(None);
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
@@ -88,14 +92,54 @@ pub(crate) fn framework(device: i32) -> Option<(u64, u64)> {
     lock(&FRAMEWORK).get(&device).copied()
 }
 
+/// A trim was done (its report written), releasing `released` bytes.
+pub(crate) fn count_trim(released: u64) {
+    if BROKEN.load(Acquire) {
+        return;
+    }
+    let mut t = lock(&TRIMS);
+    t.0 = t.0.saturating_add(1);
+    t.1 = t.1.saturating_add(released);
+}
+
+/// Trims so far and the bytes they released.
+pub(crate) fn trims() -> (u64, u64) {
+    if BROKEN.load(Acquire) {
+        return (0, 0);
+    }
+    *lock(&TRIMS)
+}
+
+/// The top suspected leak over the last reports, or none.
+pub(crate) fn set_suspect(top: Option<(String, f64)>) {
+    if BROKEN.load(Acquire) {
+        return;
+    }
+    *lock(&SUSPECT) = top;
+}
+
+pub(crate) fn suspect() -> Option<(String, f64)> {
+    if BROKEN.load(Acquire) {
+        return None;
+    }
+    lock(&SUSPECT).clone()
+}
+
 /// In a forked child: the parent's events are not the child's. A lock held at the
 /// fork (by a thread the child does not have) is left alone: the child then keeps
 /// no events.
 pub(crate) fn after_fork_in_child() {
-    match (QUEUE.try_lock(), FRAMEWORK.try_lock()) {
-        (Ok(mut q), Ok(mut f)) => {
+    match (
+        QUEUE.try_lock(),
+        FRAMEWORK.try_lock(),
+        TRIMS.try_lock(),
+        SUSPECT.try_lock(),
+    ) {
+        (Ok(mut q), Ok(mut f), Ok(mut t), Ok(mut s)) => {
             q.clear();
             f.clear();
+            *t = (0, 0);
+            *s = None;
         }
         _ => {
             BROKEN.store(true, Release);

@@ -40,6 +40,8 @@ struct Observer {
     /// Per device: the overall peak at the last line, and the highest live bytes
     /// since (the books' high-water mark, read at each sample).
     lines: BTreeMap<i32, (u64, u64)>,
+    /// Per device: its UUID, asked of the driver once.
+    uuids: BTreeMap<i32, Option<String>>,
     /// Per device: refusals already put on the timeline.
     denied: BTreeMap<i32, u64>,
     /// The latest time put on the timeline (events are stamped no earlier).
@@ -260,6 +262,9 @@ fn start(books: &Books, pid: u32) -> Observer {
         report_dir_hex,
         updated_unix_ms: 0,
         devices: Vec::new(),
+        rank: settings().launch.rank,
+        labels: settings().labels.clone(),
+        ..Default::default()
     };
     let log_every_ns = cfg.log_every_ms.map(|ms| ms.saturating_mul(1_000_000));
     Observer {
@@ -271,6 +276,7 @@ fn start(books: &Books, pid: u32) -> Observer {
         log_every_ns,
         next_log_ns: log_every_ns.map_or(u64::MAX, |e| now.saturating_add(e)),
         lines: BTreeMap::new(),
+        uuids: BTreeMap::new(),
         denied: BTreeMap::new(),
         last_t_us: 0,
         finished: false,
@@ -440,18 +446,33 @@ fn write_status(o: &mut Observer, books: &Books) {
     };
     let mut s = o.status_base.clone();
     s.updated_unix_ms = unix_ms();
+    s.reports = books.seq.load(Relaxed);
+    (s.trims, s.trim_released_bytes) = events::trims();
+    s.top_suspect = events::suspect().map(|(line, rate)| status::SuspectStatus {
+        line,
+        bytes_per_second: rate,
+    });
+    let uuids = &mut o.uuids;
     s.devices = books
         .ledger
         .seen_devices()
         .into_iter()
         .map(|d| {
             let c = books.ledger.device(d);
+            let framework = events::framework(d);
             DeviceStatus {
                 device: d,
                 live_bytes: c.current(),
                 peak_bytes: c.peak.load(Relaxed),
                 cap_bytes: c.cap(),
                 pool_held_bytes: c.pool_excess(),
+                uuid: uuids
+                    .entry(d)
+                    .or_insert_with(|| super::real::DRIVER.device_uuid(d))
+                    .clone(),
+                refusals: c.denied.load(Relaxed),
+                framework_in_use_bytes: framework.map(|f| f.0),
+                framework_cached_bytes: framework.map(|f| f.1),
             }
         })
         .collect();

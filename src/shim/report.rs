@@ -99,6 +99,48 @@ pub(crate) fn exit_written() -> bool {
 /// In a forked child: the parent's exit report is not the child's.
 pub(crate) fn after_fork_in_child() {
     EXIT_WRITTEN.store(false, Relaxed);
+    if let Ok(mut series) = SERIES.try_lock() {
+        series.clear();
+    }
+}
+
+/// How many of the last reports the top suspected leak of the status file is judged
+/// over.
+const SERIES_LEN: usize = 12;
+
+/// The last reports, reduced to what `growth::suspects` reads (sites, lines,
+/// classification, seq, reason, uptime).
+static SERIES: std::sync::Mutex<std::collections::VecDeque<gpuguard_core::report::Report>> =
+    std::sync::Mutex::new(std::collections::VecDeque::new());
+
+/// Keeps `report` in the series and publishes the series' top suspect for the status
+/// file (`events::suspect`). On the report writer's thread, after the report: never
+/// in a hook.
+fn judge_series(report: &gpuguard_core::report::Report) {
+    let Ok(mut series) = SERIES.try_lock() else {
+        return;
+    };
+    if series.len() >= SERIES_LEN {
+        series.pop_front();
+    }
+    series.push_back(gpuguard_core::report::Report {
+        seq: report.seq,
+        reason: report.reason.clone(),
+        uptime_s: report.uptime_s,
+        sites: report.sites.clone(),
+        python_sites: report.python_sites.clone(),
+        classification: report.classification.clone(),
+        ..Default::default()
+    });
+    let refs: Vec<&gpuguard_core::report::Report> = series.iter().collect();
+    let top = gpuguard_core::growth::suspects(&refs)
+        .into_iter()
+        .next()
+        .map(|s| {
+            let line = s.key.frames.first().cloned().unwrap_or_default();
+            (line, s.per_second.unwrap_or(0.0))
+        });
+    events::set_suspect(top);
 }
 
 /// A report now, without the frameworks' account (only the helper thread may wait
@@ -229,6 +271,12 @@ pub(crate) fn write(
         }
     }
     gpuguard_core::classify::python_sites_from_stacks(&mut report, recorded);
+    if let Some(t) = &report.trim {
+        events::count_trim(t.released_bytes);
+    }
+    if reason != "exit" {
+        judge_series(&report);
+    }
     let name = reporter::file_name(&program, s.launch.rank, pid, seq, reason);
     let headline = headline(&report);
     // Compact JSON, streamed to the file: `gpuguard show` is for reading it.

@@ -20,6 +20,9 @@ pub(crate) struct Settings {
     pub ptds_default: bool,
     /// Rank, world size and host of a distributed run, read at load.
     pub launch: gpuguard_core::config::Launch,
+    /// The fleet labels of the status file (`job`, `pod`, `namespace`,
+    /// `GPUGUARD_LABELS`), read at load: `gpuguard_core::status::labels_from_env`.
+    pub labels: std::collections::BTreeMap<String, String>,
     /// What the settings' check noticed without refusing (an unknown variable),
     /// said at activation (`say_warnings`).
     warnings: Vec<String>,
@@ -36,7 +39,7 @@ pub(crate) fn settings() -> &'static Settings {
 /// the program starts, as documented.
 fn from_env() -> Settings {
     // Values are read as bytes: a report directory keeps its exact name.
-    let (cfg, warnings) = match Config::from_env() {
+    let (cfg, mut warnings) = match Config::from_env() {
         Ok(p) => (p.config, p.warnings),
         Err(e) => {
             let e = e.to_string();
@@ -57,11 +60,16 @@ fn from_env() -> Settings {
         |k| std::env::var_os(k).map(|v| v.to_string_lossy().into_owned()),
         hostname,
     );
+    let (labels, label_warnings) = gpuguard_core::status::labels_from_env(|k| {
+        std::env::var_os(k).map(|v| v.to_string_lossy().into_owned())
+    });
+    warnings.extend(label_warnings);
     Settings {
         cfg,
         dir,
         ptds_default,
         launch,
+        labels,
         warnings,
     }
 }

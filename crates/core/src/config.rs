@@ -160,6 +160,8 @@ pub const KNOWN_VARS: &[&str] = &[
     "GPUGUARD_TRACE",
     "GPUGUARD_LOG_EVERY",
     "GPUGUARD_FINAL_REPORT_SIGNALS",
+    "GPUGUARD_LABELS",
+    "GPUGUARD_STATUS_DIR",
     // The command's own (where `gpuguard` finds the library); the library ignores it,
     // and a shell that exports it for `$(gpuguard lib)` must not get a warning.
     "GPUGUARD_LIB",

@@ -7,6 +7,7 @@
 
 use crate::reporter::write_atomic;
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::io::Read;
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
@@ -15,11 +16,14 @@ use std::path::{Path, PathBuf};
 
 pub const SCHEMA: &str = "gpuguard-status/1";
 
+/// The setting that names the status directory ([`status_dir`]).
+pub const STATUS_DIR_VAR: &str = "GPUGUARD_STATUS_DIR";
+
 /// How often the library rewrites its status file.
 pub const UPDATE_INTERVAL_MS: u64 = 1_000;
 
-/// Status files are small; a larger file is not one.
-const MAX_FILE_BYTES: u64 = 1 << 20;
+/// Status files are small; a larger file is not one (readers read no more).
+pub const MAX_FILE_BYTES: u64 = 1 << 20;
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
 pub struct Status {
@@ -43,6 +47,34 @@ pub struct Status {
     pub report_dir_hex: Option<String>,
     pub updated_unix_ms: u64,
     pub devices: Vec<DeviceStatus>,
+    /// The rank of a distributed run, when a launcher's variables give one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rank: Option<u64>,
+    /// Names that place the process in a fleet (`job`, `pod`, `namespace` and those
+    /// of `GPUGUARD_LABELS`), read at start: [`labels_from_env`].
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+    /// Reports written so far (snapshots, signals, caps, trims).
+    #[serde(default)]
+    pub reports: u64,
+    /// Trims done so far, and the bytes they gave back in all.
+    #[serde(default)]
+    pub trims: u64,
+    #[serde(default)]
+    pub trim_released_bytes: u64,
+    /// The first suspected leak over the process's last reports
+    /// (`growth::suspects`), when there is one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub top_suspect: Option<SuspectStatus>,
+}
+
+/// A suspected leak, as a status file carries it.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct SuspectStatus {
+    /// Its innermost frame or line (`train.py:42 in step`).
+    pub line: String,
+    /// How fast it grew over the reports judged; 0 when they carry no times.
+    pub bytes_per_second: f64,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
@@ -55,6 +87,98 @@ pub struct DeviceStatus {
     /// What stream-ordered pools hold unused (charged against the cap).
     #[serde(default)]
     pub pool_held_bytes: u64,
+    /// The device's UUID (`GPU-…`), when the driver gives it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uuid: Option<String>,
+    /// Allocations refused by the cap so far.
+    #[serde(default)]
+    pub refusals: u64,
+    /// The frameworks' memory in use and cached (held in their pools), at the last
+    /// report that had their account.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub framework_in_use_bytes: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub framework_cached_bytes: Option<u64>,
+}
+
+/// At most this many labels from the environment, names and values this long.
+pub const MAX_LABELS: usize = 8;
+pub const MAX_LABEL_NAME: usize = 32;
+pub const MAX_LABEL_VALUE: usize = 128;
+
+/// Label names a process may not set: the exporter gives them itself.
+pub const RESERVED_LABELS: &[&str] = &["pid", "program", "device", "uuid", "rank", "instance"];
+
+/// Whether `name` may be a label a process sets: `[a-zA-Z_][a-zA-Z0-9_]*`, at most
+/// [`MAX_LABEL_NAME`] characters, not starting with `__`, not a [`RESERVED_LABELS`] one.
+pub fn good_label_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= MAX_LABEL_NAME
+        && !name.starts_with("__")
+        && !RESERVED_LABELS.contains(&name)
+        && name
+            .chars()
+            .enumerate()
+            .all(|(i, c)| c == '_' || c.is_ascii_alphabetic() || (i > 0 && c.is_ascii_digit()))
+}
+
+/// The fleet labels of a process, from its environment (`get`): `job` from Slurm's
+/// `SLURM_JOB_ID`, `pod` and `namespace` from the Kubernetes downward-API variables
+/// `POD_NAME` and `POD_NAMESPACE`, then each `name=value` of `GPUGUARD_LABELS`
+/// (comma-separated; it overrides those). A name is `[a-zA-Z_][a-zA-Z0-9_]*` of at
+/// most 32 characters, not one the exporter gives itself nor starting with `__`; a
+/// value at most 128 characters; at most 8 labels. Returns the labels and a warning
+/// for each pair left out.
+pub fn labels_from_env(
+    get: impl Fn(&str) -> Option<String>,
+) -> (BTreeMap<String, String>, Vec<String>) {
+    let mut labels = BTreeMap::new();
+    let mut warnings = Vec::new();
+    for (var, name) in [
+        ("SLURM_JOB_ID", "job"),
+        ("POD_NAME", "pod"),
+        ("POD_NAMESPACE", "namespace"),
+    ] {
+        if let Some(v) = get(var).filter(|v| !v.is_empty() && v.chars().count() <= MAX_LABEL_VALUE)
+        {
+            labels.insert(name.to_string(), v);
+        }
+    }
+    for pair in get("GPUGUARD_LABELS").unwrap_or_default().split(',') {
+        let pair = pair.trim();
+        if pair.is_empty() {
+            continue;
+        }
+        let Some((name, value)) = pair.split_once('=') else {
+            warnings.push(format!(
+                "GPUGUARD_LABELS: {pair:?} is not name=value; ignored"
+            ));
+            continue;
+        };
+        let (name, value) = (name.trim(), value.trim());
+        if !good_label_name(name) {
+            warnings.push(format!(
+                "GPUGUARD_LABELS: {name:?} cannot be a label name (letters, digits and _, \
+                 at most {MAX_LABEL_NAME}, not {}); ignored",
+                RESERVED_LABELS.join(", ")
+            ));
+            continue;
+        }
+        if value.chars().count() > MAX_LABEL_VALUE {
+            warnings.push(format!(
+                "GPUGUARD_LABELS: the value of {name} is longer than {MAX_LABEL_VALUE} characters; ignored"
+            ));
+            continue;
+        }
+        if !labels.contains_key(name) && labels.len() >= MAX_LABELS {
+            warnings.push(format!(
+                "GPUGUARD_LABELS: more than {MAX_LABELS} labels; {name} ignored"
+            ));
+            continue;
+        }
+        labels.insert(name.to_string(), value.to_string());
+    }
+    (labels, warnings)
 }
 
 /// `report_dir` and `report_dir_hex` for a report directory: its name as text, and
@@ -92,11 +216,18 @@ impl Status {
     }
 }
 
-/// The status directory: `$XDG_RUNTIME_DIR/gpuguard` when that variable names an
-/// absolute path (the per-user runtime directory of a login session), else
-/// `/dev/shm/gpuguard-<uid>` (memory-backed, like the runtime directory). `var` reads
-/// an environment variable.
+/// The status directory: `GPUGUARD_STATUS_DIR` when that variable names an absolute
+/// path (a host path that a job's containers and the exporter share), else
+/// `$XDG_RUNTIME_DIR/gpuguard` when that variable names an absolute path (the
+/// per-user runtime directory of a login session), else `/dev/shm/gpuguard-<uid>`
+/// (memory-backed, like the runtime directory). `var` reads an environment variable.
+/// Whichever it is, it is used only as [`check_dir`] allows.
 pub fn status_dir(var: impl Fn(&str) -> Option<OsString>, uid: u32) -> PathBuf {
+    if let Some(dir) = var(STATUS_DIR_VAR).map(PathBuf::from)
+        && dir.is_absolute()
+    {
+        return dir;
+    }
     match var("XDG_RUNTIME_DIR").map(PathBuf::from) {
         Some(runtime) if runtime.is_absolute() => runtime.join("gpuguard"),
         _ => PathBuf::from(format!("/dev/shm/gpuguard-{uid}")),
@@ -297,6 +428,7 @@ mod tests {
                 peak_bytes: 9,
                 cap_bytes: Some(100),
                 pool_held_bytes: 1,
+                ..Default::default()
             }],
             ..Default::default()
         }
@@ -314,6 +446,57 @@ mod tests {
         // A relative runtime directory is not one.
         let rel = |_: &str| Some(OsString::from("run"));
         assert_eq!(status_dir(rel, 7), Path::new("/dev/shm/gpuguard-7"));
+    }
+
+    #[test]
+    fn status_dir_setting_comes_first_when_absolute() {
+        let env: HashMap<&str, &str> = [
+            ("GPUGUARD_STATUS_DIR", "/srv/gg/status"),
+            ("XDG_RUNTIME_DIR", "/run/user/1000"),
+        ]
+        .into();
+        let var = |k: &str| env.get(k).map(OsString::from);
+        assert_eq!(status_dir(var, 1000), Path::new("/srv/gg/status"));
+        let rel = |k: &str| (k == STATUS_DIR_VAR).then(|| OsString::from("status"));
+        assert_eq!(status_dir(rel, 7), Path::new("/dev/shm/gpuguard-7"));
+    }
+
+    #[test]
+    fn labels_from_slurm_kubernetes_and_the_setting() {
+        let env: HashMap<&str, &str> = [
+            ("SLURM_JOB_ID", "812"),
+            ("POD_NAME", "trainer-0"),
+            ("POD_NAMESPACE", "ml"),
+            (
+                "GPUGUARD_LABELS",
+                "team=vision, job=override,bad-name=x,pid=1,__x=y,novalue,,experiment=e1",
+            ),
+        ]
+        .into();
+        let (labels, warnings) = labels_from_env(|k| env.get(k).map(|v| v.to_string()));
+        let got: Vec<(&str, &str)> = labels
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                ("experiment", "e1"),
+                ("job", "override"),
+                ("namespace", "ml"),
+                ("pod", "trainer-0"),
+                ("team", "vision")
+            ]
+        );
+        assert_eq!(warnings.len(), 4, "{warnings:?}");
+        let many: String = (0..20).map(|i| format!("k{i}=v,")).collect();
+        let (labels, warnings) =
+            labels_from_env(|k| (k == "GPUGUARD_LABELS").then(|| many.clone()));
+        assert_eq!(labels.len(), MAX_LABELS);
+        assert_eq!(warnings.len(), 20 - MAX_LABELS);
+        let long = format!("a={}", "x".repeat(MAX_LABEL_VALUE + 1));
+        let (labels, _) = labels_from_env(|k| (k == "GPUGUARD_LABELS").then(|| long.clone()));
+        assert!(labels.is_empty());
     }
 
     #[test]

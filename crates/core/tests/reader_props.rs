@@ -506,8 +506,10 @@ fn status_doc() -> impl Strategy<Value = Status> {
                     peak_bytes,
                     cap_bytes,
                     pool_held_bytes: 0,
+                    ..Default::default()
                 })
                 .collect(),
+            ..Default::default()
         })
 }
 

@@ -107,6 +107,8 @@ pub(crate) fn after_fork_in_child() {
 /// How many of the last reports the top suspected leak of the status file is judged
 /// over.
 const SERIES_LEN: usize = 12;
+/// How many sites (and Python lines) of each report the series keeps.
+const SERIES_SITES: usize = 1000;
 
 /// The last reports, reduced to what `growth::suspects` reads (sites, lines,
 /// classification, seq, reason, uptime).
@@ -127,8 +129,15 @@ fn judge_series(report: &gpuguard_core::report::Report) {
         seq: report.seq,
         reason: report.reason.clone(),
         uptime_s: report.uptime_s,
-        sites: report.sites.clone(),
-        python_sites: report.python_sites.clone(),
+        // The largest only (reports list them most first): a leak grows into them,
+        // and a program with 100,000 sites would otherwise keep twelve copies.
+        sites: report.sites.iter().take(SERIES_SITES).cloned().collect(),
+        python_sites: report
+            .python_sites
+            .iter()
+            .take(SERIES_SITES)
+            .cloned()
+            .collect(),
         classification: report.classification.clone(),
         ..Default::default()
     });

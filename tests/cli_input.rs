@@ -179,6 +179,7 @@ fn bidi_overrides_are_escaped_in_the_ps_table() {
             peak_bytes: 1 << 20,
             cap_bytes: None,
             pool_held_bytes: 0,
+            ..Default::default()
         }],
     };
     status::write_status(&dir, &st).unwrap();

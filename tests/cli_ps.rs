@@ -42,6 +42,7 @@ fn status_of(pid: u32, start_ticks: u64, program: &str, report_dir: &str) -> Sta
             peak_bytes: 1 << 20,
             cap_bytes: None,
             pool_held_bytes: 0,
+            ..Default::default()
         }],
         ..Default::default()
     }

@@ -124,6 +124,7 @@ fn status_bytes(pid: u32, start_ticks: u64) -> Vec<u8> {
             peak_bytes: 5 << 30,
             cap_bytes: Some(8 << 30),
             pool_held_bytes: 1 << 29,
+            ..Default::default()
         }],
     };
     serde_json::to_vec_pretty(&st).unwrap()

@@ -415,6 +415,7 @@ fn status_of(pid: u32, start_ticks: u64, program: &str) -> Status {
                 peak_bytes: 5 * GIB,
                 cap_bytes: Some(8 * GIB),
                 pool_held_bytes: GIB / 2,
+                ..Default::default()
             },
             DeviceStatus {
                 device: 1,
@@ -422,6 +423,7 @@ fn status_of(pid: u32, start_ticks: u64, program: &str) -> Status {
                 peak_bytes: GIB,
                 cap_bytes: None,
                 pool_held_bytes: 0,
+                ..Default::default()
             },
         ],
     }

@@ -55,6 +55,25 @@ pub struct DeviceStatus {
     /// What stream-ordered pools hold unused (charged against the cap).
     #[serde(default)]
     pub pool_held_bytes: u64,
+    /// The device's UUID (`GPU-...`), so other processes find it whatever their
+    /// `CUDA_VISIBLE_DEVICES`; absent when the driver could not say.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uuid: Option<String>,
+    /// The frameworks' split of the live bytes at the process's last report (absent
+    /// when none was asked).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub in_use_bytes: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cached_bytes: Option<u64>,
+    /// Allocations the driver refused for lack of memory, and those the cap refused.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub oom_refusals: u64,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub cap_refusals: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// `report_dir` and `report_dir_hex` for a report directory: its name as text, and
@@ -297,6 +316,7 @@ mod tests {
                 peak_bytes: 9,
                 cap_bytes: Some(100),
                 pool_held_bytes: 1,
+                ..Default::default()
             }],
             ..Default::default()
         }

@@ -505,6 +505,7 @@ fn status_doc() -> impl Strategy<Value = Status> {
                     peak_bytes,
                     cap_bytes,
                     pool_held_bytes: 0,
+                    ..Default::default()
                 })
                 .collect(),
         })

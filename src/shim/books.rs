@@ -6,7 +6,7 @@ use super::{real, sys};
 use gpuguard_core::ledger::{Ledger, MAX_DEVICES};
 use gpuguard_core::sites::SiteTable;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::*};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::*, fence};
 
 /// The books of one process (a forked child gets new ones). `repr(C)`: what every
 /// hook reads comes first, on the first cache line (the ledger's `direct` flag
@@ -45,9 +45,15 @@ pub(crate) struct Books {
     pub vmm: gpuguard_core::vmm::VmmMaps,
     /// Warning and trim thresholds of capped devices.
     pub thresholds: Box<[Thresholds]>,
-    /// The last refusal by a cap, waiting for its report.
-    pub denial: Mutex<Option<Denial>>,
-    pub cap_pending: AtomicBool,
+    /// The first refusal by a cap since the last cap report, waiting for it.
+    pub cap_refusal: RefusalSlot,
+    /// The first refusal by the driver for lack of memory since the last `oom`
+    /// report, waiting for it.
+    pub oom_refusal: RefusalSlot,
+    /// When the last `oom` report was claimed (monotonic ns, 0: never).
+    pub last_oom_report_ns: AtomicU64,
+    /// Refusals for lack of memory per device.
+    pub oom_counts: Box<[AtomicU64]>,
     /// A refusal asks the helper thread for a full trim (rate-limited).
     pub cap_trim_wanted: AtomicBool,
     /// When the last cap report was claimed (monotonic ns, 0: never).
@@ -84,8 +90,12 @@ impl Books {
             unrecorded: AtomicU64::new(0),
             vmm: gpuguard_core::vmm::VmmMaps::new(),
             thresholds: new_thresholds(),
-            denial: Mutex::new(None),
-            cap_pending: AtomicBool::new(false),
+            cap_refusal: RefusalSlot::default(),
+            oom_refusal: RefusalSlot::default(),
+            last_oom_report_ns: AtomicU64::new(0),
+            oom_counts: (0..gpuguard_core::ledger::MAX_DEVICES)
+                .map(|_| AtomicU64::new(0))
+                .collect(),
             cap_trim_wanted: AtomicBool::new(false),
             last_cap_report_ns: AtomicU64::new(0),
             nvml: Default::default(),
@@ -146,20 +156,120 @@ pub(crate) struct PoolInfo {
     pub held: u64,
 }
 
-/// The last refusal, for the cap report: the figures at the refusal (the report is
-/// written later, by the helper thread, when they may have changed).
-#[derive(Clone, Debug)]
+/// A refusal, for its report: the figures at the refusal (the report is written
+/// later, by the helper thread, when they may have changed).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub(crate) struct Denial {
     pub device: i32,
     pub bytes: u64,
     pub api: u8,
     pub site: u32,
+    /// Charged against the cap: live bytes plus what pools held.
     pub charged: u64,
+    /// The cap (0: uncapped).
     pub cap: u64,
     /// The device's live bytes.
     pub live: u64,
     /// When (monotonic ns).
     pub t_ns: u64,
+}
+
+/// One refusal handed from a hook to the helper thread without a lock: a seqlock
+/// of plain atomics. A hook writes only while no refusal waits (`pending` clear), so
+/// the report names the first refusal since the last one; `count` counts them all.
+/// Writers that meet another writer give way (their refusal is counted, not kept).
+#[derive(Default)]
+pub(crate) struct RefusalSlot {
+    /// Odd while a hook writes the fields.
+    seq: AtomicU64,
+    pending: AtomicBool,
+    /// Every refusal so far.
+    pub count: AtomicU64,
+    device: AtomicU64,
+    bytes: AtomicU64,
+    api_site: AtomicU64,
+    charged: AtomicU64,
+    cap: AtomicU64,
+    live: AtomicU64,
+    t_ns: AtomicU64,
+}
+
+impl RefusalSlot {
+    /// A refusal, from the hook: atomics only (no lock, no allocation, no I/O).
+    /// Returns whether it was kept (no other refusal waited for its report).
+    pub fn put(&self, d: &Denial) -> bool {
+        self.count.fetch_add(1, Relaxed);
+        if self.pending.load(Acquire) {
+            return false;
+        }
+        let s = self.seq.load(Relaxed);
+        if s & 1 == 1
+            || self
+                .seq
+                .compare_exchange(s, s + 1, Acquire, Relaxed)
+                .is_err()
+        {
+            return false;
+        }
+        fence(Release);
+        self.device.store(d.device as u32 as u64, Relaxed);
+        self.bytes.store(d.bytes, Relaxed);
+        self.api_site
+            .store(u64::from(d.api) << 32 | u64::from(d.site), Relaxed);
+        self.charged.store(d.charged, Relaxed);
+        self.cap.store(d.cap, Relaxed);
+        self.live.store(d.live, Relaxed);
+        self.t_ns.store(d.t_ns, Relaxed);
+        self.seq.store(s + 2, Release);
+        self.pending.store(true, Release);
+        true
+    }
+
+    /// Whether a refusal waits for its report.
+    pub fn pending(&self) -> bool {
+        self.pending.load(Acquire)
+    }
+
+    /// The refusal last kept (whether or not it waits), `None` if none was. Spins
+    /// while a hook writes it (a few stores).
+    pub fn peek(&self) -> Option<Denial> {
+        for _ in 0..10_000 {
+            let s1 = self.seq.load(Acquire);
+            if s1 == 0 {
+                return None;
+            }
+            if s1 & 1 == 1 {
+                std::hint::spin_loop();
+                continue;
+            }
+            let api_site = self.api_site.load(Relaxed);
+            let d = Denial {
+                device: self.device.load(Relaxed) as u32 as i32,
+                bytes: self.bytes.load(Relaxed),
+                api: (api_site >> 32) as u8,
+                site: api_site as u32,
+                charged: self.charged.load(Relaxed),
+                cap: self.cap.load(Relaxed),
+                live: self.live.load(Relaxed),
+                t_ns: self.t_ns.load(Relaxed),
+            };
+            fence(Acquire);
+            if self.seq.load(Relaxed) == s1 {
+                return Some(d);
+            }
+        }
+        None
+    }
+
+    /// Takes the waiting refusal for its report (the next refusal is kept again).
+    pub fn take(&self) -> Option<Denial> {
+        if !self.pending() {
+            return None;
+        }
+        let d = self.peek();
+        self.pending.store(false, Release);
+        d
+    }
 }
 
 pub(crate) fn new_thresholds() -> Box<[Thresholds]> {

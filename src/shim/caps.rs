@@ -405,14 +405,39 @@ impl Books {
             live: c.current(),
             t_ns: super::sys::monotonic_ns(),
         };
-        // The report names the first refusal since the last cap report.
-        let mut slot = self.denial.lock().unwrap_or_else(|e| e.into_inner());
-        if !self.cap_pending.load(Acquire) || slot.is_none() {
-            *slot = Some(d);
-        }
-        drop(slot);
-        self.cap_pending.store(true, Release);
+        // The report names the first refusal since the last cap report (a lock-free
+        // slot: this runs in the hook).
+        self.cap_refusal.put(&d);
         self.cap_trim_wanted.store(true, Release);
+        wake::ring();
+    }
+
+    /// An allocation the driver refused for lack of memory (not a cap): counted by
+    /// the caller (`Ledger::failed`), kept for the `oom` report with the figures of
+    /// the moment, and the helper thread woken to write it. Atomics only: this runs
+    /// in the hook.
+    pub fn driver_refused(&self, device: i32, bytes: u64, api: u8, site: u32) {
+        if !(0..gpuguard_core::ledger::MAX_DEVICES as i32).contains(&device) {
+            return;
+        }
+        let c = self.ledger.device(device);
+        c.seen.store(1, Relaxed);
+        self.oom_counts[device as usize].fetch_add(1, Relaxed);
+        let d = Denial {
+            device,
+            bytes,
+            api,
+            site,
+            charged: c.charged(),
+            cap: c.cap().unwrap_or(0),
+            live: c.current(),
+            t_ns: super::sys::monotonic_ns(),
+        };
+        if self.oom_refusal.put(&d) && !self.ledger.direct() {
+            // Journaled books trail the program: the drain keeps this moment's live
+            // bytes for the report.
+            self.ledger.mark(d.t_ns, device);
+        }
         wake::ring();
     }
 }

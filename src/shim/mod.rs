@@ -49,6 +49,7 @@ mod hot;
 mod lifecycle;
 mod line;
 mod observe;
+mod oom;
 mod python;
 mod real;
 mod report;

@@ -42,6 +42,8 @@ struct Observer {
     lines: BTreeMap<i32, (u64, u64)>,
     /// Per device: refusals already put on the timeline.
     denied: BTreeMap<i32, u64>,
+    /// Per device: its UUID for the status file, asked once.
+    uuids: BTreeMap<i32, Option<String>>,
     /// The latest time put on the timeline (events are stamped no earlier).
     last_t_us: u64,
     finished: bool,
@@ -272,6 +274,7 @@ fn start(books: &Books, pid: u32) -> Observer {
         next_log_ns: log_every_ns.map_or(u64::MAX, |e| now.saturating_add(e)),
         lines: BTreeMap::new(),
         denied: BTreeMap::new(),
+        uuids: BTreeMap::new(),
         last_t_us: 0,
         finished: false,
     }
@@ -413,12 +416,7 @@ fn sample(o: &mut Observer, books: &Books, now: u64) {
         if denied > *seen {
             let n = denied - *seen;
             *seen = denied;
-            let last = books
-                .denial
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .clone()
-                .filter(|x| x.device == d);
+            let last = books.cap_refusal.peek().filter(|x| x.device == d);
             let args = match last {
                 Some(x) => json!({"device": d, "bytes": x.bytes, "charged": x.charged,
                     "cap": x.cap, "refusals": n}),
@@ -446,12 +444,23 @@ fn write_status(o: &mut Observer, books: &Books) {
         .into_iter()
         .map(|d| {
             let c = books.ledger.device(d);
+            let uuid = o
+                .uuids
+                .entry(d)
+                .or_insert_with(|| super::real::DRIVER.device_uuid(d))
+                .clone();
+            let split = events::framework(d);
             DeviceStatus {
                 device: d,
                 live_bytes: c.current(),
                 peak_bytes: c.peak.load(Relaxed),
                 cap_bytes: c.cap(),
                 pool_held_bytes: c.pool_excess(),
+                uuid,
+                in_use_bytes: split.map(|s| s.0),
+                cached_bytes: split.map(|s| s.1),
+                oom_refusals: books.oom_counts[d as usize].load(Relaxed),
+                cap_refusals: c.denied.load(Relaxed),
             }
         })
         .collect();

@@ -625,6 +625,8 @@ fn journal_ahead(t: &ThreadState) {
 // ---- the hook bodies ---------------------------------------------------------------
 
 pub(crate) use super::cuda::{CAPTURE_WRONG_THREAD, INVALID_VALUE, OUT_OF_MEMORY, SUCCESS};
+/// `cudaErrorMemoryAllocation`: the runtime's out of memory.
+const RT_MEMORY_ALLOCATION: c_int = 2;
 
 /// What an allocation will take, known before the real call: the bytes (an upper
 /// estimate where the driver rounds, as for pitched memory) and the device when the
@@ -790,6 +792,27 @@ fn admit_capped(
     Some(Admission::Refused)
 }
 
+/// After a driver allocation failed: a refusal for lack of device memory is kept
+/// for the `oom` report (figures and stack now; the helper thread writes it). The
+/// runtime call in progress, if any, is told the driver beneath saw it.
+#[inline(never)]
+#[cold]
+fn out_of_memory(
+    t: &ThreadState,
+    books: &Books,
+    api: u8,
+    kind: Kind,
+    plan: &Plan,
+    dev: i32,
+    rc: c_int,
+) {
+    if rc != OUT_OF_MEMORY || kind.is_host() {
+        return;
+    }
+    let label = claim_for_runtime(t, api);
+    books.driver_refused(dev, plan.bytes, label, capture_site_in(books, t));
+}
+
 /// What a hook answers when gpuguard failed inside the real call's own closure (it
 /// cannot tell whether the call happened): `CUDA_ERROR_UNKNOWN`.
 const UNKNOWN: c_int = 999;
@@ -904,7 +927,10 @@ fn driver_alloc_body(
                 let rc = real();
                 match if rc == SUCCESS { made() } else { None } {
                     Some(m) => record(t, books, api, kind, m, ctx, dev, true),
-                    None if rc != SUCCESS => books.ledger.failed(dev, kind.is_host()),
+                    None if rc != SUCCESS => {
+                        books.ledger.failed(dev, kind.is_host());
+                        out_of_memory(t, books, api, kind, &plan, dev, rc);
+                    }
                     None => {}
                 }
                 return rc;
@@ -920,6 +946,7 @@ fn driver_alloc_body(
             ledger.unreserve(dev, host, reserved);
             if rc != SUCCESS {
                 ledger.failed(dev, host);
+                out_of_memory(t, books, api, kind, &plan, dev, rc);
             }
             return rc;
         };
@@ -1141,9 +1168,11 @@ pub(crate) fn pool_device(pool: *mut c_void) -> Option<i32> {
 /// A runtime allocation: the driver call beneath labels and counts it. If none was
 /// seen (a runtime that reached an unhooked driver pointer), it is recorded here, so
 /// nothing is lost and nothing counted twice (insert-if-absent: one decision).
+/// `bytes`: what the call asks for, for a refusal's report.
 pub(crate) fn runtime_alloc(
     api: u8,
     kind: Kind,
+    bytes: impl FnOnce() -> u64,
     call: impl FnOnce() -> c_int,
     made: impl FnOnce() -> Option<Made>,
 ) -> c_int {
@@ -1172,6 +1201,21 @@ pub(crate) fn runtime_alloc(
                 weight: gpuguard_core::sampler::ONE,
             };
             book_alloc(t, books, m.key, rec, true);
+            Some(())
+        });
+    } else if rc == RT_MEMORY_ALLOCATION
+        && !frame.seen
+        && t.driver_depth.get() == 0
+        && !kind.is_host()
+    {
+        // Refused for lack of memory in a driver call gpuguard did not see beneath
+        // (an unhooked driver pointer): kept for the `oom` report here.
+        let _busy = hold(t);
+        shielded(|| {
+            let books = books()?;
+            let (_, dev) = ctx_device_in(t);
+            books.ledger.failed(dev, false);
+            books.driver_refused(dev, bytes(), api, capture_site_in(books, t));
             Some(())
         });
     }

@@ -304,3 +304,74 @@ fn other_processes_on_the_gpu_appear_with_their_figures() {
     let _ = std::fs::remove_dir_all(runtime);
     let _ = std::fs::remove_dir_all(gg_dir);
 }
+
+/// `gpuguard run`'s summary names the refusal with its suggestion; the flame graph
+/// of the oom report says the refusal's moment against the graph's.
+#[test]
+fn run_summary_and_flame_graph_mention_the_refusal() {
+    shim(); // gpuguard run finds libgpuguard.so next to itself
+    let runtime = runtime_dir("run");
+    let dir = runtime.join("reports");
+    std::fs::create_dir_all(&dir).unwrap();
+    let prog = sim_dir().join("gg_cap");
+    let mem = (64 * MIB).to_string();
+    let r = run(
+        cli(),
+        &[
+            "run",
+            "--dir",
+            dir.to_str().unwrap(),
+            "--",
+            prog.to_str().unwrap(),
+            "oom_fill",
+            "cuMemAlloc_v2",
+            "4",
+        ],
+        &[
+            ("SIMCUDA_MEM", &mem),
+            ("XDG_RUNTIME_DIR", runtime.to_str().unwrap()),
+        ],
+        false,
+    );
+    r.assert_ok();
+    let line = r
+        .stderr
+        .lines()
+        .find(|l| l.trim_start().starts_with("out of memory: gg_cap (pid "))
+        .unwrap_or_else(|| panic!("no out-of-memory line in the summary\n{}", r.describe()));
+    assert!(
+        line.contains(
+            "device 0: cuMemAlloc_v2 of 4.0 MiB refused by the driver (1 refusal, 1 oom report); \
+             this process's own memory fills the device"
+        ),
+        "{line}"
+    );
+    let report = std::fs::read_dir(&dir)
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .map(|e| e.path())
+        .find(|p| p.to_string_lossy().ends_with(".oom.json"))
+        .unwrap_or_else(|| panic!("no oom report\n{}", r.describe()));
+    let html = dir.join("flame.html");
+    let f = run(
+        cli(),
+        &[
+            "flamegraph",
+            report.to_str().unwrap(),
+            "-o",
+            html.to_str().unwrap(),
+        ],
+        &[],
+        false,
+    );
+    assert!(f.status.success(), "{}", f.describe());
+    let page = std::fs::read_to_string(&html).unwrap();
+    assert!(
+        page.contains(
+            "out of memory on device 0: cuMemAlloc_v2 of 4.0 MiB refused with 64.0 MiB live"
+        ),
+        "{}",
+        f.describe()
+    );
+    let _ = std::fs::remove_dir_all(runtime);
+}

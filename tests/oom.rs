@@ -375,3 +375,44 @@ fn run_summary_and_flame_graph_mention_the_refusal() {
     );
     let _ = std::fs::remove_dir_all(runtime);
 }
+
+/// A cap report reads as an oom report does: the other processes on the device and
+/// the suggestion, in the report, its line and `show`.
+#[test]
+fn a_cap_report_lists_other_processes_and_a_suggestion() {
+    let runtime = runtime_dir("cap");
+    let procs = format!("4194303:{}", 5 * MIB);
+    let r = fill(
+        &["refuse_then_free"],
+        &[("GPUGUARD_CAP", "0:16MiB"), ("SIMNVML_PROCS", &procs)],
+        &runtime,
+    );
+    r.assert_ok();
+    let reports = reports_with_reason(&r, "cap");
+    assert_eq!(reports.len(), 1, "{}", r.describe());
+    let (path, rep) = &reports[0];
+    let d = &rep["denial"];
+    let others = d["others"].as_array().unwrap();
+    assert_eq!(others.len(), 1, "{d:#}");
+    assert_eq!(u(&others[0]["pid"]), 4194303, "{d:#}");
+    assert_eq!(u(&others[0]["nvml_used_bytes"]), 5 * MIB, "{d:#}");
+    let want = "this process's own memory fills its 16.0 MiB cap";
+    assert!(d["suggestion"].as_str().unwrap().starts_with(want), "{d:#}");
+    let line = gg_stderr_lines(&r, r.pid)
+        .into_iter()
+        .find(|l| l.contains(&file_name(path)))
+        .unwrap_or_else(|| panic!("{}", r.describe()));
+    assert!(
+        line.contains(&format!("; other processes 5.0 MiB; {want}")),
+        "{line}"
+    );
+    let show = run(cli(), &["show", path.to_str().unwrap()], &[], false);
+    assert!(
+        show.stdout
+            .contains("    other processes on the device: 5.0 MiB (NVML")
+            && show.stdout.contains(&format!("    suggestion: {want}")),
+        "{}",
+        show.stdout
+    );
+    let _ = std::fs::remove_dir_all(runtime);
+}

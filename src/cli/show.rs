@@ -294,6 +294,15 @@ fn render_refusal(out: &mut String, d: &report::DenialReport) {
             live(Some(w.live_bytes))
         );
     }
+    if !d.suggestion.is_empty() {
+        put!(
+            out,
+            "    other processes on the device: {} ({})",
+            human_bytes(gpuguard_core::oom::held_by(&d.others)),
+            clean(&d.others_source)
+        );
+        put!(out, "    suggestion: {}", clean(&d.suggestion));
+    }
 }
 
 /// Pinned host memory, counted apart from device memory; `None` when the process

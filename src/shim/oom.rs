@@ -67,7 +67,7 @@ pub(super) fn describe(
 /// The other processes on `device`: NVML's list joined with the status files of the
 /// processes running gpuguard on the same device (by UUID), most memory first; and
 /// where that came from.
-fn others_on(device: i32) -> (Vec<OtherProcess>, String) {
+pub(super) fn others_on(device: i32) -> (Vec<OtherProcess>, String) {
     let me = std::process::id();
     let uuid = real::DRIVER.device_uuid(device);
     let mut sources = Vec::new();

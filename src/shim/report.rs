@@ -234,6 +234,17 @@ pub(crate) fn write(
         }
     }
     gpuguard_core::classify::python_sites_from_stacks(&mut report, recorded);
+    if let Some(d) = report.denial.as_mut() {
+        // A cap report reads as an oom report does: the other processes on the
+        // device, and what would have helped.
+        (d.others, d.others_source) = oom::others_on(d.device);
+        let cached = report
+            .devices
+            .iter()
+            .find(|x| x.device == d.device)
+            .and_then(|x| x.cached_bytes);
+        d.suggestion = gpuguard_core::oom::suggest_cap(d.bytes, cached, d.cap_bytes);
+    }
     if let Some(d) = oom_refusal {
         let frames = site_frames(books, d.site, &tables);
         report.oom = Some(oom::describe(books, &report, &d, frames));
@@ -336,6 +347,10 @@ fn denial(
         // Once the report's own figures are read (`at_writing`).
         at_writing: None,
         frames: site_frames(books, d.site, tables),
+        // With the report's own figures (`cap_context`).
+        others: Vec::new(),
+        others_source: String::new(),
+        suggestion: String::new(),
     };
     (report, d.t_ns)
 }
@@ -406,6 +421,13 @@ fn headline(r: &gpuguard_core::report::Report) -> String {
             parts[0] = format!("at writing, {:.3} s later: {}", w.after_s, parts[0]);
         }
         parts.insert(0, refusal);
+        if !d.suggestion.is_empty() {
+            parts.push(format!(
+                "other processes {}; {}",
+                human_bytes(gpuguard_core::oom::held_by(&d.others)),
+                d.suggestion
+            ));
+        }
     }
     if r.host_pinned.peak_bytes > 0 {
         parts.push(format!(

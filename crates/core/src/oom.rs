@@ -6,7 +6,7 @@ use crate::report::{OomReport, OtherProcess, human_bytes};
 
 /// What the other processes on the device hold together.
 pub fn others_total(o: &OomReport) -> u64 {
-    o.others.iter().map(OtherProcess::held).sum()
+    held_by(&o.others)
 }
 
 /// The first thing that would have helped: another process holding most of the
@@ -56,6 +56,27 @@ pub fn suggest(o: &OomReport) -> String {
                 .to_string()
         }
     }
+}
+
+/// The first thing that would have helped a refusal by a cap: a trim when the
+/// frameworks' caches hold the refused bytes (`cached`, at writing), else a larger
+/// cap or a smaller batch.
+pub fn suggest_cap(bytes: u64, cached: Option<u64>, cap: u64) -> String {
+    match cached {
+        Some(c) if c >= bytes && c > 0 => format!(
+            "a trim would free {}: GPUGUARD_TRIM_AT, `gpuguard trim`, or the framework's own (torch.cuda.empty_cache())",
+            human_bytes(c)
+        ),
+        _ => format!(
+            "this process's own memory fills its {} cap: a larger GPUGUARD_CAP, or a smaller batch",
+            human_bytes(cap)
+        ),
+    }
+}
+
+/// What the other processes in a list hold together.
+pub fn held_by(others: &[OtherProcess]) -> u64 {
+    others.iter().map(OtherProcess::held).sum()
 }
 
 /// A native frame as `function (file:line)` (`step+0x2f (prog+0x37a8) at

@@ -228,6 +228,15 @@ pub struct DenialReport {
     pub at_writing: Option<AtWriting>,
     /// The refused call's stack, innermost first.
     pub frames: Vec<String>,
+    /// The other processes on the device, most memory first, and where that comes
+    /// from, as in an `oom` report (absent in older reports).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub others: Vec<OtherProcess>,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub others_source: String,
+    /// The first thing that would have helped (absent in older reports).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub suggestion: String,
 }
 
 /// A refusal by the driver for lack of memory (an `oom` report). The figures up to

@@ -416,3 +416,44 @@ fn a_cap_report_lists_other_processes_and_a_suggestion() {
     );
     let _ = std::fs::remove_dir_all(runtime);
 }
+
+/// `GPUGUARD_OOM_TRIM=1`: the device's pools hold freed chunks the driver counts as
+/// taken; the refused call is retried once after a trim of them, and succeeds; the
+/// report says so. Off (the default), the call stays refused.
+#[test]
+fn oom_trim_retries_the_refused_call_once_after_trimming_pools() {
+    let runtime = runtime_dir("retry");
+    let mem = (64 * MIB).to_string();
+    for (trim, want_rc) in [("1", 0), ("0", 2)] {
+        let r = fill(
+            &["oom_retry"],
+            &[("SIMCUDA_MEM", &mem), ("GPUGUARD_OOM_TRIM", trim)],
+            &runtime,
+        );
+        r.assert_ok();
+        let rc = r.out().kv("RETRY").pop().unwrap()["rc"];
+        assert_eq!(rc, want_rc, "GPUGUARD_OOM_TRIM={trim}\n{}", r.describe());
+        let reports = oom_reports(&r);
+        assert_eq!(reports.len(), 1, "{}", r.describe());
+        let oom = &reports[0].1["oom"];
+        assert_eq!(oom["api"], "cuMemAlloc_v2", "{oom:#}");
+        let line = gg_stderr_lines(&r, r.pid)
+            .into_iter()
+            .find(|l| l.contains("out of memory"))
+            .unwrap();
+        if trim == "1" {
+            assert_eq!(oom["retry"]["outcome"], "succeeded", "{oom:#}");
+            assert!(u(&oom["retry"]["pools_trimmed"]) >= 1, "{oom:#}");
+            assert!(
+                line.contains(
+                    "; GPUGUARD_OOM_TRIM: 1 pool trimmed and the call retried: it succeeded"
+                ),
+                "{line}"
+            );
+        } else {
+            assert!(oom.get("retry").is_none(), "{oom:#}");
+            assert!(!line.contains("GPUGUARD_OOM_TRIM"), "{line}");
+        }
+    }
+    let _ = std::fs::remove_dir_all(runtime);
+}

@@ -254,6 +254,9 @@ fn render_oom(out: &mut String, o: &report::OomReport) {
         put!(out, "{line}");
     }
     put!(out, "  suggestion: {}", clean(&o.suggestion));
+    if let Some(r) = &o.retry {
+        put!(out, "  {}", gpuguard_core::oom::retry_words(r));
+    }
     put!(
         out,
         "  refusals for lack of memory in the process: {}",

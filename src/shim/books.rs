@@ -56,6 +56,8 @@ pub(crate) struct Books {
     pub oom_counts: Box<[AtomicU64]>,
     /// A refusal asks the helper thread for a full trim (rate-limited).
     pub cap_trim_wanted: AtomicBool,
+    /// A refusal by the driver under `GPUGUARD_OOM_TRIM` asks for one too.
+    pub oom_trim_wanted: AtomicBool,
     /// When the last cap report was claimed (monotonic ns, 0: never).
     pub last_cap_report_ns: AtomicU64,
     /// NVML device handles and their CUDA ordinals (-1: not visible here).
@@ -97,6 +99,7 @@ impl Books {
                 .map(|_| AtomicU64::new(0))
                 .collect(),
             cap_trim_wanted: AtomicBool::new(false),
+            oom_trim_wanted: AtomicBool::new(false),
             last_cap_report_ns: AtomicU64::new(0),
             nvml: Default::default(),
         }
@@ -172,7 +175,17 @@ pub(crate) struct Denial {
     pub live: u64,
     /// When (monotonic ns).
     pub t_ns: u64,
+    /// `GPUGUARD_OOM_TRIM`: whether the call was retried after a trim of the
+    /// device's pools (0: not retried, `RETRY_REFUSED`, `RETRY_SUCCEEDED`), and how
+    /// many pools were trimmed.
+    pub retry: u8,
+    pub pools_trimmed: u16,
 }
+
+/// `Denial::retry`: the call was retried and refused again.
+pub(crate) const RETRY_REFUSED: u8 = 1;
+/// `Denial::retry`: the call was retried and succeeded.
+pub(crate) const RETRY_SUCCEEDED: u8 = 2;
 
 /// One refusal handed from a hook to the helper thread without a lock: a seqlock
 /// of plain atomics. A hook writes only while no refusal waits (`pending` clear), so
@@ -214,8 +227,13 @@ impl RefusalSlot {
         fence(Release);
         self.device.store(d.device as u32 as u64, Relaxed);
         self.bytes.store(d.bytes, Relaxed);
-        self.api_site
-            .store(u64::from(d.api) << 32 | u64::from(d.site), Relaxed);
+        self.api_site.store(
+            u64::from(d.pools_trimmed) << 48
+                | u64::from(d.retry) << 40
+                | u64::from(d.api) << 32
+                | u64::from(d.site),
+            Relaxed,
+        );
         self.charged.store(d.charged, Relaxed);
         self.cap.store(d.cap, Relaxed);
         self.live.store(d.live, Relaxed);
@@ -248,6 +266,8 @@ impl RefusalSlot {
                 bytes: self.bytes.load(Relaxed),
                 api: (api_site >> 32) as u8,
                 site: api_site as u32,
+                retry: (api_site >> 40) as u8,
+                pools_trimmed: (api_site >> 48) as u16,
                 charged: self.charged.load(Relaxed),
                 cap: self.cap.load(Relaxed),
                 live: self.live.load(Relaxed),

@@ -404,6 +404,7 @@ impl Books {
             // Plain reads (atomics and the clock): this runs in the hook.
             live: c.current(),
             t_ns: super::sys::monotonic_ns(),
+            ..Denial::default()
         };
         // The report names the first refusal since the last cap report (a lock-free
         // slot: this runs in the hook).
@@ -412,18 +413,11 @@ impl Books {
         wake::ring();
     }
 
-    /// An allocation the driver refused for lack of memory (not a cap): counted by
-    /// the caller (`Ledger::failed`), kept for the `oom` report with the figures of
-    /// the moment, and the helper thread woken to write it. Atomics only: this runs
-    /// in the hook.
-    pub fn driver_refused(&self, device: i32, bytes: u64, api: u8, site: u32) {
-        if !(0..gpuguard_core::ledger::MAX_DEVICES as i32).contains(&device) {
-            return;
-        }
+    /// The figures of a refusal by the driver for lack of memory, now (atomics only:
+    /// this runs in the hook), to keep with `driver_refused`.
+    pub fn oom_moment(&self, device: i32, bytes: u64, api: u8, site: u32) -> Denial {
         let c = self.ledger.device(device);
-        c.seen.store(1, Relaxed);
-        self.oom_counts[device as usize].fetch_add(1, Relaxed);
-        let d = Denial {
+        Denial {
             device,
             bytes,
             api,
@@ -432,11 +426,25 @@ impl Books {
             cap: c.cap().unwrap_or(0),
             live: c.current(),
             t_ns: super::sys::monotonic_ns(),
-        };
+            ..Denial::default()
+        }
+    }
+
+    /// An allocation the driver refused for lack of memory (not a cap): counted by
+    /// the caller (`Ledger::failed`), kept for the `oom` report with the figures of
+    /// the moment (`oom_moment`), and the helper thread woken to write it. Atomics
+    /// only: this runs in the hook.
+    pub fn driver_refused(&self, d: Denial) {
+        if !(0..gpuguard_core::ledger::MAX_DEVICES as i32).contains(&d.device) {
+            return;
+        }
+        let c = self.ledger.device(d.device);
+        c.seen.store(1, Relaxed);
+        self.oom_counts[d.device as usize].fetch_add(1, Relaxed);
         if self.oom_refusal.put(&d) && !self.ledger.direct() {
             // Journaled books trail the program: the drain keeps this moment's live
             // bytes for the report.
-            self.ledger.mark(d.t_ns, device);
+            self.ledger.mark(d.t_ns, d.device);
         }
         wake::ring();
     }

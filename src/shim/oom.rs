@@ -4,10 +4,10 @@
 //! files of those running gpuguard) and the first suggestion. Helper thread only:
 //! it reads files and asks NVML.
 
-use super::books::{Books, Denial};
+use super::books::{Books, Denial, RETRY_SUCCEEDED};
 use super::real;
 use super::sys;
-use gpuguard_core::report::{AtWriting, OomReport, OtherProcess, PY_FRAME, Report};
+use gpuguard_core::report::{AtWriting, OomReport, OomRetry, OtherProcess, PY_FRAME, Report};
 use gpuguard_core::status::{self, Status};
 
 /// The `oom` section of a report already built (`report`: its device table and
@@ -59,6 +59,15 @@ pub(super) fn describe(
         others,
         others_source,
         suggestion: String::new(),
+        retry: (d.retry != 0).then(|| OomRetry {
+            pools_trimmed: u64::from(d.pools_trimmed),
+            outcome: if d.retry == RETRY_SUCCEEDED {
+                "succeeded"
+            } else {
+                "refused"
+            }
+            .into(),
+        }),
     };
     o.suggestion = gpuguard_core::oom::suggest(&o);
     o

@@ -350,6 +350,7 @@ fn run(fd: c_int) {
         if let Some(books) = active_books() {
             let auto = shielded(|| thresholds(books)).unwrap_or(None);
             let auto = auto.or_else(|| books.cap_trim_wanted.swap(false, AcqRel).then_some("cap"));
+            let auto = auto.or_else(|| books.oom_trim_wanted.swap(false, AcqRel).then_some("oom"));
             if let Some(trigger) = auto {
                 // At most one automatic trim per GPUGUARD_TRIM_INTERVAL: a job at its
                 // cap must not trim in a loop.

@@ -27,6 +27,8 @@
  *                                           were not OUT_OF_MEMORY, and oom reports
  *                                           written while the helper was held
  *   HELD                                    oom_hold holds its memory
+ *   RETRY rc=                               oom_retry: the refused call's code, after
+ *                                           gpuguard's retry under GPUGUARD_OOM_TRIM
  * MARK <name> lines go to stderr, so gpuguard's own lines can be placed among them.
  */
 #include "gg_common.h"
@@ -953,6 +955,32 @@ static int mode_oom_fill(int argc, char **argv)
     return 0;
 }
 
+/* ---- oom_retry: device 0 filled exactly with 4 MiB stream-ordered blocks, half of
+ * them freed without a synchronization (their chunks stay in the pool), then
+ * cuMemAlloc_v2 of 4 MiB, which the driver refuses unless the pool is trimmed
+ * (GPUGUARD_OOM_TRIM). Lines: RETRY rc= ---- */
+static int mode_oom_retry(int argc, char **argv)
+{
+    (void)argc;
+    (void)argv;
+    gg_setup(0);
+    MUST(cuStreamCreate(&g_stream, 0));
+    static CUdeviceptr blocks[MAX_BLOCKS];
+    int n = (int)(simcuda_mem() / (4 * MiB));
+    if (n > MAX_BLOCKS) n = MAX_BLOCKS;
+    for (int i = 0; i < n; i++) MUST(cuMemAllocAsync(&blocks[i], 4 * MiB, g_stream));
+    for (int i = 0; i < n / 2; i++) MUST(cuMemFreeAsync(blocks[i], g_stream));
+    CUdeviceptr p = SENTINEL;
+    int rc = cuMemAlloc_v2(&p, 4 * MiB);
+    printf("RETRY rc=%d\n", rc);
+    if (rc == 0) MUST(cuMemFree_v2(p));
+    for (int i = n / 2; i < n; i++) MUST(cuMemFreeAsync(blocks[i], g_stream));
+    MUST(cuStreamSynchronize(g_stream));
+    wait_reports(".oom.json", 1);
+    finish();
+    return 0;
+}
+
 /* ---- oom_hold MIB: holds MIB on device 0 until stdin ends (another process on the
  * same GPU for an oom report); HELD on stdout once it holds it ---- */
 static int mode_oom_hold(int argc, char **argv)
@@ -1106,6 +1134,7 @@ static const struct gg_mode g_modes[] = {
     {"refuse_then_free", mode_refuse_then_free},
     {"oom_fill", mode_oom_fill},
     {"oom_hold", mode_oom_hold},
+    {"oom_retry", mode_oom_retry},
     {"warn", mode_warn},
     {"trim_at", mode_trim_at},
     {"retry", mode_retry},

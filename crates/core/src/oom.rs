@@ -144,7 +144,24 @@ pub fn answer(o: &OomReport) -> String {
     }
     s.push_str("; ");
     s.push_str(&o.suggestion);
+    if let Some(r) = &o.retry {
+        s.push_str(&format!("; {}", retry_words(r)));
+    }
     s
+}
+
+/// `GPUGUARD_OOM_TRIM: 1 pool trimmed and the call retried: it succeeded`.
+pub fn retry_words(r: &crate::report::OomRetry) -> String {
+    format!(
+        "GPUGUARD_OOM_TRIM: {} pool{} trimmed and the call retried: {}",
+        r.pools_trimmed,
+        if r.pools_trimmed == 1 { "" } else { "s" },
+        if r.outcome == "succeeded" {
+            "it succeeded"
+        } else {
+            "refused again"
+        }
+    )
 }
 
 #[cfg(test)]

@@ -283,6 +283,20 @@ pub struct OomReport {
     pub others_source: String,
     /// The first thing that would have helped, for people.
     pub suggestion: String,
+    /// `GPUGUARD_OOM_TRIM`: the device's pools trimmed and the call retried once
+    /// (absent when it was not).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry: Option<OomRetry>,
+}
+
+/// The retry of a refused call after a trim (`GPUGUARD_OOM_TRIM`).
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct OomRetry {
+    /// Stream-ordered pools of the device trimmed before the retry.
+    pub pools_trimmed: u64,
+    /// `succeeded` (the program got its memory) or `refused` (the driver refused
+    /// again).
+    pub outcome: String,
 }
 
 /// Another process on the refused device: NVML's figure for it, and for a process

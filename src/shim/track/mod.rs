@@ -8,7 +8,7 @@
 
 use super::bench_switch;
 use super::bench_switch::timing::{self, Phase};
-use super::books::Books;
+use super::books::{Books, RETRY_REFUSED, RETRY_SUCCEEDED};
 use super::python::frames;
 use super::real::{DRIVER, is_driver_code, own_code};
 use super::settings::{config, stacks};
@@ -793,10 +793,14 @@ fn admit_capped(
 }
 
 /// After a driver allocation failed: a refusal for lack of device memory is kept
-/// for the `oom` report (figures and stack now; the helper thread writes it). The
-/// runtime call in progress, if any, is told the driver beneath saw it.
+/// for the `oom` report (figures and stack now; the helper thread writes it), and
+/// the runtime call in progress, if any, told the driver beneath saw it. With
+/// `GPUGUARD_OOM_TRIM` the device's pools are trimmed and the call made once more
+/// (`retry`), and a full trim asked of the helper thread. Returns the call's code:
+/// the retry's when there was one.
 #[inline(never)]
 #[cold]
+#[allow(clippy::too_many_arguments)]
 fn out_of_memory(
     t: &ThreadState,
     books: &Books,
@@ -805,12 +809,28 @@ fn out_of_memory(
     plan: &Plan,
     dev: i32,
     rc: c_int,
-) {
+    retry: impl FnOnce() -> c_int,
+) -> c_int {
     if rc != OUT_OF_MEMORY || kind.is_host() {
-        return;
+        return rc;
     }
     let label = claim_for_runtime(t, api);
-    books.driver_refused(dev, plan.bytes, label, capture_site_in(books, t));
+    let mut d = books.oom_moment(dev, plan.bytes, label, capture_site_in(books, t));
+    let mut rc = rc;
+    // Not while a stream captures: a pool trim would break the capture.
+    if config().oom_trim && capture::active() == 0 {
+        let (trimmed, _) = books.trim_pools(dev);
+        rc = retry();
+        d.retry = if rc == SUCCESS {
+            RETRY_SUCCEEDED
+        } else {
+            RETRY_REFUSED
+        };
+        d.pools_trimmed = trimmed.min(u16::MAX.into()) as u16;
+        books.oom_trim_wanted.store(true, Release);
+    }
+    books.driver_refused(d);
+    rc
 }
 
 /// What a hook answers when gpuguard failed inside the real call's own closure (it
@@ -854,7 +874,7 @@ pub(crate) fn driver_alloc(
     api: u8,
     kind: Kind,
     plan: Plan,
-    call: impl FnOnce() -> c_int,
+    call: impl FnOnce() -> c_int + Copy,
     made: impl FnOnce() -> Option<Made>,
 ) -> c_int {
     let mark = Cell::new(timing::stamp());
@@ -867,8 +887,11 @@ pub(crate) fn driver_alloc(
     };
     let t = scope.0;
     journal_ahead(t);
+    // The same call once more, for `GPUGUARD_OOM_TRIM` (the closures only hold the
+    // call's arguments: copying one makes the call again).
+    let retry = || scope.real(call);
     let call = || scope.real(|| timed(Phase::DrvAllocPre, Phase::DrvAllocReal, &mark, call));
-    let rc = driver_alloc_body(t, api, kind, plan, call, made);
+    let rc = driver_alloc_body(t, api, kind, plan, call, retry, made);
     timing::charge(Phase::DrvAllocPost, mark.get());
     rc
 }
@@ -911,6 +934,7 @@ fn driver_alloc_body(
     kind: Kind,
     plan: Plan,
     call: impl FnOnce() -> c_int,
+    retry: impl FnOnce() -> c_int,
     made: impl FnOnce() -> Option<Made>,
 ) -> c_int {
     guarded(call, |real| {
@@ -924,14 +948,13 @@ fn driver_alloc_body(
             Some(Admission::Uncapped { books, ctx, dev }) => {
                 // Nothing reserved: no reservation to adjust or give back, and no cap
                 // to check after the call (`after_alloc` would return at once).
-                let rc = real();
-                match if rc == SUCCESS { made() } else { None } {
-                    Some(m) => record(t, books, api, kind, m, ctx, dev, true),
-                    None if rc != SUCCESS => {
-                        books.ledger.failed(dev, kind.is_host());
-                        out_of_memory(t, books, api, kind, &plan, dev, rc);
-                    }
-                    None => {}
+                let mut rc = real();
+                if rc != SUCCESS {
+                    books.ledger.failed(dev, kind.is_host());
+                    rc = out_of_memory(t, books, api, kind, &plan, dev, rc, retry);
+                }
+                if let Some(m) = if rc == SUCCESS { made() } else { None } {
+                    record(t, books, api, kind, m, ctx, dev, true);
                 }
                 return rc;
             }
@@ -939,15 +962,16 @@ fn driver_alloc_body(
             None => return real(), // gpuguard is off: the call goes through untouched
         };
         let host = kind.is_host();
-        let rc = real();
+        let mut rc = real();
         let ledger = &books.ledger;
+        if rc != SUCCESS {
+            // The reservation stands through a retry (`GPUGUARD_OOM_TRIM`).
+            ledger.failed(dev, host);
+            rc = out_of_memory(t, books, api, kind, &plan, dev, rc, retry);
+        }
         let m = if rc == SUCCESS { made() } else { None };
         let Some(m) = m else {
             ledger.unreserve(dev, host, reserved);
-            if rc != SUCCESS {
-                ledger.failed(dev, host);
-                out_of_memory(t, books, api, kind, &plan, dev, rc);
-            }
             return rc;
         };
         if m.bytes > reserved && !ledger.reserve(dev, host, m.bytes - reserved) {
@@ -1215,7 +1239,8 @@ pub(crate) fn runtime_alloc(
             let books = books()?;
             let (_, dev) = ctx_device_in(t);
             books.ledger.failed(dev, false);
-            books.driver_refused(dev, bytes(), api, capture_site_in(books, t));
+            let d = books.oom_moment(dev, bytes(), api, capture_site_in(books, t));
+            books.driver_refused(d);
             Some(())
         });
     }

@@ -96,7 +96,15 @@ pub(super) fn others_on(device: i32) -> (Vec<OtherProcess>, String) {
         Some(Err(why)) => sources.push(format!("no NVML list ({why})")),
         None => sources.push("no NVML list (the driver gave no UUID for the device)".into()),
     }
-    match status::status_dir_here().and_then(|dir| status::read_all(&dir)) {
+    // Only a directory the library itself would use (this user's, mode 0700), as
+    // `gpuguard ps` reads it: files another user could plant are not believed.
+    let statuses = status::status_dir_here().and_then(|dir| {
+        use std::os::unix::fs::MetadataExt;
+        let me = std::fs::metadata("/proc/self")?.uid();
+        status::check_dir(&dir, me)?;
+        status::read_all(&dir)
+    });
+    match statuses {
         Ok(all) => {
             sources.push("status files".into());
             for s in all.iter().filter(|s| s.pid != me) {

@@ -295,3 +295,82 @@ impl RefusalSlot {
 pub(crate) fn new_thresholds() -> Box<[Thresholds]> {
     (0..MAX_DEVICES).map(|_| Thresholds::default()).collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn refusal(bytes: u64) -> Denial {
+        Denial {
+            device: 3,
+            bytes,
+            api: 7,
+            site: 42,
+            charged: 9,
+            cap: 10,
+            live: 8,
+            t_ns: 11,
+            retry: RETRY_SUCCEEDED,
+            pools_trimmed: 2,
+        }
+    }
+
+    #[test]
+    fn a_slot_keeps_the_first_refusal_until_taken_and_counts_all() {
+        let s = RefusalSlot::default();
+        assert_eq!((s.pending(), s.peek(), s.take()), (false, None, None));
+        assert!(s.put(&refusal(1)));
+        assert!(
+            !s.put(&refusal(2)),
+            "the first since the last report stands"
+        );
+        assert_eq!(s.count.load(Relaxed), 2);
+        assert!(s.pending());
+        assert_eq!(s.peek(), Some(refusal(1)));
+        assert_eq!(s.take(), Some(refusal(1)));
+        assert_eq!(s.take(), None);
+        // Taken: the next refusal is kept again; peek still sees the last one kept.
+        assert_eq!(s.peek(), Some(refusal(1)));
+        assert!(s.put(&refusal(3)));
+        assert_eq!(s.take(), Some(refusal(3)));
+    }
+
+    #[test]
+    fn a_slot_read_while_hooks_write_sees_whole_refusals() {
+        let s = std::sync::Arc::new(RefusalSlot::default());
+        let writers: Vec<_> = (0..4u64)
+            .map(|w| {
+                let s = s.clone();
+                std::thread::spawn(move || {
+                    for i in 0..20_000u64 {
+                        let b = w << 32 | i;
+                        s.put(&Denial {
+                            bytes: b,
+                            live: b,
+                            charged: b,
+                            t_ns: b,
+                            ..Denial::default()
+                        });
+                    }
+                })
+            })
+            .collect();
+        let mut seen = 0;
+        while seen < 2_000 {
+            if let Some(d) = s.take() {
+                assert!(
+                    d.live == d.bytes && d.charged == d.bytes && d.t_ns == d.bytes,
+                    "{d:?}"
+                );
+                seen += 1;
+            }
+            if writers.iter().all(|w| w.is_finished()) {
+                break;
+            }
+        }
+        for w in writers {
+            w.join().unwrap();
+        }
+        assert_eq!(s.count.load(Relaxed), 80_000);
+    }
+}

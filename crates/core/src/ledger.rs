@@ -1776,6 +1776,27 @@ mod tests {
     }
 
     #[test]
+    fn a_marked_moment_keeps_its_live_bytes_past_later_entries() {
+        let l = Ledger::new();
+        let mut a = Writer::new(&l);
+        a.push(&l, jalloc(0x1000, 100, 1, 1));
+        a.push(&l, jalloc(0x2000, 50, 2, 1));
+        // Nothing marked: nothing to say.
+        assert_eq!(l.live_at_mark(), None);
+        // Marked after both, before a free: the drain that applies the free keeps
+        // the moment's 150 bytes, though the books then hold 50.
+        l.mark(3, 0);
+        a.push(&l, jfree(0x1000, 4));
+        l.drain();
+        assert_eq!(l.device(0).current(), 50);
+        assert_eq!(l.live_at_mark(), Some(150));
+        assert_eq!(l.live_at_mark(), None, "taken once");
+        // Marked with nothing after it yet: the books are the moment's.
+        l.mark(5, 0);
+        assert_eq!(l.live_at_mark(), Some(50));
+    }
+
+    #[test]
     fn journaled_allocations_reach_every_reader_with_an_exact_peak() {
         let l = Ledger::new();
         let (mut a, mut b) = (Writer::new(&l), Writer::new(&l));

@@ -220,7 +220,8 @@ fn a_storm_of_refusals_is_rate_limited() {
 }
 
 /// Another guarded process on the same (simulated) GPU, and NVML's per-process list:
-/// the report lists both, the guarded one with its own figures from its status file.
+/// the report lists both, the guarded one with its own figures from its status file;
+/// `gpuguard ps` counts the guarded one's own refusal by the driver.
 #[test]
 fn other_processes_on_the_gpu_appear_with_their_figures() {
     let runtime = runtime_dir("others");
@@ -257,13 +258,32 @@ fn other_processes_on_the_gpu_appear_with_their_figures() {
         let held = std::fs::read_to_string(&status)
             .ok()
             .and_then(|t| serde_json::from_str::<Value>(&t).ok())
-            .is_some_and(|v| v["devices"][0]["live_bytes"] == 48 * MIB);
+            .is_some_and(|v| {
+                v["devices"][0]["live_bytes"] == 48 * MIB && v["devices"][0]["oom_refusals"] == 1
+            });
         if held {
             break;
         }
         assert!(Instant::now() < bound, "no status file of {pid}");
         std::thread::sleep(Duration::from_millis(10));
     }
+    // `gpuguard ps` counts its refusal by the driver.
+    let ps = run(
+        cli(),
+        &["ps"],
+        &[("XDG_RUNTIME_DIR", runtime.to_str().unwrap())],
+        false,
+    );
+    let row = ps
+        .stdout
+        .lines()
+        .find(|l| l.trim_start().starts_with(&format!("{pid} ")))
+        .unwrap_or_else(|| panic!("{}", ps.describe()));
+    assert!(
+        ps.stdout.lines().next().unwrap().contains("REFUSED") && row.contains(" 1 oom "),
+        "{}",
+        ps.stdout
+    );
     let procs = format!("{pid}:{},4194303:{}", 48 * MIB, 5 * MIB);
     let r = fill(
         &["oom_fill", "cuMemAlloc_v2", "4"],

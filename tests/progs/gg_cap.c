@@ -982,12 +982,15 @@ static int mode_oom_retry(int argc, char **argv)
 }
 
 /* ---- oom_hold MIB: holds MIB on device 0 until stdin ends (another process on the
- * same GPU for an oom report); HELD on stdout once it holds it ---- */
+ * same GPU for an oom report), after one allocation the driver refuses (the whole
+ * device); HELD on stdout once it holds it ---- */
 static int mode_oom_hold(int argc, char **argv)
 {
     size_t bytes = (size_t)(argc > 1 ? atoi(argv[1]) : 64) * MiB;
     gg_setup(0);
     CUdeviceptr a = dev_alloc(bytes, 0);
+    CUdeviceptr big = SENTINEL;
+    rc_line("whole", cuMemAlloc_v2(&big, simcuda_mem()));
     puts("HELD");
     fflush(stdout);
     char buf[64];

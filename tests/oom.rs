@@ -477,3 +477,91 @@ fn oom_trim_retries_the_refused_call_once_after_trimming_pools() {
     }
     let _ = std::fs::remove_dir_all(runtime);
 }
+
+/// A Python program: the refused call's Python line is in the report and its line.
+#[test]
+fn a_python_refusal_names_its_python_line() {
+    let runtime = runtime_dir("python");
+    let s = "oom_fill.py";
+    let malloc = marked_line(s, "MALLOC-LINE");
+    let fill_line = marked_line(s, "FILL-LINE");
+    let r = run_python(
+        &python(),
+        s,
+        &[],
+        &[
+            ("SIMCUDA_MEM", &(128 * MIB).to_string()),
+            ("XDG_RUNTIME_DIR", runtime.to_str().unwrap()),
+        ],
+        true,
+    );
+    r.assert_ok();
+    let reports = oom_reports(&r);
+    assert_eq!(reports.len(), 1, "{}", r.describe());
+    let oom = &reports[0].1["oom"];
+    let want = format!("{s}:{malloc} in malloc");
+    assert!(
+        oom["python_line"].as_str().unwrap().ends_with(&want),
+        "{oom:#}"
+    );
+    let frames = frame_list(oom);
+    assert!(
+        frames
+            .iter()
+            .any(|f| f.ends_with(&format!("{s}:{fill_line} in fill"))),
+        "{frames:#?}"
+    );
+    assert_eq!(u(&oom["live_bytes"]), 128 * MIB, "{oom:#}");
+    let line = gg_stderr_lines(&r, r.pid)
+        .into_iter()
+        .find(|l| l.contains("out of memory"))
+        .unwrap();
+    assert!(
+        line.contains("cudaMalloc of 16.0 MiB refused at ") && line.contains(&want),
+        "{line}"
+    );
+    let _ = std::fs::remove_dir_all(runtime);
+}
+
+/// With the PyTorch stand-in: half the device is tensors, half the allocator's cache;
+/// the report splits it so, and the suggestion is the trim that would free the cache.
+#[test]
+fn a_framework_cache_is_split_out_and_a_trim_suggested() {
+    let runtime = runtime_dir("torch");
+    let r = run_python(
+        &python(),
+        "oom_torch.py",
+        &[],
+        &[
+            ("SIMCUDA_MEM", &(128 * MIB).to_string()),
+            ("XDG_RUNTIME_DIR", runtime.to_str().unwrap()),
+        ],
+        true,
+    );
+    r.assert_ok();
+    let reports = oom_reports(&r);
+    assert_eq!(reports.len(), 1, "{}", r.describe());
+    let oom = &reports[0].1["oom"];
+    assert_eq!(u(&oom["bytes"]), 32 * MIB, "{oom:#}");
+    assert_eq!(u(&oom["live_bytes"]), 128 * MIB, "{oom:#}");
+    assert_eq!(u(&oom["in_use_bytes"]), 64 * MIB, "{oom:#}");
+    assert_eq!(u(&oom["cached_bytes"]), 64 * MIB, "{oom:#}");
+    assert!(
+        oom["frameworks"][0]
+            .as_str()
+            .unwrap()
+            .starts_with("pytorch"),
+        "{oom:#}"
+    );
+    let line = gg_stderr_lines(&r, r.pid)
+        .into_iter()
+        .find(|l| l.contains("out of memory"))
+        .unwrap();
+    assert!(
+        line.contains(": 64.0 MiB in use by pytorch")
+            && line.contains(", 64.0 MiB cached); other processes 0 B; a trim would free 64.0 MiB")
+            && line.contains("expandable_segments"),
+        "{line}"
+    );
+    let _ = std::fs::remove_dir_all(runtime);
+}

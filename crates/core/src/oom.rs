@@ -15,7 +15,7 @@ pub fn others_total(o: &OomReport) -> u64 {
 pub fn suggest(o: &OomReport) -> String {
     let others = others_total(o);
     let held = o.held_bytes;
-    let pytorch = o.frameworks.iter().any(|f| f == "pytorch");
+    let pytorch = o.frameworks.iter().any(|f| f.starts_with("pytorch"));
     if others >= o.bytes && others > held {
         let top = o.others.iter().max_by_key(|p| p.held());
         let who = top.map_or(String::new(), |p| {

@@ -54,6 +54,12 @@ pub(crate) struct Books {
     pub last_oom_report_ns: AtomicU64,
     /// Refusals for lack of memory per device.
     pub oom_counts: Box<[AtomicU64]>,
+    /// Device UUIDs below 64, asked with the device's size at its first use (in
+    /// the hook, as the size is), for status files and oom reports: the helper
+    /// thread then makes no driver call for them (one racing a fork could leave the
+    /// child's loader locked). Two words each; `uuid_known` has a bit per device.
+    pub uuids: Box<[[AtomicU64; 2]]>,
+    pub uuid_known: AtomicU64,
     /// A refusal asks the helper thread for a full trim (rate-limited).
     pub cap_trim_wanted: AtomicBool,
     /// A refusal by the driver under `GPUGUARD_OOM_TRIM` asks for one too.
@@ -98,6 +104,10 @@ impl Books {
             oom_counts: (0..gpuguard_core::ledger::MAX_DEVICES)
                 .map(|_| AtomicU64::new(0))
                 .collect(),
+            uuids: (0..gpuguard_core::ledger::MAX_DEVICES)
+                .map(|_| [AtomicU64::new(0), AtomicU64::new(0)])
+                .collect(),
+            uuid_known: AtomicU64::new(0),
             cap_trim_wanted: AtomicBool::new(false),
             oom_trim_wanted: AtomicBool::new(false),
             last_cap_report_ns: AtomicU64::new(0),
@@ -124,6 +134,20 @@ impl Books {
     /// (no exit report, no snapshots): it would say nothing.
     pub fn allocated_any(&self) -> bool {
         !self.ledger.seen_devices().is_empty() || self.ledger.host().seen.load(Relaxed) != 0
+    }
+
+    /// A device's UUID (`GPU-...`) as noted at its first use; `None` when the driver
+    /// could not say or the device was not used.
+    pub fn device_uuid(&self, device: i32) -> Option<String> {
+        let d = usize::try_from(device).ok().filter(|d| *d < 64)?;
+        if self.uuid_known.load(Acquire) & 1 << d == 0 {
+            return None;
+        }
+        let w = &self.uuids[d];
+        let mut u = [0u8; 16];
+        u[..8].copy_from_slice(&w[0].load(Relaxed).to_le_bytes());
+        u[8..].copy_from_slice(&w[1].load(Relaxed).to_le_bytes());
+        Some(gpuguard_core::cap::uuid_string(&u))
     }
 
     pub fn total(&self, device: i32) -> u64 {

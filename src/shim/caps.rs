@@ -59,6 +59,20 @@ impl Books {
             return;
         };
         if slot.load(Acquire) == 0 {
+            if let Some(u) = super::real::DRIVER.device_uuid_bytes(device)
+                && device < 64
+            {
+                let w = &self.uuids[device as usize];
+                w[0].store(
+                    u64::from_le_bytes(u[..8].try_into().unwrap_or_default()),
+                    Relaxed,
+                );
+                w[1].store(
+                    u64::from_le_bytes(u[8..].try_into().unwrap_or_default()),
+                    Relaxed,
+                );
+                self.uuid_known.fetch_or(1 << device, Release);
+            }
             let total = super::real::DRIVER.total_mem(device).unwrap_or(0);
             self.resolve_cap(device, total);
             slot.store(if total == 0 { u64::MAX } else { total }, Release);

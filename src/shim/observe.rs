@@ -42,8 +42,7 @@ struct Observer {
     lines: BTreeMap<i32, (u64, u64)>,
     /// Per device: refusals already put on the timeline.
     denied: BTreeMap<i32, u64>,
-    /// Per device: its UUID for the status file, asked once.
-    uuids: BTreeMap<i32, Option<String>>,
+
     /// The latest time put on the timeline (events are stamped no earlier).
     last_t_us: u64,
     finished: bool,
@@ -274,7 +273,6 @@ fn start(books: &Books, pid: u32) -> Observer {
         next_log_ns: log_every_ns.map_or(u64::MAX, |e| now.saturating_add(e)),
         lines: BTreeMap::new(),
         denied: BTreeMap::new(),
-        uuids: BTreeMap::new(),
         last_t_us: 0,
         finished: false,
     }
@@ -444,11 +442,7 @@ fn write_status(o: &mut Observer, books: &Books) {
         .into_iter()
         .map(|d| {
             let c = books.ledger.device(d);
-            let uuid = o
-                .uuids
-                .entry(d)
-                .or_insert_with(|| super::real::DRIVER.device_uuid(d))
-                .clone();
+            let uuid = books.device_uuid(d);
             let split = events::framework(d);
             DeviceStatus {
                 device: d,

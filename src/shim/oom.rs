@@ -29,7 +29,7 @@ pub(super) fn describe(
         .filter(|c| c.status == "classified")
         .map(|c| c.framework.clone())
         .collect();
-    let (others, others_source) = others_on(d.device);
+    let (others, others_source) = others_on(books, d.device);
     // While hooks journal, the hook's own figure trails the program: the drain kept
     // the moment's (`Ledger::mark`).
     let live = if books.ledger.direct() {
@@ -76,9 +76,9 @@ pub(super) fn describe(
 /// The other processes on `device`: NVML's list joined with the status files of the
 /// processes running gpuguard on the same device (by UUID), most memory first; and
 /// where that came from.
-pub(super) fn others_on(device: i32) -> (Vec<OtherProcess>, String) {
+pub(super) fn others_on(books: &Books, device: i32) -> (Vec<OtherProcess>, String) {
     let me = std::process::id();
-    let uuid = real::DRIVER.device_uuid(device);
+    let uuid = books.device_uuid(device);
     let mut sources = Vec::new();
     let mut out: Vec<OtherProcess> = Vec::new();
     match uuid.as_deref().map(real::nvml_processes) {

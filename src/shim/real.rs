@@ -332,6 +332,18 @@ impl Driver {
         }
     }
 
+    /// A device's UUID as the driver gives it: 16 bytes, no allocation.
+    pub fn device_uuid_bytes(&self, device: i32) -> Option<[u8; 16]> {
+        let f = OWN
+            .device_get_uuid
+            .get()
+            .or_else(|| OWN.device_get_uuid_v1.get())?;
+        let mut u = CUuuid { bytes: [0; 16] };
+        // SAFETY: cuDeviceGetUuid(_v2) writes one 16-byte CUuuid.
+        let rc = unsafe { f(&mut u, device) };
+        (rc == SUCCESS).then(|| u.bytes.map(|b| b as u8))
+    }
+
     /// A device's UUID, formatted as NVML formats it (`GPU-xxxxxxxx-xxxx-...`).
     pub fn device_uuid(&self, device: i32) -> Option<String> {
         let f = OWN

@@ -237,7 +237,7 @@ pub(crate) fn write(
     if let Some(d) = report.denial.as_mut() {
         // A cap report reads as an oom report does: the other processes on the
         // device, and what would have helped.
-        (d.others, d.others_source) = oom::others_on(d.device);
+        (d.others, d.others_source) = oom::others_on(books, d.device);
         let cached = report
             .devices
             .iter()

@@ -28,7 +28,7 @@ LAYERS = [
     ("track", ["track", "track::stash", "track::memo"], ["ffi", "base", "books", "state"]),
     ("hooks", ["hooks"], ["ffi", "base", "books", "state", "track"]),
     # The service reads the books from the side: it never reaches into the hot path.
-    ("service", ["symbolize", "report", "python", "trim", "observe", "worker", "lifecycle"],
+    ("service", ["symbolize", "oom", "report", "python", "trim", "observe", "worker", "lifecycle"],
      ["ffi", "base", "books", "state"]),
     ("capi", ["capi"], ["ffi", "base", "books", "state", "track", "hooks", "service"]),
 ]

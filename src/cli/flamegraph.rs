@@ -245,7 +245,7 @@ pub fn render_html(report: &Report) -> String {
         .iter()
         .map(|d| format!("device {}: {} live", d.device, human_bytes(d.current_bytes)))
         .collect();
-    let subtitle = format!(
+    let mut subtitle = format!(
         "{} report #{} after {:.1} s; {}",
         report.reason,
         report.seq,
@@ -256,6 +256,21 @@ pub fn render_html(report: &Report) -> String {
             devices.join(", ")
         }
     );
+    if let Some(o) = &report.oom {
+        // The graph is the books as the report was written; say how they stood
+        // against the refusal's moment.
+        subtitle.push_str(&format!(
+            "; out of memory on device {}: {} of {} refused with {} live{}",
+            o.device,
+            o.api,
+            human_bytes(o.bytes),
+            human_bytes(o.live_bytes),
+            o.at_writing.as_ref().map_or(String::new(), |w| format!(
+                " (the graph: what was live {:.3} s later, as the report was written)",
+                w.after_s
+            ))
+        ));
+    }
     let data = PageData {
         title: title.clone(),
         subtitle,

@@ -142,6 +142,7 @@ pub fn registry(view: &View, spent: Duration, now_ms: u64) -> Registry {
     let fw_used = GaugeFamily::default();
     let fw_cached = GaugeFamily::default();
     let refusals = CounterFamily::default();
+    let ooms = CounterFamily::default();
     let trims = CounterFamily::default();
     let released = CounterFamily::default();
     let reports = CounterFamily::default();
@@ -170,7 +171,8 @@ pub fn registry(view: &View, spent: Duration, now_ms: u64) -> Registry {
             if let Some(v) = d.framework_cached_bytes {
                 fw_cached.get_or_create(&l).set(sat(v));
             }
-            refusals.get_or_create(&l).inc_by(d.refusals);
+            refusals.get_or_create(&l).inc_by(d.cap_refusals);
+            ooms.get_or_create(&l).inc_by(d.oom_refusals);
         }
         trims.get_or_create(&p).inc_by(s.trims);
         released.get_or_create(&p).inc_by(s.trim_released_bytes);
@@ -238,6 +240,13 @@ pub fn registry(view: &View, spent: Duration, now_ms: u64) -> Registry {
         "Allocations the cap refused",
         None,
         &refusals,
+    );
+    add(
+        &mut r,
+        "gpuguard_oom_refusals",
+        "Allocations the driver refused for lack of memory (each has an oom report, at most one a second)",
+        None,
+        &ooms,
     );
     add(
         &mut r,
@@ -549,7 +558,7 @@ mod tests {
                 peak_bytes: 400,
                 cap_bytes: Some(1000),
                 uuid: Some("GPU-abc".into()),
-                refusals: 7,
+                cap_refusals: 7,
                 framework_in_use_bytes: Some(200),
                 framework_cached_bytes: Some(100),
                 ..Default::default()

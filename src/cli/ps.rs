@@ -76,9 +76,10 @@ pub fn render_table(statuses: &[Status], dir: &Path, now_ms: u64) -> String {
             shown(dir)
         );
     }
-    let mut rows: Vec<[String; 9]> = vec![
+    let mut rows: Vec<[String; 10]> = vec![
         [
-            "PID", "PROGRAM", "DEV", "LIVE", "PEAK", "CAP", "POOLS", "UPDATED", "REPORTS",
+            "PID", "PROGRAM", "DEV", "LIVE", "PEAK", "CAP", "POOLS", "REFUSED", "UPDATED",
+            "REPORTS",
         ]
         .map(String::from),
     ];
@@ -90,6 +91,7 @@ pub fn render_table(statuses: &[Status], dir: &Path, now_ms: u64) -> String {
             rows.push([
                 s.pid.to_string(),
                 program,
+                "-".into(),
                 "-".into(),
                 "-".into(),
                 "-".into(),
@@ -109,12 +111,13 @@ pub fn render_table(statuses: &[Status], dir: &Path, now_ms: u64) -> String {
                 human_bytes(d.peak_bytes),
                 d.cap_bytes.map_or("none".into(), human_bytes),
                 human_bytes(d.pool_held_bytes),
+                refused(d),
                 age.clone(),
                 reports.clone(),
             ]);
         }
     }
-    let mut widths = [0usize; 9];
+    let mut widths = [0usize; 10];
     for row in &rows {
         for (w, cell) in widths.iter_mut().zip(row) {
             *w = (*w).max(cell.chars().count());
@@ -141,6 +144,23 @@ pub fn render_table(statuses: &[Status], dir: &Path, now_ms: u64) -> String {
         out.push('\n');
     }
     out
+}
+
+/// Allocations refused on a device: by the driver for lack of memory (`oom`, each
+/// with an `oom` report, rate-limited) and by the cap; `-` when none.
+fn refused(d: &gpuguard_core::status::DeviceStatus) -> String {
+    let mut parts = Vec::new();
+    if d.oom_refusals > 0 {
+        parts.push(format!("{} oom", d.oom_refusals));
+    }
+    if d.cap_refusals > 0 {
+        parts.push(format!("{} cap", d.cap_refusals));
+    }
+    if parts.is_empty() {
+        "-".into()
+    } else {
+        parts.join(", ")
+    }
 }
 
 /// `0.4 s ago`, `3 min ago`: how old a status is. Old figures mean a busy or stopped
@@ -270,6 +290,8 @@ mod tests {
                     peak_bytes: 4 << 30,
                     cap_bytes: Some(8 << 30),
                     pool_held_bytes: 0,
+                    oom_refusals: 2,
+                    cap_refusals: 1,
                     ..Default::default()
                 },
                 DeviceStatus {
@@ -291,7 +313,9 @@ mod tests {
         assert_eq!(w[..3], ["77", "train\\x1b[2J.py", "0"]);
         assert!(lines[1].contains("3.0 GiB") && lines[1].contains("8.0 GiB"));
         assert!(lines[1].contains("2.5 s ago") && lines[1].ends_with("/tmp/r"));
+        assert!(lines[1].contains("2 oom, 1 cap"), "{text}");
         assert!(lines[2].contains("none"));
+        assert!(lines[2].contains("0 B  -  "), "{text}");
         assert!(!text.contains('\u{1b}'));
         assert!(render_table(&[], Path::new("/d"), 0).contains("no process"));
     }

@@ -537,6 +537,7 @@ fn summary(
             }
         );
     }
+    render_oom_lines(&mut out, reports);
     let trims: Vec<&Report> = reports
         .iter()
         .map(|(_, r)| r)
@@ -568,6 +569,37 @@ fn summary(
         show_patterns(dir, reports)
     );
     out
+}
+
+/// One line per process the driver refused memory: its first `oom` report's refused
+/// call, how many refusals and reports, and the suggestion.
+fn render_oom_lines(out: &mut String, reports: &[(PathBuf, Report)]) {
+    let mut by_pid: BTreeMap<u32, Vec<&Report>> = BTreeMap::new();
+    for (_, r) in reports.iter().filter(|(_, r)| r.oom.is_some()) {
+        by_pid.entry(r.pid).or_default().push(r);
+    }
+    for group in by_pid.values_mut() {
+        group.sort_by_key(|r| r.seq);
+        let first = group[0];
+        let Some(o) = &first.oom else { continue };
+        let refusals = group
+            .iter()
+            .filter_map(|r| r.oom.as_ref().map(|o| o.refusals))
+            .max()
+            .unwrap_or(1);
+        put!(
+            out,
+            "  out of memory: {} (pid {}) device {}: {} of {} refused by the driver ({}, {}); {}",
+            clean(&first.program),
+            first.pid,
+            o.device,
+            clean(&o.api),
+            human_bytes(o.bytes),
+            count(refusals, "refusal"),
+            count(group.len() as u64, "oom report"),
+            clean(&o.suggestion)
+        );
+    }
 }
 
 /// `SIGKILL`, `SIGTERM`, ...; `signal 40` for one without a name here.

@@ -59,6 +59,20 @@ impl Books {
             return;
         };
         if slot.load(Acquire) == 0 {
+            if let Some(u) = super::real::DRIVER.device_uuid_bytes(device)
+                && device < 64
+            {
+                let w = &self.uuids[device as usize];
+                w[0].store(
+                    u64::from_le_bytes(u[..8].try_into().unwrap_or_default()),
+                    Relaxed,
+                );
+                w[1].store(
+                    u64::from_le_bytes(u[8..].try_into().unwrap_or_default()),
+                    Relaxed,
+                );
+                self.uuid_known.fetch_or(1 << device, Release);
+            }
             let total = super::real::DRIVER.total_mem(device).unwrap_or(0);
             self.resolve_cap(device, total);
             slot.store(if total == 0 { u64::MAX } else { total }, Release);
@@ -404,15 +418,48 @@ impl Books {
             // Plain reads (atomics and the clock): this runs in the hook.
             live: c.current(),
             t_ns: super::sys::monotonic_ns(),
+            ..Denial::default()
         };
-        // The report names the first refusal since the last cap report.
-        let mut slot = self.denial.lock().unwrap_or_else(|e| e.into_inner());
-        if !self.cap_pending.load(Acquire) || slot.is_none() {
-            *slot = Some(d);
-        }
-        drop(slot);
-        self.cap_pending.store(true, Release);
+        // The report names the first refusal since the last cap report (a lock-free
+        // slot: this runs in the hook).
+        self.cap_refusal.put(&d);
         self.cap_trim_wanted.store(true, Release);
+        wake::ring();
+    }
+
+    /// The figures of a refusal by the driver for lack of memory, now (atomics only:
+    /// this runs in the hook), to keep with `driver_refused`.
+    pub fn oom_moment(&self, device: i32, bytes: u64, api: u8, site: u32) -> Denial {
+        let c = self.ledger.device(device);
+        Denial {
+            device,
+            bytes,
+            api,
+            site,
+            charged: c.charged(),
+            cap: c.cap().unwrap_or(0),
+            live: c.current(),
+            t_ns: super::sys::monotonic_ns(),
+            ..Denial::default()
+        }
+    }
+
+    /// An allocation the driver refused for lack of memory (not a cap): counted by
+    /// the caller (`Ledger::failed`), kept for the `oom` report with the figures of
+    /// the moment (`oom_moment`), and the helper thread woken to write it. Atomics
+    /// only: this runs in the hook.
+    pub fn driver_refused(&self, d: Denial) {
+        if !(0..gpuguard_core::ledger::MAX_DEVICES as i32).contains(&d.device) {
+            return;
+        }
+        let c = self.ledger.device(d.device);
+        c.seen.store(1, Relaxed);
+        self.oom_counts[d.device as usize].fetch_add(1, Relaxed);
+        if self.oom_refusal.put(&d) && !self.ledger.direct() {
+            // Journaled books trail the program: the drain keeps this moment's live
+            // bytes for the report.
+            self.ledger.mark(d.t_ns, d.device);
+        }
         wake::ring();
     }
 }

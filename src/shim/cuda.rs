@@ -66,6 +66,20 @@ pub struct NvmlMemoryV2 {
     pub used: u64,
 }
 
+/// `NVML_ERROR_INSUFFICIENT_SIZE` (cudarc lacks NVML).
+pub const NVML_ERROR_INSUFFICIENT_SIZE: c_int = 7;
+
+/// `nvmlProcessInfo_v2_t`, what `nvmlDeviceGetComputeRunningProcesses_v3` fills
+/// (cudarc lacks NVML).
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub struct NvmlProcessInfo {
+    pub pid: c_uint,
+    pub used_gpu_memory: u64,
+    pub gpu_instance_id: c_uint,
+    pub compute_instance_id: c_uint,
+}
+
 // ---- readers for fields of enum type --------------------------------------------
 
 /// The device a memory location names (`CU_MEM_LOCATION_TYPE_DEVICE`), else `None`.

@@ -220,6 +220,7 @@ macro_rules! handle {
         track::runtime_alloc(
             $api,
             Kind::$kind,
+            || ($size) as u64,
             || $real($($a),*),
             || {
                 let key = Key::$key(out($out)? as u64);
@@ -544,6 +545,10 @@ unsafe fn rt_malloc_3d(
     track::runtime_alloc(
         api,
         Kind::Pitch,
+        || {
+            let (w, h, d) = (extent.width, extent.height.max(1), extent.depth.max(1));
+            w.saturating_mul(h).saturating_mul(d) as u64
+        },
         || unsafe { real(pitched, extent) },
         || {
             // SAFETY: written by the runtime on success.

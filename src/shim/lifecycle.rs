@@ -76,8 +76,19 @@ extern "C" fn at_exit() {
     if let Some(books) = active_books() {
         // A refusal the helper thread cannot report (it is not running) still gets
         // its report, before the exit report.
-        if !wake::running() && !report::exit_written() && worker::claim_cap_report(books) {
-            shielded(|| report::write_report("cap"));
+        if !wake::running() && !report::exit_written() {
+            for (reason, claimed) in [
+                ("cap", worker::claim_cap_report(books)),
+                ("oom", worker::claim_oom_report(books)),
+            ] {
+                if let Some(d) = claimed {
+                    let extra = report::Extra {
+                        refusal: Some(d),
+                        ..report::Extra::default()
+                    };
+                    shielded(|| report::write(books, reason, extra, None));
+                }
+            }
         }
         report::write_exit_report(python::at_exit_answer);
         // After the exit report, so its event is on the timeline.

@@ -31,7 +31,8 @@
 // - track: `track`: what a hook does around the real call (the hot path).
 // - hooks: `hooks`: the exports, the table expanded into wrappers and handlers.
 // - service, beside the hot path (never imported by it, never importing it), reading
-//   the books: `symbolize` (frames as text), `report`, `python` (the bridge), `trim`,
+//   the books: `symbolize` (frames as text), `oom` (what an `oom` report adds: other
+//   processes, the suggestion), `report`, `python` (the bridge), `trim`,
 //   `observe` (trace, status file, memory line), `worker`, `lifecycle`.
 // - capi: `capi`, the C API, at the top.
 mod bench_switch;
@@ -49,6 +50,7 @@ mod hot;
 mod lifecycle;
 mod line;
 mod observe;
+mod oom;
 mod python;
 mod real;
 mod report;

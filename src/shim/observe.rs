@@ -40,10 +40,9 @@ struct Observer {
     /// Per device: the overall peak at the last line, and the highest live bytes
     /// since (the books' high-water mark, read at each sample).
     lines: BTreeMap<i32, (u64, u64)>,
-    /// Per device: its UUID, asked of the driver once.
-    uuids: BTreeMap<i32, Option<String>>,
     /// Per device: refusals already put on the timeline.
     denied: BTreeMap<i32, u64>,
+
     /// The latest time put on the timeline (events are stamped no earlier).
     last_t_us: u64,
     finished: bool,
@@ -276,7 +275,6 @@ fn start(books: &Books, pid: u32) -> Observer {
         log_every_ns,
         next_log_ns: log_every_ns.map_or(u64::MAX, |e| now.saturating_add(e)),
         lines: BTreeMap::new(),
-        uuids: BTreeMap::new(),
         denied: BTreeMap::new(),
         last_t_us: 0,
         finished: false,
@@ -419,12 +417,7 @@ fn sample(o: &mut Observer, books: &Books, now: u64) {
         if denied > *seen {
             let n = denied - *seen;
             *seen = denied;
-            let last = books
-                .denial
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .clone()
-                .filter(|x| x.device == d);
+            let last = books.cap_refusal.peek().filter(|x| x.device == d);
             let args = match last {
                 Some(x) => json!({"device": d, "bytes": x.bytes, "charged": x.charged,
                     "cap": x.cap, "refusals": n}),
@@ -452,13 +445,13 @@ fn write_status(o: &mut Observer, books: &Books) {
         line,
         bytes_per_second: rate,
     });
-    let uuids = &mut o.uuids;
     s.devices = books
         .ledger
         .seen_devices()
         .into_iter()
         .map(|d| {
             let c = books.ledger.device(d);
+            let uuid = books.device_uuid(d);
             let framework = events::framework(d);
             DeviceStatus {
                 device: d,
@@ -466,13 +459,11 @@ fn write_status(o: &mut Observer, books: &Books) {
                 peak_bytes: c.peak.load(Relaxed),
                 cap_bytes: c.cap(),
                 pool_held_bytes: c.pool_excess(),
-                uuid: uuids
-                    .entry(d)
-                    .or_insert_with(|| super::real::DRIVER.device_uuid(d))
-                    .clone(),
-                refusals: c.denied.load(Relaxed),
+                uuid,
                 framework_in_use_bytes: framework.map(|f| f.0),
                 framework_cached_bytes: framework.map(|f| f.1),
+                oom_refusals: books.oom_counts[d as usize].load(Relaxed),
+                cap_refusals: c.denied.load(Relaxed),
             }
         })
         .collect();

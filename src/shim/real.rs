@@ -7,8 +7,8 @@
 //! (the `dlsym` override that uses it is in `hooks`).
 
 use super::cuda::{
-    CUcontext, CUdevice, CUdeviceptr, CUmemPool_attribute, CUmemoryPool, CUuuid, NVML_SUCCESS,
-    NvmlDevice, SUCCESS,
+    CUcontext, CUdevice, CUdeviceptr, CUmemPool_attribute, CUmemoryPool, CUuuid,
+    NVML_ERROR_INSUFFICIENT_SIZE, NVML_SUCCESS, NvmlDevice, NvmlProcessInfo, SUCCESS,
 };
 use std::ffi::{CStr, c_char, c_int, c_uint, c_void};
 use std::marker::PhantomData;
@@ -261,6 +261,9 @@ own_functions! {
     device_get_uuid: c"libcuda.so.1" c"cuDeviceGetUuid_v2" fn(*mut CUuuid, CUdevice);
     device_get_uuid_v1: c"libcuda.so.1" c"cuDeviceGetUuid" fn(*mut CUuuid, CUdevice);
     nvml_device_get_uuid: c"libnvidia-ml.so.1" c"nvmlDeviceGetUUID" fn(NvmlDevice, *mut c_char, c_uint);
+    nvml_init: c"libnvidia-ml.so.1" c"nvmlInit_v2" fn();
+    nvml_by_uuid: c"libnvidia-ml.so.1" c"nvmlDeviceGetHandleByUUID" fn(*const c_char, *mut NvmlDevice);
+    nvml_processes: c"libnvidia-ml.so.1" c"nvmlDeviceGetComputeRunningProcesses_v3" fn(NvmlDevice, *mut c_uint, *mut NvmlProcessInfo);
 }
 
 /// gpuguard's own driver calls, as answers.
@@ -327,6 +330,18 @@ impl Driver {
             // SAFETY: a pool handle the driver handed out.
             unsafe { f(pool as CUmemoryPool, 0) };
         }
+    }
+
+    /// A device's UUID as the driver gives it: 16 bytes, no allocation.
+    pub fn device_uuid_bytes(&self, device: i32) -> Option<[u8; 16]> {
+        let f = OWN
+            .device_get_uuid
+            .get()
+            .or_else(|| OWN.device_get_uuid_v1.get())?;
+        let mut u = CUuuid { bytes: [0; 16] };
+        // SAFETY: cuDeviceGetUuid(_v2) writes one 16-byte CUuuid.
+        let rc = unsafe { f(&mut u, device) };
+        (rc == SUCCESS).then(|| u.bytes.map(|b| b as u8))
     }
 
     /// A device's UUID, formatted as NVML formats it (`GPU-xxxxxxxx-xxxx-...`).
@@ -454,6 +469,49 @@ pub(crate) fn is_own_code(pc: usize) -> bool {
 pub(crate) fn own_code() -> impl Fn(usize) -> bool + Copy {
     let (lo, hi) = (OWN_LO.load(Relaxed), OWN_HI.load(Relaxed));
     move |pc| pc >= lo && pc < hi
+}
+
+/// NVML's list of the processes using a device (pid, bytes), found by the device's
+/// UUID; `Err` says why there is none. Loads NVML if the program has not (helper
+/// thread only: at an `oom` report), and initializes it once.
+pub(crate) fn nvml_processes(uuid: &str) -> Result<Vec<(u32, u64)>, &'static str> {
+    static INIT: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let ready = *INIT.get_or_init(|| {
+        // SAFETY: dlopen with a constant name; the handle is kept (never closed).
+        unsafe { libc::dlopen(c"libnvidia-ml.so.1".as_ptr(), libc::RTLD_LAZY) };
+        // SAFETY: nvmlInit_v2 takes no argument; NVML counts its initializations.
+        OWN.nvml_init
+            .get()
+            .is_some_and(|f| unsafe { f() } == NVML_SUCCESS)
+    });
+    if !ready {
+        return Err("NVML could not be loaded or initialized");
+    }
+    let (Some(by_uuid), Some(list)) = (OWN.nvml_by_uuid.get(), OWN.nvml_processes.get()) else {
+        return Err("this NVML has no per-process list");
+    };
+    let name = std::ffi::CString::new(uuid).map_err(|_| "the device's UUID is not text")?;
+    let mut dev: NvmlDevice = std::ptr::null_mut();
+    // SAFETY: a NUL-terminated UUID; NVML writes one handle.
+    if unsafe { by_uuid(name.as_ptr(), &mut dev) } != NVML_SUCCESS {
+        return Err("NVML does not know the device");
+    }
+    let mut room: c_uint = 16;
+    for _ in 0..4 {
+        let mut buf = vec![NvmlProcessInfo::default(); room as usize];
+        let mut n = room;
+        // SAFETY: `buf` holds `n` entries; NVML writes at most that many and the count.
+        let rc = unsafe { list(dev, &mut n, buf.as_mut_ptr()) };
+        if rc == NVML_SUCCESS {
+            buf.truncate((n as usize).min(buf.len()));
+            return Ok(buf.iter().map(|p| (p.pid, p.used_gpu_memory)).collect());
+        }
+        if rc != NVML_ERROR_INSUFFICIENT_SIZE {
+            return Err("NVML's per-process list failed");
+        }
+        room = n.max(room.saturating_mul(2));
+    }
+    Err("NVML's per-process list kept growing")
 }
 
 /// gpuguard's own NVML call: the UUID of an NVML device, to match it with its CUDA

@@ -2,12 +2,12 @@
 //! directory (or to stderr when it cannot be written), with one line on stderr.
 //! Whoever asks for one supplies the frameworks' account, if it has one.
 
-use super::books::Books;
+use super::books::{Books, Denial};
 use super::settings::{LogLevel, log, settings};
 use super::state::{active_books, shielded};
 use super::symbolize::{Tables, symbolize};
 use super::sys::{self, write_stderr};
-use super::{capture, endings, events, fault, table};
+use super::{capture, endings, events, fault, oom, table};
 use gpuguard_core::classify::Answer;
 use gpuguard_core::report::{ReportConfig, TrimReport, human_bytes};
 use gpuguard_core::reporter::{self, FrameInfo, ReportInput};
@@ -30,6 +30,9 @@ pub(crate) struct Extra {
     pub trim: Option<gpuguard_core::report::TrimReport>,
     /// The signal ending the process, for its final report.
     pub ending: Option<gpuguard_core::report::Ending>,
+    /// For a `cap` or `oom` report: the refusal it is written for, as the hook kept
+    /// it.
+    pub refusal: Option<Denial>,
 }
 
 /// Set once the exit report is written (from Python's `atexit` in a Python process,
@@ -216,10 +219,13 @@ pub(crate) fn write(
         books.refresh_pools(d);
     }
     let capturing = capture::active();
-    let refusal = if reason == "cap" {
-        denial(books, &tables)
-    } else {
-        None
+    let refusal = match (reason, extra.refusal) {
+        ("cap", Some(d)) => Some(denial(books, &d, &tables)),
+        _ => None,
+    };
+    let oom_refusal = match (reason, extra.refusal) {
+        ("oom", Some(d)) => Some(d),
+        _ => None,
     };
     let input = ReportInput {
         reason,
@@ -286,6 +292,21 @@ pub(crate) fn write(
     if reason != "exit" {
         judge_series(&report);
     }
+    if let Some(d) = report.denial.as_mut() {
+        // A cap report reads as an oom report does: the other processes on the
+        // device, and what would have helped.
+        (d.others, d.others_source) = oom::others_on(books, d.device);
+        let cached = report
+            .devices
+            .iter()
+            .find(|x| x.device == d.device)
+            .and_then(|x| x.cached_bytes);
+        d.suggestion = gpuguard_core::oom::suggest_cap(d.bytes, cached, d.cap_bytes);
+    }
+    if let Some(d) = oom_refusal {
+        let frames = site_frames(books, d.site, &tables);
+        report.oom = Some(oom::describe(books, &report, &d, frames));
+    }
     let name = reporter::file_name(&program, s.launch.rank, pid, seq, reason);
     let headline = headline(&report);
     // Compact JSON, streamed to the file: `gpuguard show` is for reading it.
@@ -316,9 +337,17 @@ pub(crate) fn write(
     });
     match written {
         Ok(path) => {
-            match &report.trim {
-                Some(t) => announce(t, Some(&path)),
-                None => log(
+            match (&report.trim, &report.oom) {
+                (Some(t), _) => announce(t, Some(&path)),
+                (None, Some(o)) => log(
+                    LogLevel::Warn,
+                    format_args!(
+                        "{}; report {}",
+                        gpuguard_core::oom::answer(o),
+                        path.display()
+                    ),
+                ),
+                (None, None) => log(
                     LogLevel::Warn,
                     format_args!("report {} ({reason}): {headline}", path.display()),
                 ),
@@ -338,6 +367,12 @@ pub(crate) fn write(
             if let Some(t) = &report.trim {
                 announce(t, None);
             }
+            if let Some(o) = &report.oom {
+                log(
+                    LogLevel::Warn,
+                    format_args!("{}; report follows", gpuguard_core::oom::answer(o)),
+                );
+            }
             log(
                 LogLevel::Warn,
                 format_args!("report ({reason}) follows: {headline}"),
@@ -353,21 +388,13 @@ pub(crate) fn write(
     }
 }
 
-/// The last refusal, with its stack symbolized, for a `cap` report, and when it was
+/// A cap refusal, with its stack symbolized, for a `cap` report, and when it was
 /// (monotonic ns).
-fn denial(books: &Books, tables: &Tables) -> Option<(gpuguard_core::report::DenialReport, u64)> {
-    let d = books
-        .denial
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .clone()?;
-    let stack = books
-        .sites
-        .all()
-        .get(d.site as usize)
-        .cloned()
-        .unwrap_or_default();
-    let infos: Vec<FrameInfo> = stack.iter().map(|&pc| symbolize(pc, tables)).collect();
+fn denial(
+    books: &Books,
+    d: &Denial,
+    tables: &Tables,
+) -> (gpuguard_core::report::DenialReport, u64) {
     let report = gpuguard_core::report::DenialReport {
         device: d.device,
         bytes: d.bytes,
@@ -377,9 +404,25 @@ fn denial(books: &Books, tables: &Tables) -> Option<(gpuguard_core::report::Deni
         live_bytes: Some(d.live),
         // Once the report's own figures are read (`at_writing`).
         at_writing: None,
-        frames: reporter::site_frames(&infos.iter().collect::<Vec<_>>()),
+        frames: site_frames(books, d.site, tables),
+        // With the report's own figures (`cap_context`).
+        others: Vec::new(),
+        others_source: String::new(),
+        suggestion: String::new(),
     };
-    Some((report, d.t_ns))
+    (report, d.t_ns)
+}
+
+/// A call site's stack, symbolized, innermost first.
+pub(super) fn site_frames(books: &Books, site: u32, tables: &Tables) -> Vec<String> {
+    let stack = books
+        .sites
+        .all()
+        .get(site as usize)
+        .cloned()
+        .unwrap_or_default();
+    let infos: Vec<FrameInfo> = stack.iter().map(|&pc| symbolize(pc, tables)).collect();
+    reporter::site_frames(&infos.iter().collect::<Vec<_>>())
 }
 
 /// A cap report's refused device as the report found it (its `devices[]` figures),
@@ -436,6 +479,13 @@ fn headline(r: &gpuguard_core::report::Report) -> String {
             parts[0] = format!("at writing, {:.3} s later: {}", w.after_s, parts[0]);
         }
         parts.insert(0, refusal);
+        if !d.suggestion.is_empty() {
+            parts.push(format!(
+                "other processes {}; {}",
+                human_bytes(gpuguard_core::oom::held_by(&d.others)),
+                d.suggestion
+            ));
+        }
     }
     if r.host_pinned.peak_bytes > 0 {
         parts.push(format!(

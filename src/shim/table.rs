@@ -177,7 +177,7 @@ macro_rules! hooked_functions {
         Runtime fn cudaMallocManaged(p: *mut *mut c_void, bytes: usize, flags: c_uint) ["", 0, false]
             => rt_alloc { kind: Managed, out: p, key: device, size: bytes };
         Runtime fn cudaMallocPitch(p: *mut *mut c_void, pitch: *mut usize, width: usize, height: usize) ["", 0, false]
-            => rt_alloc { kind: Pitch, out: p, key: device, size: out(pitch).unwrap_or(width) * height.max(1) };
+            => rt_alloc { kind: Pitch, out: p, key: device, size: out(pitch).unwrap_or(width).saturating_mul(height.max(1)) };
         Runtime fn cudaMalloc3D(pitched: *mut cudaPitchedPtr, extent: cudaExtent) ["", 0, false]
             => custom(rt_malloc_3d);
         Runtime fn cudaMallocAsync(p: *mut *mut c_void, bytes: usize, stream: cudaStream_t) ["", 0, false]

@@ -5,7 +5,7 @@
 //! capture is held (`Trims`) until no stream captures, at most `trim::CAPTURE_WAIT`;
 //! reports are answered meanwhile.
 
-use super::books::Books;
+use super::books::{Books, Denial, RefusalSlot};
 use super::python::{self, Outcome};
 use super::report::{self, Extra};
 use super::settings::{LogLevel, log, settings};
@@ -252,7 +252,8 @@ fn run(fd: c_int) {
     let mut settled = endings::settle_done();
     let mut journal_busy = true;
     loop {
-        let cap_waiting = active_books().is_some_and(|b| b.cap_pending.load(Acquire));
+        let cap_waiting =
+            active_books().is_some_and(|b| b.cap_refusal.pending() || b.oom_refusal.pending());
         let mut timeout_ms: u64 = if cap_waiting { 100 } else { 1000 };
         if python::frames::enabled() {
             timeout_ms = timeout_ms.min(200); // new Python call sites are named soon
@@ -348,6 +349,7 @@ fn run(fd: c_int) {
         if let Some(books) = active_books() {
             let auto = shielded(|| thresholds(books)).unwrap_or(None);
             let auto = auto.or_else(|| books.cap_trim_wanted.swap(false, AcqRel).then_some("cap"));
+            let auto = auto.or_else(|| books.oom_trim_wanted.swap(false, AcqRel).then_some("oom"));
             if let Some(trigger) = auto {
                 // At most one automatic trim per GPUGUARD_TRIM_INTERVAL: a job at its
                 // cap must not trim in a loop.
@@ -407,9 +409,30 @@ fn answer_requests(handled: &mut u64, trims: &mut Trims) {
         trims.ask("signal", true, None);
     }
     if let Some(books) = active_books()
-        && claim_cap_report(books)
+        && let Some(d) = claim_cap_report(books)
     {
-        shielded(|| write_report("cap", Extra::default()));
+        shielded(|| {
+            write_report(
+                "cap",
+                Extra {
+                    refusal: Some(d),
+                    ..Extra::default()
+                },
+            )
+        });
+    }
+    if let Some(books) = active_books()
+        && let Some(d) = claim_oom_report(books)
+    {
+        shielded(|| {
+            write_report(
+                "oom",
+                Extra {
+                    refusal: Some(d),
+                    ..Extra::default()
+                },
+            )
+        });
     }
     if let Some(ticket) = control::trim_wanted() {
         trims.ask("api", false, Some(ticket));
@@ -538,22 +561,36 @@ pub(super) fn install_python() {
     let _ = python::run(&python::call("_gg_install", &devices), None);
 }
 
-/// Whether a cap report should be written now, claiming it if so: one at the first
+/// The refusal a cap report should be written for now, claimed: one at the first
 /// refusal, then at most one a second, whichever thread (helper or exit) asks.
-pub(crate) fn claim_cap_report(books: &Books) -> bool {
-    if !books.cap_pending.load(Acquire) {
-        return false;
+pub(crate) fn claim_cap_report(books: &Books) -> Option<Denial> {
+    claim(&books.cap_refusal, &books.last_cap_report_ns)
+}
+
+/// The refusal by the driver an `oom` report should be written for now, claimed, at
+/// the same rate as cap reports.
+pub(crate) fn claim_oom_report(books: &Books) -> Option<Denial> {
+    claim(&books.oom_refusal, &books.last_oom_report_ns)
+}
+
+/// One report at the first refusal, then at most one a second: the refusal kept
+/// meanwhile is the first since the last report.
+fn claim(slot: &RefusalSlot, last_ns: &AtomicU64) -> Option<Denial> {
+    if !slot.pending() {
+        return None;
     }
     let now = monotonic_ns().max(1);
-    let last = books.last_cap_report_ns.load(Acquire);
+    let last = last_ns.load(Acquire);
     if last != 0 && now.saturating_sub(last) < 1_000_000_000 {
-        return false;
+        return None;
     }
-    books
-        .last_cap_report_ns
+    if last_ns
         .compare_exchange(last, now, AcqRel, Acquire)
-        .is_ok()
-        && books.cap_pending.swap(false, AcqRel)
+        .is_err()
+    {
+        return None;
+    }
+    slot.take()
 }
 
 /// Warnings for thresholds the hooks saw crossed; `Some("threshold")` when a trim

@@ -20,7 +20,15 @@
  *   NVML1 path= idx= uuid= rc= total= free= used=            nvmlDeviceGetMemoryInfo
  *   NVML2 path= idx= uuid= rc= total= reserved= free= used=  ..._v2
  *   GATE held=<0|1>                         whether gpuguard's helper thread was held
- *                                           in the sim's gate (refuse_then_free)
+ *                                           in the sim's gate (refuse_then_free, oom_fill)
+ *   OOM path= blocks= rc= storm_other= reports_while_held=
+ *                                           oom_fill: blocks taken before the driver
+ *                                           refused, its code, storm refusals that
+ *                                           were not OUT_OF_MEMORY, and oom reports
+ *                                           written while the helper was held
+ *   HELD                                    oom_hold holds its memory
+ *   RETRY rc=                               oom_retry: the refused call's code, after
+ *                                           gpuguard's retry under GPUGUARD_OOM_TRIM
  * MARK <name> lines go to stderr, so gpuguard's own lines can be placed among them.
  */
 #include "gg_common.h"
@@ -889,6 +897,110 @@ static int mode_refuse_then_free(int argc, char **argv)
     return 0;
 }
 
+/* ---- oom_fill PATH [BLOCK_MIB] [STORM]: blocks of BLOCK_MIB (default 1024) through
+ * allocation path PATH (a name of g_paths) until the driver refuses one (no cap: the
+ * sim's memory is full), then STORM more refusals (default 0); the helper thread is
+ * held in the sim's gate (inside the oom report it writes) meanwhile. Then
+ * everything is freed, the gate opened, and the oom report waited for. Lines:
+ *   OOM path= blocks= rc= storm_rcs= reports_while_held=
+ * with the SIM books printed at the refusal ("refusal" step). ---- */
+#define MAX_BLOCKS 4096
+static int mode_oom_fill(int argc, char **argv)
+{
+    const char *name = argc > 1 ? argv[1] : "cuMemAlloc_v2";
+    size_t block = (size_t)(argc > 2 ? atoi(argv[2]) : 1024) * MiB;
+    int storm = argc > 3 ? atoi(argv[3]) : 0;
+    const struct path *p = g_paths;
+    while (p->name && strcmp(p->name, name) != 0) p++;
+    if (!p->name) {
+        fprintf(stderr, "no path %s\n", name);
+        return 3;
+    }
+    gg_setup(0);
+    MUST(cuStreamCreate(&g_stream, 0));
+    CUmemPoolProps props;
+    memset(&props, 0, sizeof props);
+    props.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+    props.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    props.location.id = 0;
+    MUST(cuMemPoolCreate(&g_pool, &props));
+    /* gpuguard measures the device's pools for every report: its helper thread waits
+     * there. This thread's own calls pass. */
+    MUST(simcuda_gate_arm("cuMemPoolGetAttribute"));
+    static unsigned long long held[MAX_BLOCKS];
+    int n = 0, rc = 0, kept;
+    while (n < MAX_BLOCKS) {
+        rc = p->try_alloc(block, &held[n], &kept);
+        if (rc != 0) break;
+        n++;
+    }
+    step("refusal");
+    print_sim();
+    int other = 0;
+    for (int i = 0; i < storm; i++) {
+        unsigned long long h;
+        if (p->try_alloc(block, &h, &kept) != CUDA_ERROR_OUT_OF_MEMORY) other++;
+    }
+    int held_gate = simcuda_gate_wait(GG_WAIT_BOUND_MS);
+    int before = count_reports(".oom.json");
+    printf("OOM path=%s blocks=%d rc=%d storm_other=%d reports_while_held=%d\n", p->name, n,
+           rc, other, before);
+    printf("GATE held=%d\n", held_gate);
+    for (int i = 0; i < n; i++) MUST(p->release(held[i]));
+    if (p->pool) MUST(cuStreamSynchronize(g_stream));
+    simcuda_gate_open();
+    wait_reports(".oom.json", 1);
+    step("end");
+    finish();
+    return 0;
+}
+
+/* ---- oom_retry: device 0 filled exactly with 4 MiB stream-ordered blocks, half of
+ * them freed without a synchronization (their chunks stay in the pool), then
+ * cuMemAlloc_v2 of 4 MiB, which the driver refuses unless the pool is trimmed
+ * (GPUGUARD_OOM_TRIM). Lines: RETRY rc= ---- */
+static int mode_oom_retry(int argc, char **argv)
+{
+    (void)argc;
+    (void)argv;
+    gg_setup(0);
+    MUST(cuStreamCreate(&g_stream, 0));
+    static CUdeviceptr blocks[MAX_BLOCKS];
+    int n = (int)(simcuda_mem() / (4 * MiB));
+    if (n > MAX_BLOCKS) n = MAX_BLOCKS;
+    for (int i = 0; i < n; i++) MUST(cuMemAllocAsync(&blocks[i], 4 * MiB, g_stream));
+    for (int i = 0; i < n / 2; i++) MUST(cuMemFreeAsync(blocks[i], g_stream));
+    CUdeviceptr p = SENTINEL;
+    int rc = cuMemAlloc_v2(&p, 4 * MiB);
+    printf("RETRY rc=%d\n", rc);
+    if (rc == 0) MUST(cuMemFree_v2(p));
+    for (int i = n / 2; i < n; i++) MUST(cuMemFreeAsync(blocks[i], g_stream));
+    MUST(cuStreamSynchronize(g_stream));
+    wait_reports(".oom.json", 1);
+    finish();
+    return 0;
+}
+
+/* ---- oom_hold MIB: holds MIB on device 0 until stdin ends (another process on the
+ * same GPU for an oom report), after one allocation the driver refuses (the whole
+ * device); HELD on stdout once it holds it ---- */
+static int mode_oom_hold(int argc, char **argv)
+{
+    size_t bytes = (size_t)(argc > 1 ? atoi(argv[1]) : 64) * MiB;
+    gg_setup(0);
+    CUdeviceptr a = dev_alloc(bytes, 0);
+    CUdeviceptr big = SENTINEL;
+    rc_line("whole", cuMemAlloc_v2(&big, simcuda_mem()));
+    puts("HELD");
+    fflush(stdout);
+    char buf[64];
+    while (fread(buf, 1, sizeof buf, stdin) > 0) {
+    }
+    dev_free(a);
+    finish();
+    return 0;
+}
+
 /* ---- warn: 20 MiB, 36 MiB, 40 MiB, 20 MiB, 36 MiB on device 0, a pause after each ---- */
 static int mode_warn(int argc, char **argv)
 {
@@ -1023,6 +1135,9 @@ static const struct gg_mode g_modes[] = {
     {"nvml", mode_nvml},
     {"deny_loop", mode_deny_loop},
     {"refuse_then_free", mode_refuse_then_free},
+    {"oom_fill", mode_oom_fill},
+    {"oom_hold", mode_oom_hold},
+    {"oom_retry", mode_oom_retry},
     {"warn", mode_warn},
     {"trim_at", mode_trim_at},
     {"retry", mode_retry},

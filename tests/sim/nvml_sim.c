@@ -18,6 +18,10 @@
  *   device for itself; nvmlMemory_t.used counts that reserve plus the device's
  *   live allocations, nvmlMemory_v2_t.used the allocations only; free is what is
  *   left after both.
+ *   Processes (nvmlDeviceGetComputeRunningProcesses_v3): on a device this process's
+ *   CUDA sees, this process with its live bytes there (when it has some), then the
+ *   entries of SIMNVML_PROCS="PID:BYTES,..." (at most 8): processes the sim pretends
+ *   use every device, as other processes on a shared GPU.
  */
 #define _GNU_SOURCE
 #include "nvml_sim.h"
@@ -27,6 +31,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
+#include <unistd.h>
 
 #define MAX_EXTRA 4
 #define MAX_NVML 68
@@ -219,6 +225,52 @@ nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t *me
     memory->reserved = reserved;
     memory->used = used;
     memory->free = left(total, reserved + used);
+    return NVML_SUCCESS;
+}
+
+/* Handles by UUID, as nvmlDeviceGetUUID writes it. */
+nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *device)
+{
+    if (!initialized()) return NVML_ERROR_UNINITIALIZED;
+    if (!uuid || !device) return NVML_ERROR_INVALID_ARGUMENT;
+    for (unsigned i = 0; i < count(); i++) {
+        char text[96];
+        if (nvmlDeviceGetUUID(&g_devs[i], text, sizeof text) == NVML_SUCCESS &&
+            strcasecmp(text, uuid) == 0) {
+            *device = &g_devs[i];
+            return NVML_SUCCESS;
+        }
+    }
+    return NVML_ERROR_NOT_FOUND;
+}
+
+#define MAX_FAKE_PROCS 8
+
+nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t device, unsigned int *n,
+                                                     nvmlProcessInfo_t *infos)
+{
+    if (!initialized()) return NVML_ERROR_UNINITIALIZED;
+    struct nvmlDevice_st *d = dev_of(device);
+    if (!d || !n || (*n > 0 && !infos)) return NVML_ERROR_INVALID_ARGUMENT;
+    nvmlProcessInfo_t list[MAX_FAKE_PROCS + 1];
+    unsigned k = 0;
+    unsigned long long total, reserved, used;
+    books(d->index, &total, &reserved, &used);
+    if (used > 0) list[k++] = (nvmlProcessInfo_t){(unsigned)getpid(), used, ~0u, ~0u};
+    const char *e = getenv("SIMNVML_PROCS");
+    while (e && *e && k < MAX_FAKE_PROCS + 1) {
+        char *q;
+        unsigned long pid = strtoul(e, &q, 10);
+        if (*q != ':') break;
+        unsigned long long bytes = strtoull(q + 1, &q, 10);
+        list[k++] = (nvmlProcessInfo_t){(unsigned)pid, bytes, ~0u, ~0u};
+        if (*q != ',') break;
+        e = q + 1;
+    }
+    unsigned room = *n;
+    *n = k;
+    if (room < k) return NVML_ERROR_INSUFFICIENT_SIZE;
+    memcpy(infos, list, k * sizeof *list);
     return NVML_SUCCESS;
 }
 

@@ -71,6 +71,10 @@ pub struct Config {
     /// final exit report (`GPUGUARD_FINAL_REPORT_SIGNALS`): SIGTERM, SIGINT, SIGHUP by
     /// default; empty when off.
     pub final_report_signals: Vec<i32>,
+    /// When the driver refuses an allocation for lack of memory, trim the device's
+    /// stream-ordered pools and retry the call once, and ask for a full trim
+    /// (`GPUGUARD_OOM_TRIM`); off by default.
+    pub oom_trim: bool,
 }
 
 /// The signals `GPUGUARD_FINAL_REPORT_SIGNALS` may name, and their short names.
@@ -118,6 +122,7 @@ impl Default for Config {
             trace: None,
             log_every_ms: None,
             final_report_signals: FINAL_REPORT_SIGNALS.iter().map(|(s, _)| *s).collect(),
+            oom_trim: false,
         }
     }
 }
@@ -162,6 +167,7 @@ pub const KNOWN_VARS: &[&str] = &[
     "GPUGUARD_FINAL_REPORT_SIGNALS",
     "GPUGUARD_LABELS",
     "GPUGUARD_STATUS_DIR",
+    "GPUGUARD_OOM_TRIM",
     // The command's own (where `gpuguard` finds the library); the library ignores it,
     // and a shell that exports it for `$(gpuguard lib)` must not get a warning.
     "GPUGUARD_LIB",
@@ -306,6 +312,13 @@ impl Config {
                 _ => return Err(refuse("GPUGUARD_PYTHON", &v)),
             };
         }
+        if let Some(v) = vars.text("GPUGUARD_OOM_TRIM")? {
+            cfg.oom_trim = match v.trim().to_ascii_lowercase().as_str() {
+                "1" | "on" => true,
+                "0" | "off" => false,
+                _ => return Err(refuse("GPUGUARD_OOM_TRIM", &v)),
+            };
+        }
         if let Some(v) = vars.text("GPUGUARD_CAP")? {
             cfg.cap = CapSpec::parse(&v).ok_or_else(|| refuse("GPUGUARD_CAP", &v))?;
         }
@@ -382,6 +395,7 @@ fn accepted(var: &str) -> String {
         "GPUGUARD_REPORT_SIGNAL" | "GPUGUARD_TRIM_SIGNAL" => accepted_signals(),
         "GPUGUARD_TRIM_INTERVAL" => "an interval with a unit (500ms, 5s, 2m; at least 1ms)".into(),
         "GPUGUARD_PYTHON" => "on, lines or off".into(),
+        "GPUGUARD_OOM_TRIM" => "1 or on, 0 or off".into(),
         "GPUGUARD_FINAL_REPORT_SIGNALS" => {
             "a comma list of TERM, INT, HUP (the default: all three), or none".into()
         }
@@ -1004,6 +1018,27 @@ mod tests {
             "ABRT",
         ] {
             assert!(text.contains(part), "{part}: {text}");
+        }
+    }
+
+    #[test]
+    fn oom_trim_is_off_unless_asked() {
+        assert!(!parse(&[]).unwrap().oom_trim);
+        for on in ["1", "on", " ON "] {
+            assert!(
+                parse(&[("GPUGUARD_OOM_TRIM", on)]).unwrap().oom_trim,
+                "{on}"
+            );
+        }
+        for off in ["0", "off"] {
+            assert!(
+                !parse(&[("GPUGUARD_OOM_TRIM", off)]).unwrap().oom_trim,
+                "{off}"
+            );
+        }
+        for bad in ["yes", "2", ""] {
+            let e = parse(&[("GPUGUARD_OOM_TRIM", bad)]).unwrap_err();
+            assert_eq!(e.accepted, "1 or on, 0 or off", "{bad}");
         }
     }
 

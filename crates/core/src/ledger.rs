@@ -526,6 +526,17 @@ pub struct Ledger {
     journaled: AtomicBool,
     /// The drain's state, and its lock: one drain at a time.
     drain: Mutex<Drain>,
+    /// A moment whose live bytes on one device a reader wants (a refusal's, made
+    /// while hooks journal): see [`Ledger::mark`].
+    mark: Mark,
+}
+
+/// A marked moment: its stamp (0: none waiting), its device, and the device's live
+/// bytes when the drain reached it (`u64::MAX`: not yet).
+struct Mark {
+    t_ns: AtomicU64,
+    device: AtomicU64,
+    live: AtomicU64,
 }
 
 /// What a drain keeps between its rounds and drains.
@@ -590,6 +601,52 @@ impl Ledger {
             journaled: AtomicBool::new(false),
             direct: AtomicBool::new(false),
             drain: Mutex::new(Drain::default()),
+            mark: Mark {
+                t_ns: AtomicU64::new(0),
+                device: AtomicU64::new(0),
+                live: AtomicU64::new(u64::MAX),
+            },
+        }
+    }
+
+    /// Marks the moment `t_ns` on `device` (atomics only: a hook calls it): the
+    /// drain that first applies an entry stamped after it keeps the device's live
+    /// bytes as they were, for [`Ledger::live_at_mark`]. While hooks journal, the
+    /// counters trail the program; this gives a moment's exact figure all the same.
+    pub fn mark(&self, t_ns: u64, device: i32) {
+        self.mark.live.store(u64::MAX, Relaxed);
+        self.mark.device.store(u64::from(device as u32), Relaxed);
+        self.mark.t_ns.store(t_ns.max(1), Release);
+    }
+
+    /// The marked device's live bytes at the marked moment, once everything published
+    /// is applied (this drains first); `None` when nothing was marked.
+    pub fn live_at_mark(&self) -> Option<u64> {
+        self.drain();
+        let _d = lock(&self.drain);
+        if self.mark.t_ns.swap(0, AcqRel) != 0 {
+            // No entry after the moment yet: the books are the moment's.
+            let dev = self.mark.device.load(Relaxed) as u32 as i32;
+            return Some(self.device(dev).current());
+        }
+        let live = self.mark.live.swap(u64::MAX, Relaxed);
+        (live != u64::MAX).then_some(live)
+    }
+
+    /// In a drain (its lock held), before applying an entry stamped `t_ns`: the
+    /// marked device's live bytes are kept if the entry is past the marked moment.
+    fn pass_mark(&self, t_ns: u64) {
+        let at = self.mark.t_ns.load(Acquire);
+        if at != 0
+            && t_ns > at
+            && self
+                .mark
+                .t_ns
+                .compare_exchange(at, 0, AcqRel, Relaxed)
+                .is_ok()
+        {
+            let dev = self.mark.device.load(Relaxed) as u32 as i32;
+            self.mark.live.store(self.device(dev).current(), Relaxed);
         }
     }
 
@@ -732,7 +789,11 @@ impl Ledger {
                     }
                 }
             }
+            let marked = self.mark.t_ns.load(Acquire) != 0;
             for (i, &(e, tries)) in events.iter().enumerate() {
+                if marked {
+                    self.pass_mark(e.t_ns());
+                }
                 match (paired[i], e) {
                     (Some(usize::MAX), Event::Alloc { rec, .. }) => {
                         let c = self.counters_for(&rec);
@@ -1712,6 +1773,27 @@ mod tests {
         fn push(&mut self, l: &Ledger, e: Event) {
             l.journal(self.0, &mut self.1, &e);
         }
+    }
+
+    #[test]
+    fn a_marked_moment_keeps_its_live_bytes_past_later_entries() {
+        let l = Ledger::new();
+        let mut a = Writer::new(&l);
+        a.push(&l, jalloc(0x1000, 100, 1, 1));
+        a.push(&l, jalloc(0x2000, 50, 2, 1));
+        // Nothing marked: nothing to say.
+        assert_eq!(l.live_at_mark(), None);
+        // Marked after both, before a free: the drain that applies the free keeps
+        // the moment's 150 bytes, though the books then hold 50.
+        l.mark(3, 0);
+        a.push(&l, jfree(0x1000, 4));
+        l.drain();
+        assert_eq!(l.device(0).current(), 50);
+        assert_eq!(l.live_at_mark(), Some(150));
+        assert_eq!(l.live_at_mark(), None, "taken once");
+        // Marked with nothing after it yet: the books are the moment's.
+        l.mark(5, 0);
+        assert_eq!(l.live_at_mark(), Some(50));
     }
 
     #[test]

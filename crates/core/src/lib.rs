@@ -10,7 +10,8 @@
 //!   (ledger -> report -> file), `report_stream` (reading a report keeping a few of
 //!   its live allocations), `classify` (frameworks' blocks joined to a report),
 //!   `symbols` (ELF function names), `pylines` (Python line tables), `growth`
-//!   (which call sites look like leaks across a series of reports);
+//!   (which call sites look like leaks across a series of reports), `oom` (an
+//!   `oom` report's answer and suggestion);
 //! - `trace` (the memory timeline file, `GPUGUARD_TRACE`), `status` (the per-process
 //!   status files `gpuguard ps` lists), `regular_file` (opening files without
 //!   blocking, regular files only);
@@ -24,6 +25,7 @@ pub mod config;
 pub mod escape;
 pub mod growth;
 pub mod ledger;
+pub mod oom;
 pub mod pylines;
 pub mod regular_file;
 pub mod report;

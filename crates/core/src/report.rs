@@ -57,6 +57,11 @@ pub struct Report {
     /// For a `cap` report: the allocation the cap refused.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub denial: Option<DenialReport>,
+    /// For an `oom` report: the allocation the driver refused for lack of memory,
+    /// the figures of that moment, the other processes on the device and what would
+    /// have helped (`crate::oom`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub oom: Option<OomReport>,
     /// For a `trim` report: what each mechanism gave back.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub trim: Option<TrimReport>,
@@ -224,6 +229,112 @@ pub struct DenialReport {
     pub at_writing: Option<AtWriting>,
     /// The refused call's stack, innermost first.
     pub frames: Vec<String>,
+    /// The other processes on the device, most memory first, and where that comes
+    /// from, as in an `oom` report (absent in older reports).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub others: Vec<OtherProcess>,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub others_source: String,
+    /// The first thing that would have helped (absent in older reports).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub suggestion: String,
+}
+
+/// A refusal by the driver for lack of memory (an `oom` report). The figures up to
+/// `refusals` are the refusal's own; the report is written later by the helper
+/// thread, and `at_writing` says what the same device held then.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct OomReport {
+    pub device: i32,
+    /// What the refused call asked for.
+    pub bytes: u64,
+    pub api: String,
+    /// This process's live bytes on the device at the refusal.
+    pub live_bytes: u64,
+    /// Live bytes plus what its stream-ordered pools held (as last measured).
+    pub held_bytes: u64,
+    /// The device's memory as the driver states it (0: unknown).
+    pub total_bytes: u64,
+    /// The refused call's stack, innermost first.
+    pub frames: Vec<String>,
+    /// The innermost Python frame of the refused call, `file:line in function`,
+    /// when the stack has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub python_line: Option<String>,
+    /// Refusals for lack of memory in the process so far (this one included); the
+    /// report names the first since the last `oom` report.
+    pub refusals: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub at_writing: Option<AtWriting>,
+    /// Of this process's memory on the device when the report was written: what the
+    /// frameworks held behind live tensors and what they kept cached (`null` when no
+    /// framework could be asked).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub in_use_bytes: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cached_bytes: Option<u64>,
+    /// The frameworks whose split that is (`pytorch`, ...).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub frameworks: Vec<String>,
+    /// The other processes on the device, most memory first.
+    #[serde(default)]
+    pub others: Vec<OtherProcess>,
+    /// Where `others` comes from, and what could not be asked.
+    #[serde(default)]
+    pub others_source: String,
+    /// The first thing that would have helped, for people.
+    pub suggestion: String,
+    /// `GPUGUARD_OOM_TRIM`: the device's pools trimmed and the call retried once
+    /// (absent when it was not).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry: Option<OomRetry>,
+}
+
+/// The retry of a refused call after a trim (`GPUGUARD_OOM_TRIM`).
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct OomRetry {
+    /// Stream-ordered pools of the device trimmed before the retry.
+    pub pools_trimmed: u64,
+    /// `succeeded` (the program got its memory) or `refused` (the driver refused
+    /// again).
+    pub outcome: String,
+}
+
+/// Another process on the refused device: NVML's figure for it, and for a process
+/// running gpuguard its own books (from its status file).
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct OtherProcess {
+    pub pid: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub program: Option<String>,
+    /// The device memory NVML says it uses (absent: NVML did not list it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nvml_used_bytes: Option<u64>,
+    /// Whether it runs gpuguard (its status file was found).
+    pub guarded: bool,
+    /// From its status file: its live bytes, peak, what its pools hold unused,
+    /// its cap, and its framework split as of its last report.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub live_bytes: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peak_bytes: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pool_held_bytes: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cap_bytes: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub in_use_bytes: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cached_bytes: Option<u64>,
+}
+
+impl OtherProcess {
+    /// What it holds on the device: NVML's figure, else its own books (live plus
+    /// pools).
+    pub fn held(&self) -> u64 {
+        self.nvml_used_bytes
+            .unwrap_or_else(|| self.live_bytes.unwrap_or(0) + self.pool_held_bytes.unwrap_or(0))
+    }
 }
 
 /// A capped device when a cap report was written, after its refusal.

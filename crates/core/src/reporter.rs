@@ -397,6 +397,7 @@ pub fn build_parts(input: &ReportInput<'_>) -> (Report, LiveList) {
         sampled_out,
         config: input.config.clone(),
         denial: input.denial.clone(),
+        oom: None,
         trim: None,
         ending: None,
         classification: Vec::new(),

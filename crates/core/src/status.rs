@@ -87,18 +87,21 @@ pub struct DeviceStatus {
     /// What stream-ordered pools hold unused (charged against the cap).
     #[serde(default)]
     pub pool_held_bytes: u64,
-    /// The device's UUID (`GPU-…`), when the driver gives it.
+    /// The device's UUID (`GPU-...`), so other processes find it whatever their
+    /// `CUDA_VISIBLE_DEVICES`; absent when the driver could not say.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub uuid: Option<String>,
-    /// Allocations refused by the cap so far.
-    #[serde(default)]
-    pub refusals: u64,
     /// The frameworks' memory in use and cached (held in their pools), at the last
     /// report that had their account.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub framework_in_use_bytes: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub framework_cached_bytes: Option<u64>,
+    /// Allocations the driver refused for lack of memory, and those the cap refused.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub oom_refusals: u64,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub cap_refusals: u64,
 }
 
 /// At most this many labels from the environment, names and values this long.
@@ -179,6 +182,10 @@ pub fn labels_from_env(
         labels.insert(name.to_string(), value.to_string());
     }
     (labels, warnings)
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// `report_dir` and `report_dir_hex` for a report directory: its name as text, and

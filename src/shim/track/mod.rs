@@ -8,7 +8,7 @@
 
 use super::bench_switch;
 use super::bench_switch::timing::{self, Phase};
-use super::books::Books;
+use super::books::{Books, RETRY_REFUSED, RETRY_SUCCEEDED};
 use super::python::frames;
 use super::python::names;
 use super::real::{DRIVER, is_driver_code, own_code};
@@ -629,6 +629,8 @@ fn journal_ahead(t: &ThreadState) {
 // ---- the hook bodies ---------------------------------------------------------------
 
 pub(crate) use super::cuda::{CAPTURE_WRONG_THREAD, INVALID_VALUE, OUT_OF_MEMORY, SUCCESS};
+/// `cudaErrorMemoryAllocation`: the runtime's out of memory.
+const RT_MEMORY_ALLOCATION: c_int = 2;
 
 /// What an allocation will take, known before the real call: the bytes (an upper
 /// estimate where the driver rounds, as for pitched memory) and the device when the
@@ -794,6 +796,47 @@ fn admit_capped(
     Some(Admission::Refused)
 }
 
+/// After a driver allocation failed: a refusal for lack of device memory is kept
+/// for the `oom` report (figures and stack now; the helper thread writes it), and
+/// the runtime call in progress, if any, told the driver beneath saw it. With
+/// `GPUGUARD_OOM_TRIM` the device's pools are trimmed and the call made once more
+/// (`retry`), and a full trim asked of the helper thread. Returns the call's code:
+/// the retry's when there was one.
+#[inline(never)]
+#[cold]
+#[allow(clippy::too_many_arguments)]
+fn out_of_memory(
+    t: &ThreadState,
+    books: &Books,
+    api: u8,
+    kind: Kind,
+    plan: &Plan,
+    dev: i32,
+    rc: c_int,
+    retry: impl FnOnce() -> c_int,
+) -> c_int {
+    if rc != OUT_OF_MEMORY || kind.is_host() {
+        return rc;
+    }
+    let label = claim_for_runtime(t, api);
+    let mut d = books.oom_moment(dev, plan.bytes, label, capture_site_in(books, t));
+    let mut rc = rc;
+    // Not while a stream captures: a pool trim would break the capture.
+    if config().oom_trim && capture::active() == 0 {
+        let (trimmed, _) = books.trim_pools(dev);
+        rc = retry();
+        d.retry = if rc == SUCCESS {
+            RETRY_SUCCEEDED
+        } else {
+            RETRY_REFUSED
+        };
+        d.pools_trimmed = trimmed.min(u16::MAX.into()) as u16;
+        books.oom_trim_wanted.store(true, Release);
+    }
+    books.driver_refused(d);
+    rc
+}
+
 /// What a hook answers when gpuguard failed inside the real call's own closure (it
 /// cannot tell whether the call happened): `CUDA_ERROR_UNKNOWN`.
 const UNKNOWN: c_int = 999;
@@ -835,7 +878,7 @@ pub(crate) fn driver_alloc(
     api: u8,
     kind: Kind,
     plan: Plan,
-    call: impl FnOnce() -> c_int,
+    call: impl FnOnce() -> c_int + Copy,
     made: impl FnOnce() -> Option<Made>,
 ) -> c_int {
     let mark = Cell::new(timing::stamp());
@@ -848,8 +891,11 @@ pub(crate) fn driver_alloc(
     };
     let t = scope.0;
     journal_ahead(t);
+    // The same call once more, for `GPUGUARD_OOM_TRIM` (the closures only hold the
+    // call's arguments: copying one makes the call again).
+    let retry = || scope.real(call);
     let call = || scope.real(|| timed(Phase::DrvAllocPre, Phase::DrvAllocReal, &mark, call));
-    let rc = driver_alloc_body(t, api, kind, plan, call, made);
+    let rc = driver_alloc_body(t, api, kind, plan, call, retry, made);
     timing::charge(Phase::DrvAllocPost, mark.get());
     rc
 }
@@ -892,6 +938,7 @@ fn driver_alloc_body(
     kind: Kind,
     plan: Plan,
     call: impl FnOnce() -> c_int,
+    retry: impl FnOnce() -> c_int,
     made: impl FnOnce() -> Option<Made>,
 ) -> c_int {
     guarded(call, |real| {
@@ -905,11 +952,13 @@ fn driver_alloc_body(
             Some(Admission::Uncapped { books, ctx, dev }) => {
                 // Nothing reserved: no reservation to adjust or give back, and no cap
                 // to check after the call (`after_alloc` would return at once).
-                let rc = real();
-                match if rc == SUCCESS { made() } else { None } {
-                    Some(m) => record(t, books, api, kind, m, ctx, dev, true),
-                    None if rc != SUCCESS => books.ledger.failed(dev, kind.is_host()),
-                    None => {}
+                let mut rc = real();
+                if rc != SUCCESS {
+                    books.ledger.failed(dev, kind.is_host());
+                    rc = out_of_memory(t, books, api, kind, &plan, dev, rc, retry);
+                }
+                if let Some(m) = if rc == SUCCESS { made() } else { None } {
+                    record(t, books, api, kind, m, ctx, dev, true);
                 }
                 return rc;
             }
@@ -917,14 +966,16 @@ fn driver_alloc_body(
             None => return real(), // gpuguard is off: the call goes through untouched
         };
         let host = kind.is_host();
-        let rc = real();
+        let mut rc = real();
         let ledger = &books.ledger;
+        if rc != SUCCESS {
+            // The reservation stands through a retry (`GPUGUARD_OOM_TRIM`).
+            ledger.failed(dev, host);
+            rc = out_of_memory(t, books, api, kind, &plan, dev, rc, retry);
+        }
         let m = if rc == SUCCESS { made() } else { None };
         let Some(m) = m else {
             ledger.unreserve(dev, host, reserved);
-            if rc != SUCCESS {
-                ledger.failed(dev, host);
-            }
             return rc;
         };
         if m.bytes > reserved && !ledger.reserve(dev, host, m.bytes - reserved) {
@@ -1145,9 +1196,11 @@ pub(crate) fn pool_device(pool: *mut c_void) -> Option<i32> {
 /// A runtime allocation: the driver call beneath labels and counts it. If none was
 /// seen (a runtime that reached an unhooked driver pointer), it is recorded here, so
 /// nothing is lost and nothing counted twice (insert-if-absent: one decision).
+/// `bytes`: what the call asks for, for a refusal's report.
 pub(crate) fn runtime_alloc(
     api: u8,
     kind: Kind,
+    bytes: impl FnOnce() -> u64,
     call: impl FnOnce() -> c_int,
     made: impl FnOnce() -> Option<Made>,
 ) -> c_int {
@@ -1176,6 +1229,22 @@ pub(crate) fn runtime_alloc(
                 weight: gpuguard_core::sampler::ONE,
             };
             book_alloc(t, books, m.key, rec, true);
+            Some(())
+        });
+    } else if rc == RT_MEMORY_ALLOCATION
+        && !frame.seen
+        && t.driver_depth.get() == 0
+        && !kind.is_host()
+    {
+        // Refused for lack of memory in a driver call gpuguard did not see beneath
+        // (an unhooked driver pointer): kept for the `oom` report here.
+        let _busy = hold(t);
+        shielded(|| {
+            let books = books()?;
+            let (_, dev) = ctx_device_in(t);
+            books.ledger.failed(dev, false);
+            let d = books.oom_moment(dev, bytes(), api, capture_site_in(books, t));
+            books.driver_refused(d);
             Some(())
         });
     }

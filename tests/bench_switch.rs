@@ -6,9 +6,9 @@
 
 mod common;
 
-use common::{manifest_dir, profile_dir, python, run, shim};
+use common::{feature_lib, manifest_dir, python, run, shim};
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::OnceLock;
 
 /// libgpuguard.so built with `--features bench --profile fault` (the release
@@ -16,37 +16,8 @@ use std::sync::OnceLock;
 /// process: what `scripts/bench/build_bench_lib.sh` builds for the benchmarks.
 fn bench_shim() -> PathBuf {
     static LIB: OnceLock<PathBuf> = OnceLock::new();
-    LIB.get_or_init(|| {
-        let target = profile_dir()
-            .parent()
-            .expect("target dir")
-            .join("bench-lib");
-        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-        let out = Command::new(cargo)
-            .args([
-                "build",
-                "--lib",
-                "--features",
-                "bench",
-                "--profile",
-                "fault",
-            ])
-            .arg("--manifest-path")
-            .arg(manifest_dir().join("Cargo.toml"))
-            .env("CARGO_TARGET_DIR", &target)
-            .stdin(Stdio::null())
-            .output()
-            .expect("running cargo build");
-        assert!(
-            out.status.success(),
-            "building the benchmark library failed:\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let lib = target.join("fault").join("libgpuguard.so");
-        assert!(lib.exists(), "{} missing", lib.display());
-        lib
-    })
-    .clone()
+    LIB.get_or_init(|| feature_lib("bench", "bench-lib"))
+        .clone()
 }
 
 /// The dynamic symbols a library defines (`nm -D --defined-only`).

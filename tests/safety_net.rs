@@ -10,41 +10,14 @@ mod core_support;
 use common::*;
 use core_support::*;
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
 use std::sync::OnceLock;
 
 /// libgpuguard.so built with `--features fault-injection --profile fault` into
 /// `target/fault` (once per test process).
 fn fault_shim() -> PathBuf {
     static LIB: OnceLock<PathBuf> = OnceLock::new();
-    LIB.get_or_init(|| {
-        let target = profile_dir().parent().expect("target dir").join("fault");
-        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-        let out = Command::new(cargo)
-            .args([
-                "build",
-                "--lib",
-                "--features",
-                "fault-injection",
-                "--profile",
-                "fault",
-            ])
-            .arg("--manifest-path")
-            .arg(manifest_dir().join("Cargo.toml"))
-            .env("CARGO_TARGET_DIR", &target)
-            .stdin(Stdio::null())
-            .output()
-            .expect("running cargo build");
-        assert!(
-            out.status.success(),
-            "building the fault-injection library failed:\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let lib = target.join("fault").join("libgpuguard.so");
-        assert!(lib.exists(), "{} missing", lib.display());
-        lib
-    })
-    .clone()
+    LIB.get_or_init(|| feature_lib("fault-injection", "fault"))
+        .clone()
 }
 
 fn fault_run(prog: &str, args: &[&str], fault: &str, env: &[(&str, &str)]) -> Run {

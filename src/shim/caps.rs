@@ -408,18 +408,7 @@ impl Books {
         // A device whose only calls were refused is still in use: reports list it.
         c.seen.store(1, Relaxed);
         c.denied.fetch_add(1, Relaxed);
-        let d = Denial {
-            device,
-            bytes,
-            api,
-            site,
-            charged: c.charged(),
-            cap: c.cap().unwrap_or(0),
-            // Plain reads (atomics and the clock): this runs in the hook.
-            live: c.current(),
-            t_ns: super::sys::monotonic_ns(),
-            ..Denial::default()
-        };
+        let d = self.refusal_moment(device, bytes, api, site);
         // The report names the first refusal since the last cap report (a lock-free
         // slot: this runs in the hook).
         self.cap_refusal.put(&d);
@@ -427,9 +416,15 @@ impl Books {
         wake::ring();
     }
 
-    /// The figures of a refusal by the driver for lack of memory, now (atomics only:
-    /// this runs in the hook), to keep with `driver_refused`.
+    /// The figures of a refusal by the driver for lack of memory, now, to keep with
+    /// `driver_refused`.
     pub fn oom_moment(&self, device: i32, bytes: u64, api: u8, site: u32) -> Denial {
+        self.refusal_moment(device, bytes, api, site)
+    }
+
+    /// A refusal's figures, now: plain reads of atomics and the clock (this runs in
+    /// the hook).
+    fn refusal_moment(&self, device: i32, bytes: u64, api: u8, site: u32) -> Denial {
         let c = self.ledger.device(device);
         Denial {
             device,

@@ -346,14 +346,8 @@ impl Driver {
 
     /// A device's UUID, formatted as NVML formats it (`GPU-xxxxxxxx-xxxx-...`).
     pub fn device_uuid(&self, device: i32) -> Option<String> {
-        let f = OWN
-            .device_get_uuid
-            .get()
-            .or_else(|| OWN.device_get_uuid_v1.get())?;
-        let mut u = CUuuid { bytes: [0; 16] };
-        // SAFETY: cuDeviceGetUuid(_v2) writes one 16-byte CUuuid.
-        let rc = unsafe { f(&mut u, device) };
-        (rc == SUCCESS).then(|| gpuguard_core::cap::uuid_string(&u.bytes.map(|b| b as u8)))
+        self.device_uuid_bytes(device)
+            .map(|u| gpuguard_core::cap::uuid_string(&u))
     }
 
     /// How many devices the process sees; `None` before cuInit or without a driver.

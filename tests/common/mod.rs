@@ -74,6 +74,37 @@ fn unique() -> String {
     )
 }
 
+/// libgpuguard.so built with the cargo `features` (e.g. `fault-injection`) in the
+/// `fault` profile (the release profile's panic strategy, built quickly), into
+/// `target/<dir>`; for a test's own OnceLock (once per test process).
+pub fn feature_lib(features: &str, dir: &str) -> PathBuf {
+    let target = profile_dir().parent().expect("target dir").join(dir);
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let out = Command::new(cargo)
+        .args([
+            "build",
+            "--lib",
+            "--features",
+            features,
+            "--profile",
+            "fault",
+        ])
+        .arg("--manifest-path")
+        .arg(manifest_dir().join("Cargo.toml"))
+        .env("CARGO_TARGET_DIR", &target)
+        .stdin(Stdio::null())
+        .output()
+        .expect("running cargo build");
+    assert!(
+        out.status.success(),
+        "building the library with {features} failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let lib = target.join("fault").join("libgpuguard.so");
+    assert!(lib.exists(), "{} missing", lib.display());
+    lib
+}
+
 /// Builds the gpuguard cdylib (`cargo build --lib`, same profile and target
 /// folder as the tests) once per test process and returns its path. A failed
 /// build is remembered too, so the other tests of the process fail at once.

@@ -413,7 +413,7 @@ fn render_top_sites(out: &mut String, r: &Report, top: usize) {
     let py = python_sites(r);
     if !py.is_empty() {
         put!(out, "  {}", python_heading(&py));
-        render_merged(out, &py, top, "more Python line");
+        render_merged(out, &py, top, "more Python line", None);
     } else if !r.sites.is_empty() {
         put!(out, "  call sites holding the most live bytes:");
         render_native_sites(out, r, top);
@@ -461,8 +461,15 @@ fn render_stackless(out: &mut String, r: &Report) {
     );
 }
 
-/// Up to `top` merged sites, then how many were left out.
-fn render_merged(out: &mut String, sites: &[MergedSite], top: usize, more: &str) {
+/// Up to `top` merged sites, then how many were left out; with `holders_in`, under
+/// each the Python lines whose framework blocks fill its allocations (native sites).
+fn render_merged(
+    out: &mut String,
+    sites: &[MergedSite],
+    top: usize,
+    more: &str,
+    holders_in: Option<&Report>,
+) {
     for s in sites.iter().take(top) {
         render_site(
             out,
@@ -472,6 +479,12 @@ fn render_merged(out: &mut String, sites: &[MergedSite], top: usize, more: &str)
             &holding(s),
             s.frames,
         );
+        for line in holders_in
+            .map(|r| holders::lines(r, &s.ids))
+            .unwrap_or_default()
+        {
+            put!(out, "        held by {line}");
+        }
     }
     if sites.len() > top {
         put!(out, "    ... {}", count((sites.len() - top) as u64, more));
@@ -481,27 +494,7 @@ fn render_merged(out: &mut String, sites: &[MergedSite], top: usize, more: &str)
 /// The native call sites, each with the Python lines whose framework blocks fill
 /// its allocations, where the report knows them.
 fn render_native_sites(out: &mut String, r: &Report, top: usize) {
-    let sites = native_sites(r);
-    for s in sites.iter().take(top) {
-        render_site(
-            out,
-            &s.label(),
-            s.live_bytes,
-            s.captured.is_some(),
-            &holding(s),
-            s.frames,
-        );
-        for line in holders::lines(r, &s.ids) {
-            put!(out, "        held by {line}");
-        }
-    }
-    if sites.len() > top {
-        put!(
-            out,
-            "    ... {}",
-            count((sites.len() - top) as u64, "more call site")
-        );
-    }
+    render_merged(out, &native_sites(r), top, "more call site", Some(r));
 }
 
 /// The reports of each process (host and pid) with 2 or more of them, by `seq`.

@@ -25,7 +25,7 @@ LAYERS = [
               "python::exit_status", "python::frames", "python::names", "bench_switch"], ["ffi"]),
     ("books", ["books", "caps"], ["ffi", "base"]),
     ("state", ["state"], ["ffi", "base", "books"]),
-    ("track", ["track", "track::stash", "track::memo"], ["ffi", "base", "books", "state"]),
+    ("track", ["track", "track::stash", "track::memo", "track::stack", "track::runtime"], ["ffi", "base", "books", "state"]),
     ("hooks", ["hooks"], ["ffi", "base", "books", "state", "track"]),
     # The service reads the books from the side: it never reaches into the hot path.
     ("service", ["symbolize", "oom", "report", "python", "trim", "observe", "worker", "lifecycle"],

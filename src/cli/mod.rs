@@ -27,6 +27,7 @@ pub mod output;
 pub mod plot;
 pub mod procs;
 pub mod ps;
+pub mod refusals;
 pub mod report_name;
 pub mod run;
 pub mod show;

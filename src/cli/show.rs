@@ -2,9 +2,10 @@
 //! report, in `seq` order, a table per device and the lines holding the most live
 //! memory), then the details.
 //!
-//! Why one file of about 880 lines before its tests: the text and the `--json` output
+//! Why one file of about 800 lines before its tests: the text and the `--json` output
 //! are built from the same pieces side by side, so that both always say the same; the
-//! site and trend logic they share is in `growth.rs`.
+//! site and trend logic they share is in `growth.rs`, a refusal's answer (`oom` and
+//! cap reports) in `refusals.rs`.
 
 use super::growth::{
     Live, MergedSite, PYTHON_STACK, SiteKey, SiteTrend, live_allocations, native_sites,
@@ -14,7 +15,10 @@ use super::holders;
 use super::json;
 use super::load::{load_all_keeping, shown};
 use super::output::print;
-use super::text::{clean, command_line, count, frames, human_byte_counts, readable_frames};
+use super::refusals::{render_oom, render_refusal};
+use super::text::{
+    FRAMES_SHOWN, clean, command_line, count, frames, human_byte_counts, readable_frames,
+};
 use super::{Failure, Outcome};
 use gpuguard_core::growth::{Suspect, suspects};
 use gpuguard_core::report::{self, Report, human_bytes};
@@ -38,9 +42,6 @@ pub struct ShowArgs {
     #[arg(long)]
     pub json: bool,
 }
-
-/// Frames shown per site; the rest are counted.
-const FRAMES_SHOWN: usize = 8;
 
 pub fn main(args: ShowArgs) -> Outcome {
     // Only the first `top` live allocations are ever shown: the rest are counted.
@@ -186,142 +187,6 @@ fn render_devices(out: &mut String, r: &Report) {
     }
     if let Some(d) = &r.denial {
         render_refusal(out, d);
-    }
-}
-
-/// An `oom` report's answer, before the rest of it: the refused call, this process's
-/// memory at the refusal and at writing (with the frameworks' split), the other
-/// processes on the device, and the first suggestion.
-fn render_oom(out: &mut String, o: &report::OomReport) {
-    use gpuguard_core::oom::{others_total, short_frame};
-    let at = match (&o.python_line, o.frames.first()) {
-        (Some(line), _) => format!(" at {}", clean(line)),
-        (None, Some(f)) => format!(" at {}", clean(&short_frame(f))),
-        (None, None) => String::new(),
-    };
-    put!(
-        out,
-        "out of memory on device {}: {} of {} refused{at}",
-        o.device,
-        clean(&o.api),
-        human_bytes(o.bytes)
-    );
-    let of_total = if o.total_bytes > 0 {
-        format!(" of the device's {}", human_bytes(o.total_bytes))
-    } else {
-        String::new()
-    };
-    put!(
-        out,
-        "  at the refusal: this process held {}{of_total} ({} live)",
-        human_bytes(o.held_bytes),
-        human_bytes(o.live_bytes)
-    );
-    if let Some(w) = &o.at_writing {
-        let split = match (o.in_use_bytes, o.cached_bytes) {
-            (Some(u), Some(c)) => format!(
-                "; {} in use by {}, {} cached",
-                human_bytes(u),
-                if o.frameworks.is_empty() {
-                    "frameworks".to_string()
-                } else {
-                    clean(&o.frameworks.join("+")).into_owned()
-                },
-                human_bytes(c)
-            ),
-            _ => "; no framework split".to_string(),
-        };
-        put!(
-            out,
-            "  at writing, {:.3} s later: {} live{split}",
-            w.after_s,
-            human_bytes(w.live_bytes)
-        );
-    }
-    put!(
-        out,
-        "  other processes on the device: {} ({})",
-        human_bytes(others_total(o)),
-        clean(&o.others_source)
-    );
-    for p in &o.others {
-        let mut line = format!(
-            "    pid {} {}",
-            p.pid,
-            clean(p.program.as_deref().unwrap_or("?"))
-        );
-        if let Some(b) = p.nvml_used_bytes {
-            line.push_str(&format!(": NVML {}", human_bytes(b)));
-        }
-        if p.guarded {
-            line.push_str(&format!(
-                "; gpuguard: {} live, peak {}, pools {}",
-                human_bytes(p.live_bytes.unwrap_or(0)),
-                human_bytes(p.peak_bytes.unwrap_or(0)),
-                human_bytes(p.pool_held_bytes.unwrap_or(0))
-            ));
-            if let (Some(u), Some(c)) = (p.in_use_bytes, p.cached_bytes) {
-                line.push_str(&format!(
-                    ", {} in use, {} cached",
-                    human_bytes(u),
-                    human_bytes(c)
-                ));
-            }
-        }
-        put!(out, "{line}");
-    }
-    put!(out, "  suggestion: {}", clean(&o.suggestion));
-    if let Some(r) = &o.retry {
-        put!(out, "  {}", gpuguard_core::oom::retry_words(r));
-    }
-    put!(
-        out,
-        "  refusals for lack of memory in the process: {}",
-        o.refusals
-    );
-    put!(out, "  refused call:");
-    for f in frames(&o.frames).iter().take(FRAMES_SHOWN) {
-        put!(out, "        {f}");
-    }
-    put!(out);
-}
-
-/// A cap refusal: its figures at the refusal, then the device's when the report was
-/// written (the helper thread writes it later; the table above is of that moment).
-fn render_refusal(out: &mut String, d: &report::DenialReport) {
-    put!(
-        out,
-        "  cap refused {} ({}) on device {}",
-        human_bytes(d.bytes),
-        clean(&d.api),
-        d.device
-    );
-    let live = |b: Option<u64>| b.map_or(String::new(), |b| format!(" ({} live)", human_bytes(b)));
-    put!(
-        out,
-        "    at the refusal: {} of its {} cap in use{}",
-        human_bytes(d.charged_bytes),
-        human_bytes(d.cap_bytes),
-        live(d.live_bytes)
-    );
-    if let Some(w) = &d.at_writing {
-        put!(
-            out,
-            "    at writing, {:.3} s later: {} of its {} cap in use{}",
-            w.after_s,
-            human_bytes(w.charged_bytes),
-            human_bytes(d.cap_bytes),
-            live(Some(w.live_bytes))
-        );
-    }
-    if !d.suggestion.is_empty() {
-        put!(
-            out,
-            "    other processes on the device: {} ({})",
-            human_bytes(gpuguard_core::oom::held_by(&d.others)),
-            clean(&d.others_source)
-        );
-        put!(out, "    suggestion: {}", clean(&d.suggestion));
     }
 }
 

@@ -4,6 +4,9 @@
 use gpuguard_core::report::human_bytes;
 use std::borrow::Cow;
 
+/// Frames shown per site (and per refused call); the rest are counted.
+pub const FRAMES_SHOWN: usize = 8;
+
 /// `1 allocation`, `2 allocations`: `noun` is the singular; `s` is added otherwise.
 pub fn count(n: u64, noun: &str) -> String {
     if n == 1 {

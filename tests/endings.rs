@@ -33,11 +33,12 @@ fn check_ending(r: &Run, bare: &Run, sig: i32, name: &str) {
 }
 
 #[test]
-fn sigterm_sigint_sighup_by_default_action_leave_the_exit_report() {
+fn sigterm_sigint_sighup_sigabrt_by_default_action_leave_the_exit_report() {
     for (sig, name) in [
         (libc::SIGTERM, "SIGTERM"),
         (libc::SIGINT, "SIGINT"),
         (libc::SIGHUP, "SIGHUP"),
+        (libc::SIGABRT, "SIGABRT"),
     ] {
         let arg = sig.to_string();
         let r = gg_run("gg_rel", &["ending", &arg], &[]);

@@ -565,3 +565,49 @@ fn a_framework_cache_is_split_out_and_a_trim_suggested() {
     );
     let _ = std::fs::remove_dir_all(runtime);
 }
+
+/// A program that aborts right after the refusal (XLA does, when its memory pool
+/// cannot be allocated because another process holds the GPU): the `oom` report and
+/// its line are still written, before the exit report, and the process still ends
+/// by SIGABRT. With SIGABRT left out of `GPUGUARD_FINAL_REPORT_SIGNALS`, the abort
+/// is as before: no report.
+#[test]
+fn an_abort_right_after_the_refusal_still_leaves_the_oom_report_and_its_line() {
+    let runtime = runtime_dir("abort");
+    let mem = (4 * GIB).to_string();
+    let r = fill(&["oom_abort"], &[("SIMCUDA_MEM", &mem)], &runtime);
+    assert_eq!(r.signal(), Some(libc::SIGABRT), "{}", r.describe());
+    let blocks = r.out().kv("OOM_ABORT").pop().unwrap()["blocks"];
+    assert_eq!(blocks, 4, "{}", r.describe());
+    let reports = oom_reports(&r);
+    assert_eq!(reports.len(), 1, "{}", r.describe());
+    let (path, rep) = &reports[0];
+    assert_eq!(u(&rep["oom"]["live_bytes"]), 4 * GIB, "{:#}", rep["oom"]);
+    let lines: Vec<&str> = gg_stderr_lines(&r, r.pid)
+        .into_iter()
+        .filter(|l| l.contains("out of memory on device 0: cuMemAlloc_v2 of 1.0 GiB"))
+        .collect();
+    assert_eq!(lines.len(), 1, "{}", r.describe());
+    assert!(lines[0].ends_with(&file_name(path)), "{}", lines[0]);
+    let (_, exit) = exit_report(&r);
+    assert_eq!(exit["ending"]["name"], "SIGABRT", "{exit:#}");
+    assert!(
+        u(&exit["seq"]) > u(&rep["seq"]),
+        "the exit report is the last"
+    );
+
+    let off = fill(
+        &["oom_abort"],
+        &[
+            ("SIMCUDA_MEM", &mem),
+            ("GPUGUARD_FINAL_REPORT_SIGNALS", "TERM,INT,HUP"),
+        ],
+        &runtime_dir("abort-off"),
+    );
+    assert_eq!(off.signal(), Some(libc::SIGABRT), "{}", off.describe());
+    assert!(
+        reports_with_reason(&off, "exit").is_empty(),
+        "{}",
+        off.describe()
+    );
+}

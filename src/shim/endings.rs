@@ -1,6 +1,8 @@
 //! Endings by signal: SIGTERM, SIGINT and SIGHUP (how Slurm, Kubernetes, torchrun
-//! and Ctrl-C stop a job) end a process by their default action, which runs no exit
-//! handler, so no exit report would be written. Where one of them would do that
+//! and Ctrl-C stop a job), and SIGABRT (`abort()`: a C++ check failure, as XLA's
+//! when its memory pool cannot be allocated, or `std::terminate`) end a process by
+//! their default action, which runs no exit handler, so no exit report (nor an `oom`
+//! report of a refusal just before) would be written. Where one of them would do that
 //! (its disposition is the default when gpuguard activates), gpuguard's handler asks
 //! the helper thread for the final report, waits for it (bounded), then puts the
 //! default action back and raises the signal again: the process ends as it would
@@ -17,10 +19,11 @@ use std::sync::{Mutex, MutexGuard, TryLockError};
 use std::time::Duration;
 
 /// The signals whose default action ends the process and which gpuguard watches.
-pub(crate) const CANDIDATES: [(c_int, &str); 3] = [
+pub(crate) const CANDIDATES: [(c_int, &str); 4] = [
     (libc::SIGTERM, "SIGTERM"),
     (libc::SIGINT, "SIGINT"),
     (libc::SIGHUP, "SIGHUP"),
+    (libc::SIGABRT, "SIGABRT"),
 ];
 
 /// How long the handler waits for the helper thread's final report.
@@ -249,7 +252,9 @@ fn now_ms() -> i64 {
 fn final_report(sig: c_int) {
     let first = ENDING.compare_exchange(0, sig, AcqRel, Acquire).is_ok();
     let fd = DONE_FD.load(Acquire);
-    if !wake::running() || fd < 0 {
+    // On the helper thread itself (an abort inside it) nobody would write it.
+    // SAFETY: gettid is async-signal-safe.
+    if !wake::running() || fd < 0 || HELPER_TID.load(Acquire) == unsafe { libc::gettid() } {
         return;
     }
     if first {

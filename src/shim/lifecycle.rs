@@ -60,7 +60,7 @@ extern "C" fn after_fork_in_child() {
 }
 
 /// The signals whose default action gpuguard turns into "final report, then the
-/// default action": `GPUGUARD_FINAL_REPORT_SIGNALS` (SIGTERM, SIGINT, SIGHUP), less
+/// default action": `GPUGUARD_FINAL_REPORT_SIGNALS` (SIGTERM, SIGINT, SIGHUP, SIGABRT), less
 /// the report and trim signals.
 fn ending_signals() -> Vec<std::ffi::c_int> {
     let cfg = &settings::settings().cfg;

@@ -7,7 +7,7 @@
 use super::books::{Books, Denial, RETRY_SUCCEEDED};
 use super::real;
 use super::sys;
-use gpuguard_core::report::{AtWriting, OomReport, OomRetry, OtherProcess, PY_FRAME, Report};
+use gpuguard_core::report::{AtWriting, OomReport, OomRetry, OtherProcess, Report};
 use gpuguard_core::status::{self, Status};
 
 /// The `oom` section of a report already built (`report`: its device table and
@@ -19,10 +19,7 @@ pub(super) fn describe(
     frames: Vec<String>,
 ) -> OomReport {
     let dev = report.devices.iter().find(|x| x.device == d.device);
-    let python_line = frames
-        .iter()
-        .find_map(|f| f.strip_prefix(PY_FRAME))
-        .map(str::to_string);
+    let python_line = gpuguard_core::oom::program_line(&frames);
     let frameworks = report
         .classification
         .iter()

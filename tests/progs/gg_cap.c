@@ -955,6 +955,22 @@ static int mode_oom_fill(int argc, char **argv)
     return 0;
 }
 
+/* ---- oom_abort: 1 GiB blocks by cuMemAlloc_v2 until the driver refuses, then
+ * abort() at once, as XLA does when its memory pool cannot be allocated. Line:
+ * OOM_ABORT blocks= (stdout flushed before the abort) ---- */
+static int mode_oom_abort(int argc, char **argv)
+{
+    (void)argc;
+    (void)argv;
+    gg_setup(0);
+    static CUdeviceptr held[MAX_BLOCKS];
+    int n = 0;
+    while (n < MAX_BLOCKS && cuMemAlloc_v2(&held[n], 1024 * MiB) == CUDA_SUCCESS) n++;
+    printf("OOM_ABORT blocks=%d\n", n);
+    fflush(stdout);
+    abort();
+}
+
 /* ---- oom_retry: device 0 filled exactly with 4 MiB stream-ordered blocks, half of
  * them freed without a synchronization (their chunks stay in the pool), then
  * cuMemAlloc_v2 of 4 MiB, which the driver refuses unless the pool is trimmed
@@ -1138,6 +1154,7 @@ static const struct gg_mode g_modes[] = {
     {"oom_fill", mode_oom_fill},
     {"oom_hold", mode_oom_hold},
     {"oom_retry", mode_oom_retry},
+    {"oom_abort", mode_oom_abort},
     {"warn", mode_warn},
     {"trim_at", mode_trim_at},
     {"retry", mode_retry},

@@ -68,8 +68,8 @@ pub struct Config {
     /// milliseconds; `None` (the default) off.
     pub log_every_ms: Option<u64>,
     /// Signals whose default action (ending the process) gpuguard precedes with the
-    /// final exit report (`GPUGUARD_FINAL_REPORT_SIGNALS`): SIGTERM, SIGINT, SIGHUP by
-    /// default; empty when off.
+    /// final exit report (`GPUGUARD_FINAL_REPORT_SIGNALS`): SIGTERM, SIGINT, SIGHUP,
+    /// SIGABRT by default; empty when off.
     pub final_report_signals: Vec<i32>,
     /// When the driver refuses an allocation for lack of memory, trim the device's
     /// stream-ordered pools and retry the call once, and ask for a full trim
@@ -78,13 +78,14 @@ pub struct Config {
 }
 
 /// The signals `GPUGUARD_FINAL_REPORT_SIGNALS` may name, and their short names.
-pub const FINAL_REPORT_SIGNALS: [(i32, &str); 3] = [
+pub const FINAL_REPORT_SIGNALS: [(i32, &str); 4] = [
     (libc::SIGTERM, "TERM"),
     (libc::SIGINT, "INT"),
     (libc::SIGHUP, "HUP"),
+    (libc::SIGABRT, "ABRT"),
 ];
 
-/// `TERM,INT,HUP` (any subset, `SIG` prefix and case free), or `none`.
+/// `TERM,INT,HUP,ABRT` (any subset, `SIG` prefix and case free), or `none`.
 pub fn parse_final_report_signals(v: &str) -> Option<Vec<i32>> {
     let t = v.trim();
     if t.eq_ignore_ascii_case("none") {
@@ -397,7 +398,7 @@ fn accepted(var: &str) -> String {
         "GPUGUARD_PYTHON" => "on, lines or off".into(),
         "GPUGUARD_OOM_TRIM" => "1 or on, 0 or off".into(),
         "GPUGUARD_FINAL_REPORT_SIGNALS" => {
-            "a comma list of TERM, INT, HUP (the default: all three), or none".into()
+            "a comma list of TERM, INT, HUP, ABRT (the default: all four), or none".into()
         }
         "GPUGUARD_CAP" => crate::cap::ACCEPTED.into(),
         "GPUGUARD_WARN_AT" | "GPUGUARD_TRIM_AT" => {
@@ -1211,7 +1212,11 @@ mod launch_tests {
     fn final_report_signals_parse() {
         assert_eq!(
             Config::default().final_report_signals,
-            vec![libc::SIGTERM, libc::SIGINT, libc::SIGHUP]
+            vec![libc::SIGTERM, libc::SIGINT, libc::SIGHUP, libc::SIGABRT]
+        );
+        assert_eq!(
+            parse_final_report_signals("abrt"),
+            Some(vec![libc::SIGABRT])
         );
         assert_eq!(parse_final_report_signals("none"), Some(vec![]));
         assert_eq!(

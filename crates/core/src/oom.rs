@@ -2,7 +2,30 @@
 //! library's stderr line and the first lines of `gpuguard show`), and the first
 //! suggestion that would have helped, from the figures the report holds.
 
-use crate::report::{OomReport, OtherProcess, human_bytes};
+use crate::report::{OomReport, OtherProcess, PY_FRAME, human_bytes};
+
+/// The refused call's line for people: the innermost Python frame of the program's
+/// own code, past the frameworks' (`site-packages`, `dist-packages`) and the
+/// standard library's frames: CuPy's and JAX's allocations are made inside their own
+/// Python code, and the line to change is the caller's. The innermost Python frame
+/// when every one is a library's; `None` without Python frames.
+pub fn program_line(frames: &[String]) -> Option<String> {
+    let py: Vec<&str> = frames
+        .iter()
+        .filter_map(|f| f.strip_prefix(PY_FRAME))
+        .collect();
+    let library = |f: &str| {
+        f.starts_with('<')
+            || f.starts_with('(')
+            || f.contains("/site-packages/")
+            || f.contains("/dist-packages/")
+            || f.contains("/lib/python3.")
+    };
+    py.iter()
+        .find(|f| !library(f))
+        .or(py.first())
+        .map(|f| f.to_string())
+}
 
 /// What the other processes on the device hold together.
 pub fn others_total(o: &OomReport) -> u64 {
@@ -166,6 +189,38 @@ pub fn retry_words(r: &crate::report::OomRetry) -> String {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn the_line_is_the_programs_own_past_the_frameworks_and_the_standard_library() {
+        let f = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let cupy = f(&[
+            "cuMemAlloc_v2+0x10 (libcuda.so+0x100)",
+            "python: /venv/lib/python3.12/site-packages/cupy/_creation/basic.py:34 in empty",
+            "python: /usr/lib/python3.12/contextlib.py:81 in inner",
+            "python: /home/me/train.py:18 in step",
+            "python: /home/me/train.py:40 in <module>",
+        ]);
+        assert_eq!(
+            program_line(&cupy).as_deref(),
+            Some("/home/me/train.py:18 in step")
+        );
+        let debian = f(&[
+            "python: /usr/lib/python3/dist-packages/jax/_src/dispatch.py:88 in apply_primitive",
+            "python: <frozen runpy>:88 in _run_code",
+            "python: run.py:3 in <module>",
+        ]);
+        assert_eq!(
+            program_line(&debian).as_deref(),
+            Some("run.py:3 in <module>")
+        );
+        // Only a library's frames: the innermost of them.
+        let lib = f(&["python: /venv/lib/python3.12/site-packages/x/y.py:1 in g"]);
+        assert_eq!(
+            program_line(&lib).as_deref(),
+            Some("/venv/lib/python3.12/site-packages/x/y.py:1 in g")
+        );
+        assert_eq!(program_line(&f(&["main+0x1 (a.out+0x1)"])), None);
+    }
     use super::*;
     use crate::report::AtWriting;
 

@@ -66,7 +66,7 @@ pub struct Report {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub trim: Option<TrimReport>,
     /// For an `exit` report written because a signal was about to end the process by
-    /// its default action (SIGTERM, SIGINT, SIGHUP): which signal.
+    /// its default action (SIGTERM, SIGINT, SIGHUP, SIGABRT): which signal.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ending: Option<Ending>,
     /// Which frameworks' memory was split into in-use and cached, and how; empty
@@ -127,7 +127,7 @@ pub struct CaptureNote {
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
 pub struct Ending {
     pub signal: i32,
-    /// `SIGTERM`, `SIGINT`, `SIGHUP`.
+    /// `SIGTERM`, `SIGINT`, `SIGHUP`, `SIGABRT`.
     pub name: String,
 }
 
@@ -257,8 +257,9 @@ pub struct OomReport {
     pub total_bytes: u64,
     /// The refused call's stack, innermost first.
     pub frames: Vec<String>,
-    /// The innermost Python frame of the refused call, `file:line in function`,
-    /// when the stack has one.
+    /// The refused call's innermost Python frame in the program's own code (past
+    /// the frameworks' and the standard library's), `file:line in function`, when
+    /// the stack has Python frames (`oom::program_line`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub python_line: Option<String>,
     /// Refusals for lack of memory in the process so far (this one included); the

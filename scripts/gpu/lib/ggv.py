@@ -669,8 +669,9 @@ _NUMBERS = re.compile(r"0x[0-9a-fA-F]+|\d+")
 
 
 def _shape(line):
-    """A stderr line with its numbers (times, pids, addresses) made alike."""
-    return _NUMBERS.sub("0", line.strip())
+    """A stderr line with its numbers (times, pids, addresses) and the width of its
+    padding (glog pads the thread id) made alike."""
+    return " ".join(_NUMBERS.sub("0", line).split())
 
 
 def foreign_stderr(guarded_lines, bare_lines):

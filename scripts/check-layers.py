@@ -23,7 +23,7 @@ LAYERS = [
     ("ffi", ["hot", "fault", "sys", "cuda", "wake", "endings", "capture", "real", "table"], []),
     ("base", ["line", "events", "control", "tags", "settings", "unwind", "python::api", "python::layout",
               "python::exit_status", "python::frames", "python::names", "bench_switch"], ["ffi"]),
-    ("books", ["books", "caps"], ["ffi", "base"]),
+    ("books", ["books", "group", "caps"], ["ffi", "base"]),
     ("state", ["state"], ["ffi", "base", "books"]),
     ("track", ["track", "track::stash", "track::memo", "track::stack", "track::runtime"], ["ffi", "base", "books", "state"]),
     ("hooks", ["hooks"], ["ffi", "base", "books", "state", "track"]),

@@ -16,7 +16,8 @@ const EXIT_CODES: &str = "\
 Exit status:
   0    success
   1    a check failed (diff --fail-on-growth)
-  2    wrong usage, or input that cannot be read as a report (or trace)
+  2    wrong usage, or input that cannot be read as a report (or trace),
+       or a group (gpuguard group) that does not exist or cannot be used
   141  stdout was closed early (e.g. piped into head)
   run ends with its command's status (128+N when signal N ended it)";
 
@@ -48,6 +49,8 @@ enum Command {
     Ps(cli::ps::PsArgs),
     /// Export every guarded process's memory, caps, trims and leaks to Prometheus
     Metrics(cli::metrics::MetricsArgs),
+    /// Show a group's shared budget (GPUGUARD_GROUP) and its members; change it with --cap
+    Group(cli::group::GroupArgs),
 }
 
 /// clap's help and version go to stdout, its usage errors to stderr; both through
@@ -79,6 +82,7 @@ fn main() -> ExitCode {
         Command::Flamegraph(args) => cli::flamegraph::main(args),
         Command::Ps(args) => cli::ps::main(args),
         Command::Metrics(args) => cli::metrics::main(args),
+        Command::Group(args) => cli::group::main(args),
     };
     match outcome {
         Ok(status) => ExitCode::from(status),

@@ -7,8 +7,12 @@
 //! is refused), used only when it is a regular file of the directory's owner, and
 //! read to at most `status::MAX_FILE_BYTES`. Whatever is skipped is counted by why.
 //! A process stays listed for the grace period after its file was last read (it
-//! removes its file at exit), so that a short job is still scraped once.
+//! removes its file at exit), so that a short job is still scraped once. The groups
+//! sharing a budget (`groups/*.group` in each directory) are read as they are now,
+//! read-only, under the same checks.
 
+use gpuguard_core::cap;
+use gpuguard_core::group::{self, Group};
 use gpuguard_core::status::{self, Status};
 use std::collections::{BTreeMap, HashMap};
 use std::ffi::CString;
@@ -132,6 +136,90 @@ pub struct Look {
     pub skipped: BTreeMap<Skip, u64>,
     /// Directories read (missing ones are not counted anywhere).
     pub dirs_read: u64,
+}
+
+/// A group sharing a budget (`GPUGUARD_GROUP`) as its file has it now.
+#[derive(Clone, Debug, PartialEq)]
+pub struct GroupFigures {
+    pub name: String,
+    /// Per device: UUID (`GPU-...`), budget ([`group::UNLIMITED`]: none) and use.
+    pub devices: Vec<(String, u64, u64)>,
+    /// Members with a slot, those gone but not yet taken out by a member (or by
+    /// `gpuguard ps` or `gpuguard group`) included.
+    pub members: u64,
+}
+
+/// The groups of the status directory open as `dir` (of user `owner`), added to
+/// `out` unless a group of that name is there already; counts in `skipped` the
+/// group files that cannot be used (and a `groups` directory that is not safe). The
+/// `groups` directory is opened relative to `dir` and checked as `dir` was; each
+/// file read-only, relative to it, never through a link ([`Group::open_read_only`]).
+fn read_groups(dir: &OwnedFd, owner: u32, out: &mut Vec<GroupFigures>, skipped: &mut u64) {
+    // SAFETY: a directory descriptor and a NUL-terminated name.
+    let fd = unsafe {
+        libc::openat(
+            dir.as_raw_fd(),
+            c"groups".as_ptr(),
+            libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+        )
+    };
+    if fd < 0 {
+        // No group made yet, or something else in its place.
+        if std::io::Error::last_os_error().raw_os_error() != Some(libc::ENOENT) {
+            *skipped += 1;
+        }
+        return;
+    }
+    // SAFETY: `fd` was just opened and is owned by nobody else.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    let safe = fd
+        .try_clone()
+        .map(std::fs::File::from)
+        .and_then(|f| f.metadata())
+        .is_ok_and(|m| m.uid() == owner && m.permissions().mode() & 0o077 == 0);
+    let base = PathBuf::from(format!("/proc/self/fd/{}", fd.as_raw_fd()));
+    let listing = match std::fs::read_dir(&base) {
+        Ok(l) if safe => l,
+        _ => {
+            *skipped += 1;
+            return;
+        }
+    };
+    let mut files = 0usize;
+    for entry in listing.flatten() {
+        let file_name = entry.file_name();
+        let Some(name) = file_name
+            .to_str()
+            .filter(|n| !n.starts_with('.'))
+            .and_then(|n| n.strip_suffix(".group"))
+        else {
+            continue;
+        };
+        files += 1;
+        if files > MAX_FILES_PER_DIR || group::check_name(name).is_err() {
+            *skipped += 1;
+            continue;
+        }
+        // Through the descriptor's directory: what is read is in what was checked.
+        let Ok(g) = Group::open_read_only(&base.join(&file_name), name, owner) else {
+            *skipped += 1;
+            continue;
+        };
+        if out.iter().any(|x| x.name == name) {
+            // The same name in two status directories: one series only.
+            *skipped += 1;
+            continue;
+        }
+        out.push(GroupFigures {
+            name: name.to_string(),
+            devices: g
+                .devices()
+                .into_iter()
+                .map(|(i, uuid, budget)| (cap::uuid_string(&uuid), budget, g.used(i)))
+                .collect(),
+            members: g.members().len() as u64,
+        });
+    }
 }
 
 /// Opens `path` as a directory, never through a link.
@@ -335,6 +423,10 @@ pub struct Fleet {
 pub struct View {
     pub statuses: Vec<Status>,
     pub look: Look,
+    /// The groups read now, by name.
+    pub groups: Vec<GroupFigures>,
+    /// Group files (or `groups` directories) that could not be used.
+    pub groups_skipped: u64,
 }
 
 impl Fleet {
@@ -351,7 +443,10 @@ impl Fleet {
     /// grace period, by pid.
     pub fn refresh(&mut self, now_ms: u64) -> View {
         let mut total = Look::default();
+        let mut groups = Vec::new();
+        let mut groups_skipped = 0;
         for d in self.source.dirs() {
+            group_look(&d, &mut groups, &mut groups_skipped);
             let one = look(
                 std::slice::from_ref(&d),
                 &self.proc_root,
@@ -373,11 +468,33 @@ impl Fleet {
             .retain(|_, (_, at)| now_ms.saturating_sub(*at) <= grace);
         let mut statuses: Vec<Status> = self.seen.values().map(|(s, _)| s.clone()).collect();
         statuses.sort_by_key(|s| (s.pid, s.start_ticks));
+        groups.sort_by(|a, b| a.name.cmp(&b.name));
         View {
             statuses,
             look: total,
+            groups,
+            groups_skipped,
         }
     }
+}
+
+/// The groups of status directory `d`, when it is one to read (as [`look`] checks
+/// it: no link, its owner's, mode 0700); nothing when it is not, [`look`] counting it.
+fn group_look(d: &Dir, out: &mut Vec<GroupFigures>, skipped: &mut u64) {
+    let Ok(fd) = open_dir(&d.path) else {
+        return;
+    };
+    let meta = fd
+        .try_clone()
+        .map(std::fs::File::from)
+        .and_then(|f| f.metadata());
+    let Ok(meta) = meta else {
+        return;
+    };
+    if d.owner.is_some_and(|o| o != meta.uid()) || meta.permissions().mode() & 0o077 != 0 {
+        return;
+    }
+    read_groups(&fd, meta.uid(), out, skipped);
 }
 
 #[cfg(test)]

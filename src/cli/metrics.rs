@@ -1,8 +1,8 @@
-//! `gpuguard metrics`: every guarded process of this machine in the Prometheus text
-//! format (OpenMetrics when the scraper asks for it), from their status files
-//! (`fleet`): `--listen ADDR:PORT` serves `/metrics`, `--textfile FILE` writes it for
-//! node_exporter's textfile collector (`--every` to keep it fresh). The families and
-//! labels are in docs/metrics.md.
+//! `gpuguard metrics`: every guarded process and group of this machine in the
+//! Prometheus text format (OpenMetrics when the scraper asks for it), from their
+//! status and group files (`fleet`): `--listen ADDR:PORT` serves `/metrics`,
+//! `--textfile FILE` writes it for node_exporter's textfile collector (`--every` to
+//! keep it fresh). The families and labels are in docs/metrics.md.
 
 use super::fleet::{Dir, Fleet, Skip, Source, View};
 use super::output::{warn, write_file};
@@ -36,8 +36,9 @@ const MAX_VALUE_CHARS: usize = 128;
     group(clap::ArgGroup::new("target").required(true).args(["listen", "textfile"])),
     after_help = "Reads the status files of every guarded process it may read: this \
     user's status directory, or as root every user's (/dev/shm/gpuguard-UID, \
-    /run/user/UID/gpuguard, and GPUGUARD_STATUS_DIR). It only reads them: nothing is \
-    removed or written there. Families and labels: docs/metrics.md."
+    /run/user/UID/gpuguard, and GPUGUARD_STATUS_DIR), and the group files \
+    (groups/*.group) beside them. It only reads them: nothing is removed or written \
+    there. Families and labels: docs/metrics.md."
 )]
 pub struct MetricsArgs {
     /// Serve /metrics over HTTP on ADDR:PORT (e.g. 127.0.0.1:9464)
@@ -290,7 +291,47 @@ pub fn registry(view: &View, spent: Duration, now_ms: u64) -> Registry {
         Some(Unit::Seconds),
         &age,
     );
+    // Groups sharing a budget: labelled by group (and device), no process labels.
+    let group_budget = GaugeFamily::default();
+    let group_used = GaugeFamily::default();
+    let group_members = GaugeFamily::default();
+    for g in &view.groups {
+        let name = value(&g.name);
+        for (uuid, budget, used) in &g.devices {
+            let l: Labels = vec![("group".into(), name.clone()), ("uuid".into(), value(uuid))];
+            if *budget != gpuguard_core::group::UNLIMITED {
+                group_budget.get_or_create(&l).set(sat(*budget));
+            }
+            group_used.get_or_create(&l).set(sat(*used));
+        }
+        group_members
+            .get_or_create(&vec![("group".into(), name)])
+            .set(sat(g.members));
+    }
+    add(
+        &mut r,
+        "gpuguard_group_budget",
+        "The group's budget on the device (GPUGUARD_GROUP_CAP, gpuguard group --cap); absent when unlimited",
+        b(),
+        &group_budget,
+    );
+    add(
+        &mut r,
+        "gpuguard_group_used",
+        "Device memory the group's members hold, together",
+        b(),
+        &group_used,
+    );
+    add(
+        &mut r,
+        "gpuguard_group_members",
+        "Members of the group (those gone but not yet taken out included)",
+        None,
+        &group_members,
+    );
     // The exporter's own health.
+    let groups_skipped = Gauge::<i64>::default();
+    groups_skipped.set(sat(view.groups_skipped));
     let read = Gauge::<i64>::default();
     read.set(sat(view.look.read));
     let dirs = Gauge::<i64>::default();
@@ -319,6 +360,13 @@ pub fn registry(view: &View, spent: Duration, now_ms: u64) -> Registry {
         "Status files (and directories) skipped at this scrape, by why",
         None,
         &skipped,
+    );
+    add(
+        &mut r,
+        "gpuguard_exporter_group_files_skipped",
+        "Group files that could not be used at this scrape (another user's, open to others, another layout, a name read twice)",
+        None,
+        &groups_skipped,
     );
     add(
         &mut r,
@@ -574,6 +622,15 @@ mod tests {
                 read: 1,
                 ..Default::default()
             },
+            groups: vec![super::super::fleet::GroupFigures {
+                name: "ddp".into(),
+                devices: vec![
+                    ("GPU-abc".into(), 1 << 30, 3 << 20),
+                    ("GPU-def".into(), gpuguard_core::group::UNLIMITED, 0),
+                ],
+                members: 2,
+            }],
+            groups_skipped: 1,
         }
     }
 
@@ -591,10 +648,16 @@ mod tests {
             "gpuguard_leak_suspect_growth_bytes_per_second{pid=\"42\",program=\"tra\\\"in\\n.py\",rank=\"3\",job=\"1234\"} 1024.0\n",
             "gpuguard_leak_suspect_info{pid=\"42\",program=\"tra\\\"in\\n.py\",rank=\"3\",job=\"1234\",line=\"train.py:10 in step\"} 1\n",
             "gpuguard_exporter_status_files_skipped{reason=\"symlink\"} 0\n",
+            "gpuguard_group_budget_bytes{group=\"ddp\",uuid=\"GPU-abc\"} 1073741824\n",
+            "gpuguard_group_used_bytes{group=\"ddp\",uuid=\"GPU-abc\"} 3145728\n",
+            "gpuguard_group_used_bytes{group=\"ddp\",uuid=\"GPU-def\"} 0\n",
+            "gpuguard_group_members{group=\"ddp\"} 2\n",
+            "gpuguard_exporter_group_files_skipped 1\n",
         ] {
             assert!(text.contains(want), "{want}\nin\n{text}");
         }
         assert!(!text.contains("bad name") && !text.contains("pid=\"1\""));
+        assert!(!text.contains("budget_bytes{group=\"ddp\",uuid=\"GPU-def\""));
         // One HELP and one TYPE per family.
         let mut types: Vec<&str> = text.lines().filter(|l| l.starts_with("# TYPE ")).collect();
         let n = types.len();

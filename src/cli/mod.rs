@@ -17,6 +17,7 @@ macro_rules! put {
 pub mod diff;
 pub mod flamegraph;
 pub mod fleet;
+pub mod group;
 pub mod growth;
 pub mod holders;
 pub mod json;

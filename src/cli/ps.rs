@@ -1,7 +1,8 @@
 //! `gpuguard ps`: every process of this user running gpuguard, from the status files
 //! their helper threads keep (`gpuguard_core::status`): a line per process and device
-//! with live, peak and cap, the report directory and how old the figures are.
-//! `--json` prints the statuses; `--watch [SECS]` redraws like `top`.
+//! with live, peak and cap, the report directory and how old the figures are; then
+//! the groups sharing a budget (`gpuguard group` shows one in full). `--json` prints
+//! the statuses; `--watch [SECS]` redraws like `top`.
 
 use super::load::shown;
 use super::output::{print, warn};
@@ -196,7 +197,11 @@ fn render(dir: &Path, format: Format, warned: &mut bool) -> Result<String, Failu
         });
     };
     Ok(match format {
-        Format::Table => render_table(&statuses, dir, now_unix_ms()),
+        // Then the groups sharing a budget (`GPUGUARD_GROUP`), whose files are in the
+        // same directory; members that are gone are taken out as their status files are.
+        Format::Table => {
+            render_table(&statuses, dir, now_unix_ms()) + &super::group::render_summary(dir)
+        }
         // A status file's program and argv come from the process: escaped as `show
         // --json` escapes a report's strings.
         Format::Json => super::json::pretty(&statuses)
@@ -211,7 +216,9 @@ fn render(dir: &Path, format: Format, warned: &mut bool) -> Result<String, Failu
     once a second, in $XDG_RUNTIME_DIR/gpuguard (or /dev/shm/gpuguard-UID when that \
     variable is unset); files of processes that are gone are removed here. A status \
     directory the library would not use (not a directory of this user with mode 0700) \
-    is skipped with a warning: nothing in it is listed or removed."
+    is skipped with a warning: nothing in it is listed or removed. Then a line per \
+    group (GPUGUARD_GROUP) and device: its budget, what it uses and its members; \
+    gpuguard group NAME shows one in full."
 )]
 pub struct PsArgs {
     /// Print the processes' statuses as JSON

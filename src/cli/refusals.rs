@@ -105,28 +105,61 @@ pub fn render_oom(out: &mut String, o: &report::OomReport) {
 /// A cap refusal: its figures at the refusal, then the device's when the report was
 /// written (the helper thread writes it later; the table above is of that moment).
 pub fn render_refusal(out: &mut String, d: &report::DenialReport) {
+    let by = match &d.group {
+        Some(g) if gpuguard_core::oom::by_group(d) => format!("group {}'s budget", clean(&g.name)),
+        _ => "cap".to_string(),
+    };
     put!(
         out,
-        "  cap refused {} ({}) on device {}",
+        "  {by} refused {} ({}) on device {}",
         human_bytes(d.bytes),
         clean(&d.api),
         d.device
     );
     let live = |b: Option<u64>| b.map_or(String::new(), |b| format!(" ({} live)", human_bytes(b)));
-    put!(
-        out,
-        "    at the refusal: {} of its {} cap in use{}",
-        human_bytes(d.charged_bytes),
-        human_bytes(d.cap_bytes),
-        live(d.live_bytes)
-    );
-    if let Some(w) = &d.at_writing {
+    if d.cap_bytes == 0 {
+        // No cap of its own: the group's budget refused it.
         put!(
             out,
-            "    at writing, {:.3} s later: {} of its {} cap in use{}",
+            "    at the refusal: {} in use{}",
+            human_bytes(d.charged_bytes),
+            live(d.live_bytes)
+        );
+    } else {
+        put!(
+            out,
+            "    at the refusal: {} of its {} cap in use{}",
+            human_bytes(d.charged_bytes),
+            human_bytes(d.cap_bytes),
+            live(d.live_bytes)
+        );
+    }
+    if let Some(g) = &d.group {
+        let members: Vec<String> = g
+            .members
+            .iter()
+            .map(|m| format!("pid {} {}", m.pid, human_bytes(m.held_bytes)))
+            .collect();
+        put!(
+            out,
+            "    group {}: budget {}, its members hold {} ({})",
+            clean(&g.name),
+            g.budget_bytes.map_or("none".to_string(), human_bytes),
+            human_bytes(g.used_bytes),
+            members.join(", ")
+        );
+    }
+    if let Some(w) = &d.at_writing {
+        let of_cap = if d.cap_bytes == 0 {
+            String::new()
+        } else {
+            format!(" of its {} cap", human_bytes(d.cap_bytes))
+        };
+        put!(
+            out,
+            "    at writing, {:.3} s later: {}{of_cap} in use{}",
             w.after_s,
             human_bytes(w.charged_bytes),
-            human_bytes(d.cap_bytes),
             live(Some(w.live_bytes))
         );
     }

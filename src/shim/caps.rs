@@ -59,7 +59,8 @@ impl Books {
             return;
         };
         if slot.load(Acquire) == 0 {
-            if let Some(u) = super::real::DRIVER.device_uuid_bytes(device)
+            let uuid = super::real::DRIVER.device_uuid_bytes(device);
+            if let Some(u) = uuid
                 && device < 64
             {
                 let w = &self.uuids[device as usize];
@@ -75,6 +76,7 @@ impl Books {
             }
             let total = super::real::DRIVER.total_mem(device).unwrap_or(0);
             self.resolve_cap(device, total);
+            super::group::note_device(self, device, uuid, total);
             slot.store(if total == 0 { u64::MAX } else { total }, Release);
         }
         if (0..64).contains(&device) {
@@ -181,8 +183,10 @@ impl Books {
         (dev >= 0).then_some(dev)
     }
 
+    /// Whether the device's charge is enforced: a cap, or a group's lease (pools are
+    /// measured and charged alike).
     fn capped(&self, device: i32) -> bool {
-        device >= 0 && self.ledger.device(device).cap().is_some()
+        device >= 0 && self.ledger.device(device).enforced()
     }
 
     /// A pool seen created or handed out.
@@ -285,7 +289,8 @@ impl Books {
     /// stream-ordered allocation the reservation admitted stays.
     pub fn over_cap_after_trim(&self, device: i32) -> bool {
         let c = self.ledger.device(device);
-        let Some(cap) = c.cap() else {
+        // The cap, or the group's lease where that is smaller.
+        let Some(cap) = [c.cap(), c.lease()].into_iter().flatten().min() else {
             return false;
         };
         if c.charged() <= cap || capture::active() > 0 {
@@ -351,6 +356,7 @@ impl Books {
     /// `REARM_PERCENT` of it, so usage hovering at the threshold does not fire on
     /// every step.
     pub fn after_free(&self, device: i32, _kind: Kind) {
+        super::group::after_free(self, device);
         if !self.capped(device) {
             return;
         }
@@ -389,8 +395,32 @@ impl Books {
         if cap != 0 {
             self.ledger.go_direct();
         }
-        self.ledger.device(device).set_limit(cap);
+        let c = self.ledger.device(device);
+        // Lifting the cap of a device shared by a group keeps its charge counted.
+        let in_group = c.lease().is_some();
+        c.set_limit(if cap == 0 && in_group {
+            gpuguard_core::ledger::NO_OWN_CAP
+        } else {
+            cap
+        });
         cap
+    }
+
+    /// What a capped or grouped device shows the program (memory-info answers): its
+    /// total (the cap, or the group's budget where smaller) and what is used of it,
+    /// so that total − used is what this process may still take. `None` when the
+    /// device is neither capped nor limited by a group.
+    pub fn limit_view(&self, device: i32) -> Option<(u64, u64)> {
+        let c = self.ledger.device(device);
+        let charged = c.charged();
+        let own = c.cap().map(|cap| (cap, cap.saturating_sub(charged)));
+        let group = super::group::available(self, device, charged);
+        let (total, left) = match (own, group) {
+            (None, None) => return None,
+            (Some(v), None) | (None, Some(v)) => v,
+            (Some(a), Some(b)) => (a.0.min(b.0), a.1.min(b.1)),
+        };
+        Some((total, total.saturating_sub(left)))
     }
 
     /// What the process holds from the driver on a device as gpuguard counts it: live

@@ -5,8 +5,9 @@
 //! `no-dlsym` (glibc's `dlsym` not found), `spawn` (the first helper thread spawn
 //! fails), `stall-report`, `stall-observe` (the helper thread blocks for good holding
 //! the report lock after a snapshot report, or the timeline's lock after the first
-//! report, as in a write that never returns). Without the feature every check is a
-//! constant `false`.
+//! report, as in a write that never returns), `group-kill` (a group member SIGKILLs
+//! itself in the middle of a reservation of the group's budget). Without the
+//! feature every check is a constant `false`.
 
 /// Whether the fault `name` was asked for (read once; always false without the
 /// feature).
@@ -47,7 +48,7 @@ mod imp {
 
     /// The point asked for, as its index in `POINTS` (0: not read yet, 1: none).
     static WANT: AtomicU8 = AtomicU8::new(0);
-    const POINTS: [&str; 7] = [
+    const POINTS: [&str; 8] = [
         "record",
         "report",
         "activate",
@@ -55,6 +56,7 @@ mod imp {
         "spawn",
         "stall-report",
         "stall-observe",
+        "group-kill",
     ];
 
     pub(super) fn hit(name: &str) -> bool {

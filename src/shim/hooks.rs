@@ -562,14 +562,14 @@ unsafe fn rt_malloc_3d(
     )
 }
 
-/// The cap of the current device and what is charged against it, if it is capped.
+/// The limit of the current device (its cap, or its group's budget) and what is
+/// used of it, if it has one (`Books::limit_view`).
 fn current_cap() -> Option<(u64, u64)> {
     let books = books()?;
     let dev = track::ctx_device().1;
     books.note_device(dev);
     books.refresh_pools(dev);
-    let c = books.ledger.device(dev);
-    Some((c.cap()?, c.charged()))
+    books.limit_view(dev)
 }
 
 unsafe fn mem_get_info(
@@ -614,7 +614,7 @@ unsafe fn device_total_mem(
         shielded(|| {
             let books = books()?;
             books.note_device(dev);
-            let cap = books.ledger.device(dev).cap()?;
+            let (cap, _) = books.limit_view(dev)?;
             // SAFETY: written by the driver on success.
             if let Some(b) = unsafe { bytes.as_mut() } {
                 *b = cap as usize;
@@ -643,8 +643,8 @@ fn nvml_capped(rc: c_int, dev: NvmlDevice, view: impl FnOnce(u64, u64)) {
         let books = active_books()?;
         let d = books.nvml_ordinal(dev as u64)?;
         books.note_device(d);
-        let c = books.ledger.device(d);
-        view(c.cap()?, c.charged());
+        let (total, used) = books.limit_view(d)?;
+        view(total, used);
         Some(())
     });
 }

@@ -4,7 +4,7 @@
 
 use super::settings::{self, LogLevel, log};
 use super::state::{self, active_books, shielded};
-use super::{endings, fault, observe, python, real, report, unwind, wake, worker};
+use super::{endings, fault, group, observe, python, real, report, unwind, wake, worker};
 use std::sync::atomic::Ordering::*;
 
 /// Activation (registered with `state` at load, run at the first tracked CUDA call): the signal handlers put back in front, the helper thread started,
@@ -91,6 +91,8 @@ extern "C" fn at_exit() {
             }
         }
         report::write_exit_report(python::at_exit_answer);
+        // Its share of the group's budget goes back as the process ends.
+        group::leave();
         // After the exit report, so its event is on the timeline.
         shielded(observe::on_exit);
         let stashed = books.stashed.load(Relaxed);

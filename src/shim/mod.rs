@@ -45,6 +45,7 @@ mod cuda;
 mod endings;
 mod events;
 mod fault;
+mod group;
 pub mod hooks;
 mod hot;
 mod lifecycle;

@@ -296,12 +296,18 @@ pub(crate) fn write(
         // A cap report reads as an oom report does: the other processes on the
         // device, and what would have helped.
         (d.others, d.others_source) = oom::others_on(books, d.device);
+        d.group = super::group::figures(d.device);
         let cached = report
             .devices
             .iter()
             .find(|x| x.device == d.device)
             .and_then(|x| x.cached_bytes);
-        d.suggestion = gpuguard_core::oom::suggest_cap(d.bytes, cached, d.cap_bytes);
+        d.suggestion = match &d.group {
+            Some(g) if gpuguard_core::oom::by_group(d) => {
+                gpuguard_core::oom::suggest_group(d.bytes, cached, g)
+            }
+            _ => gpuguard_core::oom::suggest_cap(d.bytes, cached, d.cap_bytes),
+        };
     }
     if let Some(d) = oom_refusal {
         let frames = site_frames(books, d.site, &tables);
@@ -409,6 +415,7 @@ fn denial(
         others: Vec::new(),
         others_source: String::new(),
         suggestion: String::new(),
+        group: None,
     };
     (report, d.t_ns)
 }
@@ -464,14 +471,24 @@ fn headline(r: &gpuguard_core::report::Report) -> String {
     }
     if let Some(d) = &r.denial {
         // Two moments: the refusal's figures, then the devices' as written.
-        let mut refusal = format!(
-            "cap refused {} ({}) on device {}: at the refusal {} of {} in use",
-            human_bytes(d.bytes),
-            d.api,
-            d.device,
-            human_bytes(d.charged_bytes),
-            human_bytes(d.cap_bytes)
-        );
+        let mut refusal = match &d.group {
+            Some(g) if gpuguard_core::oom::by_group(d) => format!(
+                "group {}'s budget refused {} ({}) on device {}: at the refusal {} in use",
+                g.name,
+                human_bytes(d.bytes),
+                d.api,
+                d.device,
+                human_bytes(d.charged_bytes)
+            ),
+            _ => format!(
+                "cap refused {} ({}) on device {}: at the refusal {} of {} in use",
+                human_bytes(d.bytes),
+                d.api,
+                d.device,
+                human_bytes(d.charged_bytes),
+                human_bytes(d.cap_bytes)
+            ),
+        };
         if let Some(live) = d.live_bytes {
             refusal.push_str(&format!(" ({} live)", human_bytes(live)));
         }

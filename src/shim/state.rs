@@ -103,6 +103,9 @@ fn activate() -> Option<&'static Books> {
                 super::sys::calibrate_clock();
                 HOT.books
                     .store(Box::into_raw(Box::new(Books::new())).cast(), Release);
+                // Before any thread sees the books active: a device's first use,
+                // on whichever thread, must find the group joined.
+                shielded(super::group::join_at_activation);
                 HOT.state.store(ACTIVE, Release);
                 fence(SeqCst);
                 run_activation_action();

@@ -305,6 +305,7 @@ fn run(fd: c_int) {
             }
             if let Some(sig) = ending {
                 report::write_final_report(Some(sig), python::at_exit_answer);
+                super::group::leave();
                 // The trace closed and the status file removed, as at exit.
                 shielded(observe::on_exit);
                 endings::finished();
@@ -350,6 +351,11 @@ fn run(fd: c_int) {
             let auto = shielded(|| thresholds(books)).unwrap_or(None);
             let auto = auto.or_else(|| books.cap_trim_wanted.swap(false, AcqRel).then_some("cap"));
             let auto = auto.or_else(|| books.oom_trim_wanted.swap(false, AcqRel).then_some("oom"));
+            // Another member of the group was refused: unused leases go back, and the
+            // frameworks' caches are trimmed so that it can proceed.
+            let squeezed =
+                shielded(|| super::group::tick(books, monotonic_ns() / 1_000_000)).unwrap_or(false);
+            let auto = auto.or_else(|| squeezed.then_some("group"));
             if let Some(trigger) = auto {
                 // At most one automatic trim per GPUGUARD_TRIM_INTERVAL: a job at its
                 // cap must not trim in a loop.

@@ -37,6 +37,7 @@ pub const PROGRAMS: &[&str] = &[
     "gg_multi",
     "gg_pyembed",
     "gg_graph",
+    "gg_group",
 ];
 
 pub fn manifest_dir() -> PathBuf {
@@ -336,7 +337,7 @@ fn compile_all(cc: &OsString, out: &Path) {
     a.extend([progs.join("gg_early_lib.c").into(), "-lcuda".into()]);
     cc_run(a);
 
-    let programs: [(&str, &[&str]); 12] = [
+    let programs: [(&str, &[&str]); 13] = [
         ("gg", &["-lcuda", "-lcudart", "-ldl", "-lpthread"]),
         ("gg_dl", &["-ldl", "-lpthread"]),
         ("gg_rt", &["-lcudart", "-ldl", "-lpthread"]),
@@ -355,6 +356,7 @@ fn compile_all(cc: &OsString, out: &Path) {
             &["-lcuda", "-lcudart", "-lnvidia-ml", "-ldl", "-lpthread"],
         ),
         ("gg_graph", &["-lcuda", "-ldl", "-lpthread"]),
+        ("gg_group", &["-lcuda", "-lcudart", "-ldl", "-lpthread"]),
     ];
     for (name, libs) in programs {
         let mut a = link(&[]);

@@ -27,6 +27,7 @@ $cc $cflags $link -o "$out/gg_cap" "$progs/gg_cap.c" -lcuda -lcudart -lnvidia-ml
 $cc $cflags $link -o "$out/gg_nvml" "$progs/gg_nvml.c" -lnvidia-ml -ldl
 $cc $cflags $link -o "$out/gg_multi" "$progs/gg_multi.c" -lcuda -lcudart -lnvidia-ml -ldl -lpthread
 $cc $cflags $link -o "$out/gg_graph" "$progs/gg_graph.c" -lcuda -ldl -lpthread
+$cc $cflags $link -o "$out/gg_group" "$progs/gg_group.c" -lcuda -lcudart -ldl -lpthread
 # Built -O2 (tests/symbols.rs does the same): a function there is always inlined.
 $cc $cflags -O2 $link -o "$out/gg_inline" "$progs/gg_inline.c" -lcuda -ldl
 echo "$out"

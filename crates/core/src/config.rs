@@ -75,6 +75,14 @@ pub struct Config {
     /// stream-ordered pools and retry the call once, and ask for a full trim
     /// (`GPUGUARD_OOM_TRIM`); off by default.
     pub oom_trim: bool,
+    /// The group whose budget this process shares (`GPUGUARD_GROUP`), its budget
+    /// per device (`GPUGUARD_GROUP_CAP`, as `GPUGUARD_CAP`; used by the member that
+    /// first uses a device), and whether a group file that cannot be used stops the
+    /// process (`GPUGUARD_GROUP_ON_ERROR=stop`, the default) or lets it run without
+    /// the group (`run`).
+    pub group: Option<String>,
+    pub group_cap: CapSpec,
+    pub group_stop_on_error: bool,
 }
 
 /// The signals `GPUGUARD_FINAL_REPORT_SIGNALS` may name, and their short names.
@@ -112,6 +120,9 @@ impl Default for Config {
             stack_rate: Some(crate::sampler::DEFAULT_RATE),
             report_signal: Some(libc::SIGUSR1),
             cap: CapSpec::default(),
+            group: None,
+            group_cap: CapSpec::default(),
+            group_stop_on_error: true,
             warn_at: Some(0.8),
             trim_at: None,
             max_live: None,
@@ -169,6 +180,9 @@ pub const KNOWN_VARS: &[&str] = &[
     "GPUGUARD_LABELS",
     "GPUGUARD_STATUS_DIR",
     "GPUGUARD_OOM_TRIM",
+    "GPUGUARD_GROUP",
+    "GPUGUARD_GROUP_CAP",
+    "GPUGUARD_GROUP_ON_ERROR",
     // The command's own (where `gpuguard` finds the library); the library ignores it,
     // and a shell that exports it for `$(gpuguard lib)` must not get a warning.
     "GPUGUARD_LIB",
@@ -323,6 +337,21 @@ impl Config {
         if let Some(v) = vars.text("GPUGUARD_CAP")? {
             cfg.cap = CapSpec::parse(&v).ok_or_else(|| refuse("GPUGUARD_CAP", &v))?;
         }
+        if let Some(v) = vars.text("GPUGUARD_GROUP")? {
+            let name = v.trim().to_string();
+            crate::group::check_name(&name).map_err(|_| refuse("GPUGUARD_GROUP", &v))?;
+            cfg.group = Some(name);
+        }
+        if let Some(v) = vars.text("GPUGUARD_GROUP_CAP")? {
+            cfg.group_cap = CapSpec::parse(&v).ok_or_else(|| refuse("GPUGUARD_GROUP_CAP", &v))?;
+        }
+        if let Some(v) = vars.text("GPUGUARD_GROUP_ON_ERROR")? {
+            cfg.group_stop_on_error = match v.trim().to_ascii_lowercase().as_str() {
+                "stop" => true,
+                "run" => false,
+                _ => return Err(refuse("GPUGUARD_GROUP_ON_ERROR", &v)),
+            };
+        }
         for (var, slot) in [
             ("GPUGUARD_WARN_AT", &mut cfg.warn_at),
             ("GPUGUARD_TRIM_AT", &mut cfg.trim_at),
@@ -400,7 +429,11 @@ fn accepted(var: &str) -> String {
         "GPUGUARD_FINAL_REPORT_SIGNALS" => {
             "a comma list of TERM, INT, HUP, ABRT (the default: all four), or none".into()
         }
-        "GPUGUARD_CAP" => crate::cap::ACCEPTED.into(),
+        "GPUGUARD_CAP" | "GPUGUARD_GROUP_CAP" => crate::cap::ACCEPTED.into(),
+        "GPUGUARD_GROUP" => {
+            "a group name: 1 to 64 of A-Z a-z 0-9 . _ -, not starting with '.'".into()
+        }
+        "GPUGUARD_GROUP_ON_ERROR" => "stop or run".into(),
         "GPUGUARD_WARN_AT" | "GPUGUARD_TRIM_AT" => {
             "a fraction of the cap in (0, 1] (0.8 or 80%), or off".into()
         }

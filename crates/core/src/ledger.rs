@@ -12,7 +12,7 @@ use dashmap::DashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::atomic::{
     AtomicBool, AtomicI64, AtomicU64,
-    Ordering::{AcqRel, Acquire, Relaxed, Release},
+    Ordering::{AcqRel, Acquire, Relaxed, Release, SeqCst},
 };
 use std::sync::{Mutex, MutexGuard};
 
@@ -197,6 +197,10 @@ enum Live {
     Exact,
 }
 
+/// The limit of a device that has no cap of its own but is shared by a group: its
+/// charge is counted (reservations against the group's lease) without a cap.
+pub const NO_OWN_CAP: u64 = u64::MAX;
+
 /// Counters of one device. The shared line holds what needs one global figure: the
 /// cap's reservation (`charge`), and for capped devices the live bytes and peak; on
 /// an uncapped device the hot path writes only its thread's stripe (see `STRIPES`).
@@ -242,6 +246,10 @@ pub struct DeviceCounters {
     /// Bumped whenever what pools hold beyond their live blocks may have changed (on
     /// a capped device), so a reservation decided on an older figure is decided again.
     pub pool_gen: AtomicU64,
+    /// A device shared by a group (`GPUGUARD_GROUP`): 1 + the bytes this process has
+    /// reserved of the group's budget (its lease), which the charge may not pass;
+    /// 0 when the device is in no group. See `crate::group` and the shim's `group`.
+    group_lease: AtomicU64,
     stripes: [Stripe; STRIPES],
 }
 
@@ -273,11 +281,69 @@ impl DeviceCounters {
         &self.stripes[thread as usize % STRIPES]
     }
 
+    /// The process's own cap (`None` also for a device limited only by a group).
     pub fn cap(&self) -> Option<u64> {
         match self.limit.load(Relaxed) {
-            0 => None,
+            0 | NO_OWN_CAP => None,
             b => Some(b),
         }
+    }
+
+    /// Whether allocations on the device are reserved against a limit: its own cap,
+    /// or a group's lease.
+    pub fn enforced(&self) -> bool {
+        self.limit.load(Relaxed) != 0
+    }
+
+    /// The bytes this process has reserved of its group's budget for the device;
+    /// `None` when it is in no group.
+    pub fn lease(&self) -> Option<u64> {
+        match self.group_lease.load(SeqCst) {
+            0 => None,
+            l => Some(l - 1),
+        }
+    }
+
+    /// Puts the device in a group with a lease of `bytes`, once (two threads noting
+    /// the device at once must not reset a lease one of them already grew); the
+    /// charge is counted from now on (`set_limit(NO_OWN_CAP)` when it has no cap of
+    /// its own).
+    pub fn join_group(&self, bytes: u64) {
+        let _ = self
+            .group_lease
+            .compare_exchange(0, bytes.saturating_add(1), SeqCst, SeqCst);
+        if self.limit.load(Relaxed) == 0 {
+            self.set_limit(NO_OWN_CAP);
+        }
+    }
+
+    /// Adds `bytes` to the lease (reserved of the group first).
+    pub fn lease_add(&self, bytes: u64) {
+        self.group_lease.fetch_add(bytes, SeqCst);
+    }
+
+    /// Shrinks the lease from `from` to `to`, never under what is charged, unless it
+    /// changed meanwhile; returns the bytes to give back to the group. A reservation
+    /// racing the shrink either is seen in the charge read after it, or sees the
+    /// smaller lease after its own charge rose and takes itself back (both sides
+    /// sequentially consistent), so the charge never passes the lease.
+    pub fn lease_shrink(&self, from: u64, to: u64) -> u64 {
+        if to >= from
+            || self
+                .group_lease
+                .compare_exchange(from + 1, to + 1, SeqCst, SeqCst)
+                .is_err()
+        {
+            return 0;
+        }
+        let charged = self.charge.load(SeqCst).saturating_add(self.pool_excess());
+        if charged <= to {
+            return from - to;
+        }
+        // Charged more than `to` (a reservation in flight): keep what it needs.
+        let keep = charged.min(from);
+        self.group_lease.fetch_add(keep - to, SeqCst);
+        from - keep
     }
 
     /// Live bytes of pool blocks.
@@ -357,14 +423,21 @@ impl DeviceCounters {
         for _ in 0..64 {
             let generation = self.pool_gen.load(Acquire);
             let excess = self.pool_excess();
+            let lease = self.lease();
+            let bound = lease.map_or(limit, |l| l.min(limit));
             between();
-            let ok = self
-                .charge
-                .fetch_update(AcqRel, Relaxed, |c| {
-                    let after = c.checked_add(bytes)?;
-                    (after.saturating_add(excess) <= limit).then_some(after)
-                })
-                .is_ok();
+            let reserved = self.charge.fetch_update(SeqCst, Relaxed, |c| {
+                let after = c.checked_add(bytes)?;
+                (after.saturating_add(excess) <= bound).then_some(after)
+            });
+            let mut ok = reserved.is_ok();
+            if let (Ok(before), Some(_)) = (reserved, lease)
+                && (before + bytes).saturating_add(excess) > self.lease().unwrap_or(u64::MAX)
+            {
+                // The lease shrank while deciding (`lease_shrink`): taken back.
+                saturating_sub(&self.charge, bytes);
+                ok = false;
+            }
             if self.pool_gen.load(Acquire) == generation {
                 return ok;
             }

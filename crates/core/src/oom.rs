@@ -97,6 +97,31 @@ pub fn suggest_cap(bytes: u64, cached: Option<u64>, cap: u64) -> String {
     }
 }
 
+/// The first thing that would have helped a refusal by a group's budget: a trim
+/// when this process's frameworks cache the refused bytes, else a larger budget.
+pub fn suggest_group(bytes: u64, cached: Option<u64>, g: &crate::report::GroupFigures) -> String {
+    match cached {
+        Some(c) if c >= bytes && c > 0 => format!(
+            "a trim would free {}: GPUGUARD_TRIM_AT, `gpuguard trim`, or the framework's own (torch.cuda.empty_cache())",
+            human_bytes(c)
+        ),
+        _ => format!(
+            "the group's {} members hold {} of its {} budget: a larger budget (`gpuguard group {} --cap SIZE`), or a smaller batch",
+            g.members.len(),
+            human_bytes(g.used_bytes),
+            g.budget_bytes.map_or("unlimited".to_string(), human_bytes),
+            g.name
+        ),
+    }
+}
+
+/// Whether a cap report's refusal came from the group's budget rather than the
+/// process's own cap.
+pub fn by_group(d: &crate::report::DenialReport) -> bool {
+    d.group.is_some()
+        && (d.cap_bytes == 0 || d.charged_bytes.saturating_add(d.bytes) <= d.cap_bytes)
+}
+
 /// What the other processes in a list hold together.
 pub fn held_by(others: &[OtherProcess]) -> u64 {
     others.iter().map(OtherProcess::held).sum()

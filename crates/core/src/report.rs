@@ -238,6 +238,28 @@ pub struct DenialReport {
     /// The first thing that would have helped (absent in older reports).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub suggestion: String,
+    /// The process's group (`GPUGUARD_GROUP`), as its file stood when the report was
+    /// written: absent outside a group.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group: Option<GroupFigures>,
+}
+
+/// A group's figures for one device, in a cap report.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct GroupFigures {
+    pub name: String,
+    /// The device's budget (absent: none set).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget_bytes: Option<u64>,
+    /// What the members hold of it together (their leases: reserved, not all live).
+    pub used_bytes: u64,
+    pub members: Vec<GroupMember>,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct GroupMember {
+    pub pid: u32,
+    pub held_bytes: u64,
 }
 
 /// A refusal by the driver for lack of memory (an `oom` report). The figures up to

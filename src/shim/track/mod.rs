@@ -588,7 +588,7 @@ fn admit(t: &ThreadState, api: u8, kind: Kind, plan: &Plan) -> Option<Admission>
     books.note_device(dev);
     let host = kind.is_host();
     // No cap anywhere unless the books are direct: the device's line is not read.
-    let capped = !host && books.ledger.direct() && books.ledger.device(dev).cap().is_some();
+    let capped = !host && books.ledger.direct() && books.ledger.device(dev).enforced();
     if !capped {
         return Some(Admission::Uncapped { books, ctx, dev });
     }
@@ -623,6 +623,15 @@ fn admit_capped(
     books.trim_pools(dev);
     if books.ledger.reserve(dev, false, reserved) {
         return Some(admitted());
+    }
+    // A group member past its lease: more of the group's budget, if it has room.
+    for _ in 0..4 {
+        if !super::group::extend(books, dev, reserved) {
+            break;
+        }
+        if books.ledger.reserve(dev, false, reserved) {
+            return Some(admitted());
+        }
     }
     books.refused(
         dev,

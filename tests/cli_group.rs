@@ -81,11 +81,13 @@ const UUID2: [u8; 16] = [0x11; 16];
 /// is gone 512 MiB of UUID. `b` has a status file naming its program `trainer`.
 fn make_group(status_dir: &Path, name: &str, a: &Kid, b: &Kid) -> (Group, usize, usize) {
     let g = Group::open_or_create(status_dir, name).unwrap();
-    let dev = g.device(&UUID, 8 * GIB).unwrap();
-    let dev2 = g.device(&UUID2, UNLIMITED).unwrap();
+    // Members join before the devices are claimed: the first member of a new job
+    // forgets an earlier job's budgets.
     let sa = g.join(a.owner()).unwrap();
     let sb = g.join(b.owner()).unwrap();
     let gone = g.join(owner_word(ended_pid(), 1)).unwrap();
+    let dev = g.device(&UUID, 8 * GIB).unwrap();
+    let dev2 = g.device(&UUID2, UNLIMITED).unwrap();
     assert!(g.reserve(sa, dev, 3 * GIB, &|| {}));
     assert!(g.reserve(sb, dev, GIB, &|| {}));
     assert!(g.reserve(sb, dev2, 5 * MIB, &|| {}));

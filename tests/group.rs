@@ -61,7 +61,9 @@ fn runtime_dir(name: &str) -> PathBuf {
     dir
 }
 
-/// The status directory the library uses under `runtime` (no GPUGUARD_STATUS_DIR).
+/// The status directory under `runtime`, named by GPUGUARD_STATUS_DIR: the group
+/// files go there too (without it they go to /dev/shm/gpuguard-<uid>, shared by
+/// every test).
 fn status_dir(runtime: &Path) -> PathBuf {
     runtime.join("gpuguard")
 }
@@ -75,6 +77,10 @@ fn group_file(runtime: &Path, name: &str) -> PathBuf {
 fn member_env(runtime: &Path, name: &str, cap: &str, mem: u64) -> Vec<(String, String)> {
     vec![
         ("XDG_RUNTIME_DIR".into(), runtime.display().to_string()),
+        (
+            "GPUGUARD_STATUS_DIR".into(),
+            status_dir(runtime).display().to_string(),
+        ),
         ("GPUGUARD_GROUP".into(), name.into()),
         ("GPUGUARD_GROUP_CAP".into(), cap.into()),
         ("SIMCUDA_MEM".into(), mem.to_string()),
@@ -683,9 +689,9 @@ fn a_reused_pid_is_not_taken_for_a_member() {
 
     // The core API alone.
     let g = Group::open_or_create(&status_dir(&runtime), "reuse-core").unwrap();
-    let dev = g.device(&[9; 16], 100 * MIB).unwrap();
     let right = g.join(group::owner_word(spid, start)).unwrap();
     let wrong = g.join(group::owner_word(spid, start + 1)).unwrap();
+    let dev = g.device(&[9; 16], 100 * MIB).unwrap();
     assert!(g.reserve(right, dev, 10 * MIB, &|| {}));
     assert!(g.reserve(wrong, dev, 30 * MIB, &|| {}));
     assert_eq!(
@@ -995,8 +1001,9 @@ fn devices_are_matched_by_uuid() {
     let _ = std::fs::remove_dir_all(runtime);
 }
 
-/// cuMemGetInfo and cudaMemGetInfo in a member: total is the budget (or the
-/// process's own cap if smaller), free what the group leaves it; a later member's
+/// cuMemGetInfo and cudaMemGetInfo in a member: total is its share (the budget less
+/// what the other members hold; the process's own cap if smaller), free what the
+/// group leaves it; a later member's
 /// GPUGUARD_GROUP_CAP does not change the budget; `0.5` is half the device.
 #[test]
 fn meminfo_in_a_member_shows_the_groups_budget() {
@@ -1035,20 +1042,22 @@ fn meminfo_in_a_member_shows_the_groups_budget() {
         &with(&env, &[("GPUGUARD_GROUP_CAP", "512MiB")]),
     );
     r.assert_ok();
-    for (rc, free, total) in info(r.section("fresh")) {
-        assert_eq!((rc, total), (0, BUDGET), "{}", r.describe());
-        assert!(
-            (BUDGET - a_slot..=BUDGET - 100 * MIB).contains(&free),
-            "free {free} with 100 MiB held by another member (its slot {a_slot})\n{}",
+    // Its share: the budget less what the other member holds (its slot), of which
+    // what it has charged is used.
+    assert!(a_slot >= 100 * MIB, "{a_slot}");
+    for i in info(r.section("fresh")) {
+        assert_eq!(
+            i,
+            (0, BUDGET - a_slot, BUDGET - a_slot),
+            "fresh, with another member holding {a_slot}\n{}",
             r.describe()
         );
     }
-    for (rc, free, total) in info(r.section("used")) {
-        assert_eq!((rc, total), (0, BUDGET), "{}", r.describe());
-        assert!(
-            (BUDGET - a_slot - 40 * MIB..=BUDGET - 140 * MIB).contains(&free),
-            "free {free} with 100 MiB held by another member (its slot {a_slot}) and 40 MiB \
-             by this one\n{}",
+    for i in info(r.section("used")) {
+        assert_eq!(
+            i,
+            (0, BUDGET - a_slot - 40 * MIB, BUDGET - a_slot),
+            "40 MiB, with another member holding {a_slot}\n{}",
             r.describe()
         );
     }

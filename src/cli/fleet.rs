@@ -96,6 +96,15 @@ pub fn default_dirs(me: u32) -> Vec<Dir> {
         });
     }
     if me != 0 {
+        // Groups live there whatever XDG_RUNTIME_DIR says (group::base_dir).
+        if let Ok(base) = gpuguard_core::group::base_dir_here()
+            && !dirs.iter().any(|d| d.path == base)
+        {
+            dirs.push(Dir {
+                path: base,
+                owner: Some(me),
+            });
+        }
         return dirs;
     }
     let uid_dirs = |parent: &str, prefix: &str, tail: &str| -> Vec<Dir> {

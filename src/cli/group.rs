@@ -513,7 +513,9 @@ fn locate(name: &str) -> Result<(PathBuf, PathBuf), Failure> {
     })?;
     let status_dir = status::status_dir_here()
         .map_err(|e| Failure::Input(format!("cannot find the status directory: {e}")))?;
-    let path = group::path(&status_dir, name);
+    let base = group::base_dir_here()
+        .map_err(|e| Failure::Input(format!("cannot find the groups' directory: {e}")))?;
+    let path = group::path(&base, name);
     match std::fs::symlink_metadata(&path) {
         Ok(_) => {}
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
@@ -533,7 +535,7 @@ fn locate(name: &str) -> Result<(PathBuf, PathBuf), Failure> {
         .map(|m| m.uid())
         .map_err(|e| Failure::Input(format!("cannot find this process's user: {e}")))?;
     // A directory the library would not use holds no file it uses either.
-    for dir in [status_dir.clone(), group::dir(&status_dir)] {
+    for dir in [base.clone(), group::dir(&base)] {
         status::check_dir(&dir, me).map_err(|e| Failure::Input(clean(&e.to_string()).into()))?;
     }
     Ok((status_dir, path))

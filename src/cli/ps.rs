@@ -8,6 +8,7 @@ use super::load::shown;
 use super::output::{print, warn};
 use super::text::clean;
 use super::{Failure, Outcome};
+use gpuguard_core::group;
 use gpuguard_core::report::human_bytes;
 use gpuguard_core::status::{self, Status};
 use std::io::IsTerminal;
@@ -200,7 +201,10 @@ fn render(dir: &Path, format: Format, warned: &mut bool) -> Result<String, Failu
         // Then the groups sharing a budget (`GPUGUARD_GROUP`), whose files are in the
         // same directory; members that are gone are taken out as their status files are.
         Format::Table => {
-            render_table(&statuses, dir, now_unix_ms()) + &super::group::render_summary(dir)
+            render_table(&statuses, dir, now_unix_ms())
+                + &group::base_dir_here()
+                    .map(|base| super::group::render_summary(&base))
+                    .unwrap_or_default()
         }
         // A status file's program and argv come from the process: escaped as `show
         // --json` escapes a report's strings.

@@ -18,7 +18,7 @@ use super::settings::{LogLevel, log, settings};
 use gpuguard_core::group::{self as file, Group, UNLIMITED};
 use gpuguard_core::ledger::MAX_DEVICES;
 use std::path::Path;
-use std::sync::atomic::{AtomicI32, AtomicPtr, AtomicU64, Ordering::*};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicU64, Ordering::*};
 
 /// The most a lease runs ahead of what the member uses: 64 MiB, a few large
 /// tensors; at most a sixteenth of what the budget has left, and nothing ahead in
@@ -38,6 +38,11 @@ pub(crate) struct Membership {
     entry: [AtomicI32; MAX_DEVICES],
     /// When the helper thread last looked for dead members (ms, monotonic).
     last_reclaim_ms: AtomicU64,
+    /// Set at exit, before the slot's count goes back: from then on no hook of this
+    /// process touches the file.
+    left: AtomicBool,
+    /// The file's name no longer names it (said once).
+    unnamed: AtomicBool,
 }
 
 static MEMBER: AtomicPtr<Membership> = AtomicPtr::new(std::ptr::null_mut());
@@ -49,7 +54,7 @@ pub(crate) fn member() -> Option<&'static Membership> {
     // SAFETY: published once, never freed (leaked on purpose: hooks may read it
     // until the process ends).
     let m = unsafe { p.as_ref() }?;
-    (m.pid == std::process::id()).then_some(m)
+    (m.pid == std::process::id() && !m.left.load(Acquire)).then_some(m)
 }
 
 /// At activation: joins `GPUGUARD_GROUP`. A group that cannot be used stops the
@@ -70,25 +75,31 @@ pub(crate) fn join_at_activation() {
             );
             MEMBER.store(Box::into_raw(Box::new(m)), Release);
         }
-        Err(why) if cfg.group_stop_on_error => {
-            let line = format!(
-                "gpuguard[{}]: {why}; stopping (GPUGUARD_GROUP_ON_ERROR=run runs without the group)\n",
-                std::process::id()
-            );
-            super::sys::write_stderr(line.as_bytes());
-            // SAFETY: stopping at the first CUDA call, as documented: a budget that
-            // silently does not apply is worse than none.
-            unsafe { libc::_exit(2) };
-        }
-        Err(why) => log(
-            LogLevel::Warn,
-            format_args!("{why}; running without the group (GPUGUARD_GROUP_ON_ERROR=run)"),
-        ),
+        Err(why) => group_error(&why),
     }
 }
 
+/// One line saying why, then exit status 2 (`GPUGUARD_GROUP_ON_ERROR=stop`); or a
+/// warning (`run`).
+fn group_error(why: &str) {
+    if settings().cfg.group_stop_on_error {
+        let line = format!(
+            "gpuguard[{}]: {why}; stopping (GPUGUARD_GROUP_ON_ERROR=run runs without the group)\n",
+            std::process::id()
+        );
+        super::sys::write_stderr(line.as_bytes());
+        // SAFETY: stopping, as documented: a budget that silently does not apply
+        // is worse than none.
+        unsafe { libc::_exit(2) };
+    }
+    log(
+        LogLevel::Warn,
+        format_args!("{why}; running without the group (GPUGUARD_GROUP_ON_ERROR=run)"),
+    );
+}
+
 fn join(name: &str) -> Result<Membership, String> {
-    let dir = gpuguard_core::status::status_dir_here().map_err(|e| format!("group {name}: {e}"))?;
+    let dir = file::base_dir_here().map_err(|e| format!("group {name}: {e}"))?;
     let group = Group::open_or_create(&dir, name).map_err(|e| e.to_string())?;
     let pid = std::process::id();
     let start = gpuguard_core::status::process_start_ticks(Path::new("/proc"), pid)
@@ -115,6 +126,8 @@ fn join(name: &str) -> Result<Membership, String> {
         pid,
         entry: std::array::from_fn(|_| AtomicI32::new(-1)),
         last_reclaim_ms: AtomicU64::new(0),
+        left: AtomicBool::new(false),
+        unnamed: AtomicBool::new(false),
     })
 }
 
@@ -129,23 +142,39 @@ pub(crate) fn note_device(books: &Books, device: i32, uuid: Option<[u8; 16]>, to
         return;
     };
     let uuid_text = gpuguard_core::cap::uuid_string(&uuid);
-    let budget = settings()
+    let mine = settings()
         .cfg
         .group_cap
         .limit_for_gpu(device as u32, Some(&uuid_text))
-        .and_then(|l| l.resolve(total))
-        .unwrap_or(UNLIMITED);
-    let Some(e) = m.group.device(&uuid, budget) else {
+        .and_then(|l| l.resolve(total));
+    let Some(e) = m.group.device(&uuid, mine.unwrap_or(UNLIMITED)) else {
+        group_error(&format!(
+            "group {}: its table of {} devices is full; device {device} cannot be shared",
+            m.name,
+            file::DEVICES
+        ));
+        return;
+    };
+    let budget = m.group.budget(e);
+    if let Some(b) = mine
+        && b != budget
+    {
+        use gpuguard_core::report::human_bytes as h;
         log(
             LogLevel::Warn,
             format_args!(
-                "group {}: its table of {} devices is full; device {device} is not shared",
+                "group {}: device {device}'s budget is {} (set by a member that used it first), not this process's GPUGUARD_GROUP_CAP {}; `gpuguard group {} --cap` changes it",
                 m.name,
-                file::DEVICES
+                if budget == UNLIMITED {
+                    "none".to_string()
+                } else {
+                    h(budget)
+                },
+                h(b),
+                m.name
             ),
         );
-        return;
-    };
+    }
     books.ledger.go_direct();
     books.ledger.device(device).join_group(0);
     m.entry[i].store(e as i32, Release);
@@ -260,19 +289,34 @@ pub(crate) fn tick(books: &Books, now_ms: u64) -> bool {
     if now_ms.saturating_sub(m.last_reclaim_ms.load(Relaxed)) >= 1000 {
         m.last_reclaim_ms.store(now_ms, Relaxed);
         m.group.reclaim_dead(Path::new("/proc"), false);
+        if !m.group.still_named() && !m.unnamed.swap(true, Relaxed) {
+            log(
+                LogLevel::Warn,
+                format_args!(
+                    "group {}: {} was removed or replaced; this process keeps to the budget of the members that share its file, and processes joining now do not",
+                    m.name,
+                    m.group.path().display()
+                ),
+            );
+        }
     }
     squeezed
 }
 
-/// At exit: everything this member holds goes back and its slot is freed.
+/// At exit: everything this member holds goes back; no hook of this process
+/// touches the file after (its slot is freed once the process is gone).
 pub(crate) fn leave() {
     if let Some(m) = member() {
+        m.left.store(true, Release);
         m.group.leave(m.slot, m.owner);
     }
 }
 
-/// What the group leaves this process on `device`: the budget, and what of it this
-/// process may still take (what no other member holds, less what it has charged).
+/// What the group leaves this process on `device`: its share now (what it holds
+/// plus what it may still take), and what it may still take (what no other member
+/// holds, less what it has charged). The share, not the budget, is the total a
+/// framework sizing itself sees: XLA preallocates a fraction of the total, which
+/// the other members' holdings would otherwise make it miss.
 pub(crate) fn available(books: &Books, device: i32, charged: u64) -> Option<(u64, u64)> {
     let m = member()?;
     let e = entry(m, device)?;
@@ -282,10 +326,8 @@ pub(crate) fn available(books: &Books, device: i32, charged: u64) -> Option<(u64
     }
     let others = m.group.used(e).saturating_sub(m.group.held(m.slot, e));
     let _ = books;
-    Some((
-        budget,
-        budget.saturating_sub(others).saturating_sub(charged),
-    ))
+    let share = budget.saturating_sub(others).max(charged);
+    Some((share, share - charged))
 }
 
 /// The group's figures for a report of a refusal on `device`: its name, budget, use

@@ -38,9 +38,6 @@ const MAGIC: u64 = u64::from_le_bytes(*b"GGGROUP\0");
 /// An owner word with this bit set: the slot is being reclaimed by the pid in its
 /// low bits.
 const RECLAIMING: u64 = 1 << 63;
-/// A device entry being claimed (its UUID not yet written) has this state.
-const CLAIMING: u64 = 1;
-const CLAIMED: u64 = 2;
 
 #[repr(C, align(64))]
 struct Header {
@@ -62,7 +59,7 @@ struct Header {
 
 #[repr(C, align(64))]
 struct DeviceEntry {
-    /// 0 free, [`CLAIMING`] (| claimer's pid << 8), [`CLAIMED`].
+    /// 0 free, else the tag of the device's UUID (`uuid_tag`).
     state: AtomicU64,
     uuid: [AtomicU64; 2],
     budget: AtomicU64,
@@ -119,14 +116,36 @@ pub fn check_name(name: &str) -> Result<(), GroupError> {
     }
 }
 
-/// The directory of a user's group files: `groups` in the status directory.
-pub fn dir(status_dir: &Path) -> PathBuf {
-    status_dir.join("groups")
+/// The directory of a user's group files: `groups` in [`base_dir`].
+pub fn dir(base: &Path) -> PathBuf {
+    base.join("groups")
 }
 
-/// The file of group `name`.
-pub fn path(status_dir: &Path, name: &str) -> PathBuf {
-    dir(status_dir).join(format!("{name}.group"))
+/// Where a user's group files live, whatever `XDG_RUNTIME_DIR` a member has (two
+/// members of one group with different ones must still find one file; a login
+/// session's runtime directory also goes at its last logout): `GPUGUARD_STATUS_DIR`
+/// when set to an absolute path (a directory a job's containers share), else
+/// `/dev/shm/gpuguard-<uid>`. `var` reads an environment variable.
+pub fn base_dir(var: impl Fn(&str) -> Option<std::ffi::OsString>, uid: u32) -> PathBuf {
+    crate::status::status_dir(
+        |k| {
+            (k == crate::status::STATUS_DIR_VAR)
+                .then(|| var(k))
+                .flatten()
+        },
+        uid,
+    )
+}
+
+/// [`base_dir`] of this process's environment and user.
+pub fn base_dir_here() -> io::Result<PathBuf> {
+    let uid = std::fs::metadata("/proc/self")?.uid();
+    Ok(base_dir(|k| std::env::var_os(k), uid))
+}
+
+/// The file of group `name` under [`base_dir`] `base`.
+pub fn path(base: &Path, name: &str) -> PathBuf {
+    dir(base).join(format!("{name}.group"))
 }
 
 /// This process's pid namespace (the inode of `/proc/self/ns/pid`; 0 unknown).
@@ -153,6 +172,8 @@ pub struct Member {
 pub struct Group {
     map: *mut Layout,
     path: PathBuf,
+    /// The mapped file's device and inode: whether its name still names it.
+    id: (u64, u64),
 }
 
 // SAFETY: every field of the mapping read or written concurrently is an atomic; the
@@ -257,6 +278,7 @@ impl Group {
         let g = Group {
             map: p.cast(),
             path: path.to_path_buf(),
+            id: (meta.dev(), meta.ino()),
         };
         let h = &g.layout().header;
         if h.magic != MAGIC {
@@ -294,45 +316,33 @@ impl Group {
         &self.path
     }
 
-    /// The device entry of `uuid`, claimed with `budget` if the group has none yet
-    /// (a later member's own setting does not change it). `None` when the table is
-    /// full.
+    /// Whether the group's name still names the file this process mapped (a file
+    /// removed or replaced splits the group: members opening it now get another).
+    pub fn still_named(&self) -> bool {
+        std::fs::symlink_metadata(&self.path).is_ok_and(|m| (m.dev(), m.ino()) == self.id)
+    }
+
+    /// The device entry of `uuid`, claimed if the group has none, its budget set to
+    /// `budget` if none is set yet (a later member's own setting does not change
+    /// it; see [`Group::join`] for a new job). `None` when the table is full. One
+    /// compare-and-swap claims an entry and names its device (a tag made from the
+    /// UUID), so two members can never claim two entries for one device, however
+    /// long either stalls.
     pub fn device(&self, uuid: &[u8; 16], budget: u64) -> Option<usize> {
         let (a, b) = uuid_words(uuid);
-        let me = u64::from(std::process::id());
+        let tag = uuid_tag(a, b);
         for (i, e) in self.layout().devices.iter().enumerate() {
-            for _ in 0..100_000 {
-                match e.state.load(Acquire) {
-                    CLAIMED => {
-                        if e.uuid[0].load(Relaxed) == a && e.uuid[1].load(Relaxed) == b {
-                            return Some(i);
-                        }
-                        break;
-                    }
-                    0 => {
-                        if e.state
-                            .compare_exchange(0, CLAIMING | me << 8, AcqRel, Acquire)
-                            .is_ok()
-                        {
-                            e.uuid[0].store(a, Relaxed);
-                            e.uuid[1].store(b, Relaxed);
-                            e.budget.store(budget, Relaxed);
-                            e.state.store(CLAIMED, Release);
-                            return Some(i);
-                        }
-                    }
-                    s => {
-                        // Being claimed: a few instructions away, unless the claimer
-                        // died there; then the entry is taken over.
-                        let claimer = (s >> 8) as i32;
-                        if !alive(claimer)
-                            && e.state.compare_exchange(s, 0, AcqRel, Acquire).is_ok()
-                        {
-                            continue;
-                        }
-                        std::hint::spin_loop();
-                    }
+            let found = match e.state.compare_exchange(0, tag, AcqRel, Acquire) {
+                Ok(_) => {
+                    e.uuid[0].store(a, Relaxed);
+                    e.uuid[1].store(b, Relaxed);
+                    true
                 }
+                Err(t) => t == tag,
+            };
+            if found {
+                let _ = e.budget.compare_exchange(0, budget.max(1), AcqRel, Relaxed);
+                return Some(i);
             }
         }
         None
@@ -344,7 +354,7 @@ impl Group {
             .devices
             .iter()
             .enumerate()
-            .filter(|(_, e)| e.state.load(Acquire) == CLAIMED)
+            .filter(|(_, e)| e.state.load(Acquire) != 0)
             .map(|(i, e)| {
                 let mut u = [0u8; 16];
                 u[..8].copy_from_slice(&e.uuid[0].load(Relaxed).to_le_bytes());
@@ -354,40 +364,71 @@ impl Group {
             .collect()
     }
 
+    /// A device's budget ([`UNLIMITED`]: none; 0: not set yet, by a member that
+    /// claimed the device an instant ago).
     pub fn budget(&self, dev: usize) -> u64 {
         self.layout().devices[dev].budget.load(Acquire)
     }
 
-    /// Changes a device's budget while the group runs: reservations already made
-    /// stay; those that would pass the new budget are refused.
+    /// Changes a device's budget while the group runs: what is allocated stays; the
+    /// members are squeezed, so their unused leases come back (within a second, by
+    /// their helper threads) and allocations past the new budget are refused.
     pub fn set_budget(&self, dev: usize, bytes: u64) {
-        self.layout().devices[dev].budget.store(bytes, Release);
+        self.layout().devices[dev]
+            .budget
+            .store(bytes.max(1), Release);
+        self.squeeze();
     }
 
-    /// Takes a free slot for process `owner` ([`owner_word`]); `None` when all
-    /// [`SLOTS`] are taken.
+    /// Takes a slot for process `owner` ([`owner_word`]); `None` when all [`SLOTS`]
+    /// are taken. A slot with this very owner word is this process's before an
+    /// `exec` (same pid, same start time): taken again, its count emptied. A member
+    /// that finds no other member is a new job: the budgets set by an earlier one
+    /// are forgotten, so its own `GPUGUARD_GROUP_CAP` applies.
     pub fn join(&self, owner: u64) -> Option<usize> {
-        self.layout()
-            .slots
-            .iter()
-            .position(|s| s.owner.compare_exchange(0, owner, AcqRel, Relaxed).is_ok())
-            .inspect(|&i| {
-                let s = &self.layout().slots[i];
-                s.squeeze_seen
-                    .store(self.layout().header.squeeze.load(Relaxed), Relaxed);
-            })
+        let l = self.layout();
+        let pid = owner & 0xffff_ffff;
+        let mine = l.slots.iter().position(|s| {
+            let w = s.owner.load(Acquire);
+            w == owner
+                || (w == RECLAIMING | pid
+                    && s.owner.compare_exchange(w, owner, AcqRel, Relaxed).is_ok())
+        });
+        let slot = mine.or_else(|| {
+            l.slots
+                .iter()
+                .position(|s| s.owner.compare_exchange(0, owner, AcqRel, Relaxed).is_ok())
+        })?;
+        let s = &l.slots[slot];
+        for h in &s.held {
+            h.store(0, SeqCst);
+        }
+        s.squeeze_seen
+            .store(l.header.squeeze.load(Relaxed), Relaxed);
+        if self.members().iter().all(|m| m.slot == slot) {
+            for e in &l.devices {
+                e.budget.store(0, Release);
+            }
+        }
+        Some(slot)
     }
 
-    /// Gives back everything slot `slot` holds and frees it (a member's exit).
+    /// Gives back everything slot `slot` holds (a member's exit). The slot stays
+    /// marked with the member's pid until the process is gone (a reclaim frees it):
+    /// a thread of the exiting process still in a hook cannot reach another
+    /// member's count through it.
     pub fn leave(&self, slot: usize, owner: u64) {
         let s = &self.layout().slots[slot];
-        if s.owner.load(Acquire) != owner {
+        let left = RECLAIMING | (owner & 0xffff_ffff);
+        if s.owner
+            .compare_exchange(owner, left, AcqRel, Relaxed)
+            .is_err()
+        {
             return;
         }
         for h in &s.held {
             h.store(0, SeqCst);
         }
-        let _ = s.owner.compare_exchange(owner, 0, AcqRel, Relaxed);
     }
 
     /// Reserves `bytes` of device `dev` for slot `slot`, never taking the group past
@@ -398,12 +439,21 @@ impl Group {
     pub fn reserve(&self, slot: usize, dev: usize, bytes: u64, between: &dyn Fn()) -> bool {
         let budget = self.budget(dev);
         let mine = &self.layout().slots[slot].held[dev];
+        // Checked: a count that wrapped would let anything through.
+        let add = || {
+            mine.fetch_update(SeqCst, Relaxed, |h| h.checked_add(bytes))
+                .is_ok()
+        };
         if budget == UNLIMITED {
-            mine.fetch_add(bytes, SeqCst);
-            return true;
+            return add();
+        }
+        if bytes > budget {
+            return false;
         }
         for attempt in 0..16 {
-            mine.fetch_add(bytes, SeqCst);
+            if !add() {
+                return false;
+            }
             between();
             let used = self.used(dev);
             if used <= budget {
@@ -411,7 +461,8 @@ impl Group {
             }
             mine.fetch_sub(bytes, SeqCst);
             // Over the budget even without this reservation's bytes, as the slots
-            // stand now: refused. Else another reservation was in flight: again.
+            // stand now (another reservation in flight counts there too): refused.
+            // Else another reservation was in flight and went: again.
             if self.used(dev).saturating_add(bytes) > budget {
                 return false;
             }
@@ -493,7 +544,7 @@ impl Group {
             } else {
                 match crate::status::process_start_ticks(proc_root, pid) {
                     None => !alive(pid as i32),
-                    Some(t) => owner_word(pid, t) != w,
+                    Some(t) => owner_word(pid, t) != w || ended(proc_root, pid),
                 }
             };
             if !dead
@@ -560,6 +611,7 @@ impl Group {
         let g = Group {
             map: p.cast(),
             path: path.to_path_buf(),
+            id: (meta.dev(), meta.ino()),
         };
         let h = &g.layout().header;
         if h.magic != MAGIC {
@@ -580,6 +632,21 @@ impl Group {
         }
         Ok(g)
     }
+}
+
+/// Whether process `pid` has ended but not been reaped (state Z or X in
+/// `<proc>/<pid>/stat`): it holds no memory, and a signal-0 probe says it exists.
+fn ended(proc_root: &Path, pid: u32) -> bool {
+    std::fs::read_to_string(proc_root.join(pid.to_string()).join("stat")).is_ok_and(|stat| {
+        stat.rfind(')')
+            .and_then(|i| stat[i + 1..].split_whitespace().next())
+            .is_some_and(|state| state == "Z" || state == "X")
+    })
+}
+
+/// A device entry's state word once claimed: a tag of its UUID, never 0.
+fn uuid_tag(a: u64, b: u64) -> u64 {
+    ((a ^ b.rotate_left(29)).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 1) | 1 << 63
 }
 
 fn uuid_words(u: &[u8; 16]) -> (u64, u64) {
@@ -676,11 +743,16 @@ mod tests {
     fn reservations_stop_at_the_budget_and_come_back() {
         let d = tmp("budget");
         let g = Group::open_or_create(&d, "g").unwrap();
-        let dev = g.device(&[7; 16], 100).unwrap();
-        assert_eq!(g.device(&[7; 16], 999), Some(dev), "the first budget stays");
-        assert_eq!(g.budget(dev), 100);
         let a = g.join(owner_word(1, 1)).unwrap();
         let b = g.join(owner_word(2, 1)).unwrap();
+        let dev = g.device(&[7; 16], 100).unwrap();
+        assert_eq!(g.device(&[7; 16], 999), Some(dev), "the first budget stays");
+        assert_eq!(
+            g.device(&[8; 16], 5),
+            Some(dev + 1),
+            "another device, another entry"
+        );
+        assert_eq!(g.budget(dev), 100);
         assert!(g.reserve(a, dev, 60, &|| {}));
         assert!(!g.reserve(b, dev, 41, &|| {}));
         assert!(g.reserve(b, dev, 40, &|| {}));
@@ -698,13 +770,13 @@ mod tests {
     fn a_dead_members_slot_is_reclaimed_and_a_reused_pid_is_not_it() {
         let d = tmp("reclaim");
         let g = Group::open_or_create(&d, "g").unwrap();
-        let dev = g.device(&[1; 16], 1000).unwrap();
         let me = std::process::id();
         let start = crate::status::process_start_ticks(Path::new("/proc"), me).unwrap();
         // This process, with its own start time: alive.
         let live = g.join(owner_word(me, start)).unwrap();
         // This pid with another start time: a member that died, its pid reused.
         let reused = g.join(owner_word(me, start + 1)).unwrap();
+        let dev = g.device(&[1; 16], 1000).unwrap();
         assert!(g.reserve(live, dev, 100, &|| {}));
         assert!(g.reserve(reused, dev, 300, &|| {}));
         // The quick look (pid exists) cannot tell; the full one can.
@@ -712,6 +784,68 @@ mod tests {
         assert_eq!(g.reclaim_dead(Path::new("/proc"), false), 300);
         assert_eq!(g.used(dev), 100);
         assert_eq!(g.members().len(), 1);
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    #[test]
+    fn a_huge_reservation_cannot_wrap_the_count() {
+        let d = tmp("wrap");
+        let g = Group::open_or_create(&d, "g").unwrap();
+        let a = g.join(owner_word(1, 1)).unwrap();
+        let dev = g.device(&[3; 16], 1 << 30).unwrap();
+        assert!(g.reserve(a, dev, 100, &|| {}));
+        assert!(!g.reserve(a, dev, u64::MAX - 50, &|| {}));
+        assert!(!g.reserve(a, dev, u64::MAX, &|| {}));
+        assert_eq!(g.used(dev), 100);
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    #[test]
+    fn a_left_slot_takes_no_new_member_until_its_process_is_gone_and_exec_takes_its_own_back() {
+        let d = tmp("leave");
+        let g = Group::open_or_create(&d, "g").unwrap();
+        let me = std::process::id();
+        let start = crate::status::process_start_ticks(Path::new("/proc"), me).unwrap();
+        let mine = owner_word(me, start);
+        let a = g.join(mine).unwrap();
+        let other = g.join(owner_word(1, 1)).unwrap();
+        let dev = g.device(&[4; 16], 1000).unwrap();
+        assert!(g.reserve(a, dev, 300, &|| {}));
+        g.leave(a, mine);
+        assert_eq!(g.used(dev), 0);
+        // A stray write of the leaving process lands in its own slot, which no new
+        // member was given.
+        let newcomer = g.join(owner_word(2, 1)).unwrap();
+        assert_ne!(newcomer, a);
+        // The same process (an exec'd image: same pid and start) gets it back.
+        assert_eq!(g.join(mine), Some(a));
+        // A slot that still names this process's owner word is taken again, emptied.
+        assert!(g.reserve(a, dev, 200, &|| {}));
+        assert_eq!(g.join(mine), Some(a));
+        assert_eq!(g.held(a, dev), 0);
+        let _ = other;
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    #[test]
+    fn a_new_job_sets_its_own_budget() {
+        let d = tmp("stale");
+        let g = Group::open_or_create(&d, "g").unwrap();
+        let a = g.join(owner_word(1, 1)).unwrap();
+        let dev = g.device(&[5; 16], 4 << 30).unwrap();
+        g.leave(a, owner_word(1, 1));
+        // pid 1 is alive: its left slot stays, but it is no member any more.
+        let b = g.join(owner_word(2, 2)).unwrap();
+        assert_eq!(g.device(&[5; 16], 100), Some(dev));
+        assert_eq!(g.budget(dev), 100, "the earlier job's budget is forgotten");
+        let c = g.join(owner_word(3, 3)).unwrap();
+        assert_eq!(g.device(&[5; 16], 999), Some(dev));
+        assert_eq!(
+            g.budget(dev),
+            100,
+            "a member joining a running job keeps it"
+        );
+        let _ = (b, c);
         let _ = std::fs::remove_dir_all(&d);
     }
 

@@ -319,7 +319,11 @@ impl DeviceCounters {
 
     /// Adds `bytes` to the lease (reserved of the group first).
     pub fn lease_add(&self, bytes: u64) {
-        self.group_lease.fetch_add(bytes, SeqCst);
+        // Saturating short of the word's end: a lease that wrapped to 0 would read
+        // as no group at all.
+        let _ = self.group_lease.fetch_update(SeqCst, SeqCst, |l| {
+            (l != 0).then(|| l.saturating_add(bytes).min(u64::MAX - 1))
+        });
     }
 
     /// Shrinks the lease from `from` to `to`, never under what is charged, unless it

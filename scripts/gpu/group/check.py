@@ -5,7 +5,8 @@
 (a) the members' live bytes summed (their status files, every 0.25 s) never passed
 the budget, nor NVML's per-process figures summed less each process's overhead
 outside gpuguard's books (its smallest NVML − live, the CUDA context); (b) each
-PyTorch member's torch.cuda.mem_get_info() total was the budget; (c) after member e
+PyTorch member's torch.cuda.mem_get_info() showed its share of the budget: a total
+no larger than the budget, and a free figure of what the group left it; (c) after member e
 was SIGKILLed, b got more memory (how much, how soon); (d) after a dropped 4 GiB into
 PyTorch's cache, c got more (the squeeze's trim of a); (e) the JAX member's pool and
 what it could take.
@@ -74,13 +75,14 @@ v = {
     "group": [load("group%d.json" % i) for i in (1, 2, 3)],
 }
 v["a_never_over"] = v["a_max_live_sum"] is not None and v["a_max_live_sum"] <= budget
-v["b_mem_get_info_total_is_budget"] = all(
-    r and r.get("mem_get_info") and r["mem_get_info"][1] == budget for n, r in ready.items() if n in "abce")
+v["b_mem_get_info_is_a_share"] = all(
+    r and r.get("mem_get_info") and r["mem_get_info"][0] <= r["mem_get_info"][1] <= budget
+    for n, r in ready.items() if n in "abce")
 e_held = (ready.get("e") or {}).get("held_gib", 0)
 bm = v["b_more"] or {}
 v["c_b_gained_gib"] = bm.get("held_gib", 0) - (ready.get("b") or {}).get("held_gib", 0)
 cm = v["c_more"] or {}
 v["d_c_gained_gib"] = cm.get("held_gib", 0) - (ready.get("c") or {}).get("held_gib", 0)
-v["pass"] = bool(v["a_never_over"] and v["b_mem_get_info_total_is_budget"] and v["c_b_gained_gib"] >= e_held
+v["pass"] = bool(v["a_never_over"] and v["b_mem_get_info_is_a_share"] and v["c_b_gained_gib"] >= e_held
                  and v["d_c_gained_gib"] >= 4)
 print(json.dumps(v, indent=1, default=str))

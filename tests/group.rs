@@ -355,8 +355,11 @@ fn poll_until(bound: Duration, what: &str, mut done: impl FnMut() -> bool) -> Du
 
 // ---- the race -------------------------------------------------------------------------
 
-/// 8 processes × 8 threads race 1 MiB blocks for a budget of 256 MiB (each process's
-/// sim has 1 GiB: only the group refuses). Every thread stops at its first refusal.
+/// 8 processes × 8 threads race 1 MiB blocks for a budget of 2 GiB (each process's
+/// sim has 4 GiB: only the group refuses; a budget past 1 GiB, so that members
+/// reserve leases ahead of what they allocate in its first part, and the squeeze has
+/// something to give back). The processes start together (a file the test creates
+/// once each has its `go`). Every thread stops at its first refusal.
 /// Then: the processes hold no more than the budget, by their own count, by their
 /// sims' books, and by their sims' high-water marks (nothing is freed before the end,
 /// so the sum of the high-water marks bounds the sum at every instant). Once the
@@ -406,10 +409,14 @@ fn threads_racing_a_members_first_use_of_the_device_are_limited() {
 fn race(warm: bool) {
     const PROCS: usize = 8;
     const THREADS: u64 = 8;
-    const BUDGET: u64 = 256 * MIB;
+    const BUDGET: u64 = 2 * GIB;
     let name = if warm { "race-warm" } else { "race" };
     let runtime = runtime_dir(name);
-    let env = member_env(&runtime, name, "256MiB", GIB);
+    let start_file = runtime.join("start");
+    let env = with(
+        &member_env(&runtime, name, "2GiB", 4 * GIB),
+        &[("GG_START_FILE", start_file.to_str().unwrap())],
+    );
     let threads = THREADS.to_string();
     let mut args = vec!["race", &threads, "1"];
     if warm {
@@ -422,6 +429,7 @@ fn race(warm: bool) {
     for m in &mut ms {
         m.send("go");
     }
+    std::fs::write(&start_file, b"").unwrap();
 
     // Round 1, watched from the file meanwhile. (The file's sum may pass the budget
     // for an instant: a reservation adds to its slot before it looks at the sum, and

@@ -407,7 +407,8 @@ impl Books {
     }
 
     /// What a capped or grouped device shows the program (memory-info answers): its
-    /// total (the cap, or the group's budget where smaller) and what is used of it,
+    /// total (the cap, or this process's share of the group's budget where smaller:
+    /// `group::available`) and what is used of it,
     /// so that total − used is what this process may still take. `None` when the
     /// device is neither capped nor limited by a group.
     pub fn limit_view(&self, device: i32) -> Option<(u64, u64)> {

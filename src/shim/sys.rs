@@ -142,24 +142,6 @@ pub(crate) fn argv() -> Vec<String> {
         .unwrap_or_default()
 }
 
-/// Asks the CPU to bring the cache line holding `addr` near, to be written (a hint:
-/// no fault, no effect on what any load returns, whatever the address). The line
-/// comes in owned, so stores to it do not wait for another core's copy to be
-/// invalidated. The journal's slots need that: the helper thread read each slot's
-/// line a lap of the ring before, and a store to a line another core holds waits for
-/// that core at the head of the store buffer, where every later store of the program
-/// queues behind it. A no-op on CPUs without the instruction (its opcode is a hint).
-#[inline(always)]
-pub(crate) fn prefetch_for_write(addr: usize) {
-    #[cfg(target_arch = "x86_64")]
-    // SAFETY: a prefetch never faults and changes no architectural state.
-    unsafe {
-        core::arch::asm!("prefetchw byte ptr [{0}]", in(reg) addr, options(nostack, preserves_flags, readonly));
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = addr;
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -23,6 +23,7 @@
 #include "cudart_sim.h"
 
 #include <pthread.h>
+#include <sched.h>
 
 static CUcontext g_ctx;
 
@@ -70,7 +71,8 @@ static void wait_for_eof(void)
 /* ---- race THREADS BLOCK_MIB [warm]: THREADS threads allocate BLOCK_MIB blocks with
  * cuMemAlloc_v2 until each is refused; RACE; "again": the same once more; AGAIN;
  * stdin's end: everything freed. `warm`: one block allocated and freed by the main
- * thread first (the device's first use is not raced) ---- */
+ * thread first (the device's first use is not raced). With GG_START_FILE set, the
+ * round starts once that file exists (after "go") ---- */
 #define RACE_MAX 65536
 static int g_threads;
 static size_t g_block;
@@ -138,6 +140,11 @@ static int mode_race(int argc, char **argv)
     puts("READY");
     fflush(stdout);
     wait_for_line("go");
+    /* GG_START_FILE: the test creates it once every process has its "go", so that
+     * the processes start together, not in the order they read their lines */
+    const char *start = getenv("GG_START_FILE");
+    if (start)
+        while (access(start, F_OK) != 0) sched_yield();
     race_round("RACE");
     wait_for_line("again");
     race_round("AGAIN");

@@ -14,7 +14,7 @@ use super::python::names;
 use super::real::{DRIVER, is_driver_code, own_code};
 use super::settings::{config, stacks};
 use super::state::{active_books, books, shielded};
-use super::sys::{monotonic_ns, prefetch_for_write};
+use super::sys::monotonic_ns;
 use super::{capture, fault, tags, unwind, wake};
 use gpuguard_core::ledger::{Event, Journal, Key, Kind, NO_SITE, Producer, Record};
 use gpuguard_core::sampler::{self, Sampler, Weight};
@@ -451,18 +451,6 @@ pub(crate) fn creating_context() {
     }
 }
 
-/// Before an allocation's or a free's real call: the thread's next journal slot
-/// fetched, owned, while the driver works (the entry after the call writes it).
-#[inline]
-fn journal_ahead(t: &ThreadState) {
-    // An entry may straddle two lines (none yet: no journal).
-    let slot = t.producer.get().slot_addr();
-    if slot != 0 {
-        prefetch_for_write(slot);
-        prefetch_for_write(slot + 47);
-    }
-}
-
 // ---- the hook bodies ---------------------------------------------------------------
 
 pub(crate) use super::cuda::{CAPTURE_WRONG_THREAD, INVALID_VALUE, OUT_OF_MEMORY, SUCCESS};
@@ -736,7 +724,6 @@ pub(crate) fn driver_alloc(
         }
     };
     let t = scope.0;
-    journal_ahead(t);
     // The same call once more, for `GPUGUARD_OOM_TRIM` (the closures only hold the
     // call's arguments: copying one makes the call again).
     let retry = || scope.real(call);
@@ -884,7 +871,6 @@ pub(crate) fn driver_free(key: Key, call: impl FnOnce() -> c_int) -> c_int {
     if key.value == 0 {
         return scope.real(call);
     }
-    journal_ahead(scope.0);
     let call = || scope.real(|| timed(Phase::DrvFreePre, Phase::DrvFreeReal, &mark, call));
     let rc = driver_free_body(&scope, key, call);
     timing::charge(Phase::DrvFreePost, mark.get());

@@ -217,14 +217,6 @@ impl Producer {
             tail_seen: 0,
         }
     }
-
-    /// Where the next entry goes (an address, for a prefetch hint; 0 for no journal).
-    #[inline]
-    pub fn slot_addr(&self) -> usize {
-        self.ring.map_or(0, |r| {
-            &r[(self.head & MASK) as usize] as *const Slot as usize
-        })
-    }
 }
 
 impl Default for Producer {

@@ -239,38 +239,6 @@ pub fn view(g: &Group, name: &str, status_dir: &Path, reclaimed: u64) -> GroupVi
     }
 }
 
-/// Rows as columns: each cell padded to its column's width; the columns in
-/// `right` right-aligned (numbers), the last one unpadded.
-fn table(rows: &[Vec<String>], right: &[usize]) -> String {
-    let cols = rows.iter().map(Vec::len).max().unwrap_or(0);
-    let mut widths = vec![0usize; cols];
-    for row in rows {
-        for (w, cell) in widths.iter_mut().zip(row) {
-            *w = (*w).max(cell.chars().count());
-        }
-    }
-    let mut out = String::new();
-    for row in rows {
-        let mut line = String::new();
-        for (i, cell) in row.iter().enumerate() {
-            let pad = widths[i] - cell.chars().count();
-            if i + 1 == row.len() && !right.contains(&i) {
-                line.push_str(cell);
-            } else if right.contains(&i) {
-                line.push_str(&" ".repeat(pad));
-                line.push_str(cell);
-                line.push_str("  ");
-            } else {
-                line.push_str(cell);
-                line.push_str(&" ".repeat(pad + 2));
-            }
-        }
-        out.push_str(line.trim_end());
-        out.push('\n');
-    }
-    out
-}
-
 /// The text of `gpuguard group NAME`.
 pub fn render(v: &GroupView) -> String {
     let mut out = String::new();
@@ -302,7 +270,7 @@ pub fn render(v: &GroupView) -> String {
                 d.free_bytes.map_or("-".into(), human_bytes),
             ]);
         }
-        out.push_str(&table(&rows, &[1, 2, 3]));
+        out.push_str(&super::text::columns(&rows, &[1, 2, 3]));
     }
     put!(out);
     if v.members.is_empty() {
@@ -336,7 +304,7 @@ pub fn render(v: &GroupView) -> String {
             ]);
         }
     }
-    out.push_str(&table(&rows, &[0, 3]));
+    out.push_str(&super::text::columns(&rows, &[0, 3]));
     out
 }
 
@@ -451,7 +419,7 @@ pub fn render_summary(status_dir: &Path) -> String {
     }
     let mut out = String::from("\n");
     if rows.len() > 1 {
-        out.push_str(&table(&rows, &[2, 3]));
+        out.push_str(&super::text::columns(&rows, &[2, 3]));
     }
     for line in unusable {
         put!(out, "{line}");
@@ -630,6 +598,9 @@ mod tests {
             vec!["A".to_string(), "NUM".into(), "LAST".into()],
             vec!["long".to_string(), "1".into(), "x".into()],
         ];
-        assert_eq!(table(&rows, &[1]), "A     NUM  LAST\nlong    1  x\n");
+        assert_eq!(
+            crate::cli::text::columns(&rows, &[1]),
+            "A     NUM  LAST\nlong    1  x\n"
+        );
     }
 }

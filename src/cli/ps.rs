@@ -119,33 +119,9 @@ pub fn render_table(statuses: &[Status], dir: &Path, now_ms: u64) -> String {
             ]);
         }
     }
-    let mut widths = [0usize; 10];
-    for row in &rows {
-        for (w, cell) in widths.iter_mut().zip(row) {
-            *w = (*w).max(cell.chars().count());
-        }
-    }
-    let mut out = String::new();
-    for row in &rows {
-        let mut line = String::new();
-        for (i, cell) in row.iter().enumerate() {
-            let pad = widths[i] - cell.chars().count();
-            // Numbers right-aligned, text left-aligned; the last column unpadded.
-            if i == row.len() - 1 {
-                line.push_str(cell);
-            } else if (3..=6).contains(&i) || i == 0 {
-                line.push_str(&" ".repeat(pad));
-                line.push_str(cell);
-                line.push_str("  ");
-            } else {
-                line.push_str(cell);
-                line.push_str(&" ".repeat(pad + 2));
-            }
-        }
-        out.push_str(line.trim_end());
-        out.push('\n');
-    }
-    out
+    // Numbers right-aligned, text left-aligned; the last column unpadded.
+    let rows: Vec<Vec<String>> = rows.into_iter().map(Vec::from).collect();
+    super::text::columns(&rows, &[0, 3, 4, 5, 6])
 }
 
 /// Allocations refused on a device: by the driver for lack of memory (`oom`, each

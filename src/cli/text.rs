@@ -191,6 +191,38 @@ pub fn human_byte_counts(text: &str) -> String {
     out.join(" ")
 }
 
+/// Rows as columns: each cell padded to its column's width; the columns in
+/// `right` right-aligned (numbers), the last one unpadded.
+pub fn columns(rows: &[Vec<String>], right: &[usize]) -> String {
+    let cols = rows.iter().map(Vec::len).max().unwrap_or(0);
+    let mut widths = vec![0usize; cols];
+    for row in rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let mut out = String::new();
+    for row in rows {
+        let mut line = String::new();
+        for (i, cell) in row.iter().enumerate() {
+            let pad = widths[i] - cell.chars().count();
+            if i + 1 == row.len() && !right.contains(&i) {
+                line.push_str(cell);
+            } else if right.contains(&i) {
+                line.push_str(&" ".repeat(pad));
+                line.push_str(cell);
+                line.push_str("  ");
+            } else {
+                line.push_str(cell);
+                line.push_str(&" ".repeat(pad + 2));
+            }
+        }
+        out.push_str(line.trim_end());
+        out.push('\n');
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -234,21 +234,47 @@ impl Group {
     /// Opens an existing group file, checking it: a regular file of this user, mode
     /// 0600, of this layout and version, made in this pid namespace.
     pub fn open(path: &Path, name: &str) -> Result<Group, GroupError> {
+        let me = std::fs::metadata("/proc/self")
+            .map_err(|e| err(format!("group {name}: {e}")))?
+            .uid();
+        let g = Self::map_checked(path, name, me, true)?;
+        let ns = pid_namespace();
+        let made_in = g.layout().header.pid_ns;
+        if made_in != 0 && ns != 0 && made_in != ns {
+            return Err(err(format!(
+                "group {name}: {}: made in another pid namespace (a container): its members' pids mean nothing here; not used",
+                path.display()
+            )));
+        }
+        Ok(g)
+    }
+
+    /// Opens a group file of user `owner` only to read it (`gpuguard metrics`, which
+    /// may run as root with read access only, and changes nothing): opened read-only
+    /// and mapped privately, so that nothing done through the mapping reaches the
+    /// file. Checked as [`Group::open`] checks, less the pid namespace (its pids are
+    /// not looked at). `path`'s last component is not followed if a link.
+    pub fn open_read_only(path: &Path, name: &str, owner: u32) -> Result<Group, GroupError> {
+        Self::map_checked(path, name, owner, false)
+    }
+
+    /// `path` opened (never through a link) and mapped, if it is a regular file of
+    /// user `owner`, mode 0600, of this layout's size, and its header says this
+    /// layout and version and that user: shared and writable when `write`, else
+    /// read-only and private.
+    fn map_checked(path: &Path, name: &str, owner: u32, write: bool) -> Result<Group, GroupError> {
         let bad = |why: String| err(format!("group {name}: {}: {why}; not used", path.display()));
         let file: File = OpenOptions::new()
             .read(true)
-            .write(true)
+            .write(write)
             .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK)
             .open(path)
             .map_err(|e| bad(e.to_string()))?;
         let meta = file.metadata().map_err(|e| bad(e.to_string()))?;
-        let me = std::fs::metadata("/proc/self")
-            .map_err(|e| bad(e.to_string()))?
-            .uid();
         if !meta.is_file() {
             return Err(bad("not a regular file".into()));
         }
-        if meta.uid() != me {
+        if meta.uid() != owner {
             return Err(bad("belongs to another user".into()));
         }
         if meta.mode() & 0o077 != 0 {
@@ -261,13 +287,18 @@ impl Group {
             )));
         }
         use std::os::fd::AsRawFd;
-        // SAFETY: a shared mapping of the whole file, which has exactly that size.
+        // SAFETY: a mapping of the whole file, which has exactly that size; a
+        // private one shows the file's contents in pages never written.
         let p = unsafe {
             libc::mmap(
                 std::ptr::null_mut(),
                 FILE_BYTES,
                 libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
+                if write {
+                    libc::MAP_SHARED
+                } else {
+                    libc::MAP_PRIVATE
+                },
                 file.as_raw_fd(),
                 0,
             )
@@ -294,15 +325,8 @@ impl Group {
                 h.version
             )));
         }
-        if h.uid != me {
+        if h.uid != owner {
             return Err(bad("made by another user".into()));
-        }
-        let ns = pid_namespace();
-        if h.pid_ns != 0 && ns != 0 && h.pid_ns != ns {
-            return Err(bad(
-                "made in another pid namespace (a container): its members' pids mean nothing here"
-                    .into(),
-            ));
         }
         Ok(g)
     }
@@ -560,77 +584,6 @@ impl Group {
             s.owner.store(0, Release);
         }
         freed
-    }
-}
-
-impl Group {
-    /// Opens a group file of user `owner` only to read it (`gpuguard metrics`, which
-    /// may run as root with read access only, and changes nothing): opened read-only
-    /// and mapped privately, so that nothing done through the mapping reaches the
-    /// file. Checked as [`Group::open`] checks, less the pid namespace (its pids are
-    /// not looked at). `path`'s last component is not followed if a link.
-    pub fn open_read_only(path: &Path, name: &str, owner: u32) -> Result<Group, GroupError> {
-        let bad = |why: String| err(format!("group {name}: {}: {why}; not used", path.display()));
-        let file: File = OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK)
-            .open(path)
-            .map_err(|e| bad(e.to_string()))?;
-        let meta = file.metadata().map_err(|e| bad(e.to_string()))?;
-        if !meta.is_file() {
-            return Err(bad("not a regular file".into()));
-        }
-        if meta.uid() != owner {
-            return Err(bad("belongs to another user".into()));
-        }
-        if meta.mode() & 0o077 != 0 {
-            return Err(bad("other users can reach it (mode is not 0600)".into()));
-        }
-        if meta.len() != FILE_BYTES as u64 {
-            return Err(bad(format!(
-                "{} bytes, not the {FILE_BYTES} of this version's layout",
-                meta.len()
-            )));
-        }
-        use std::os::fd::AsRawFd;
-        // SAFETY: a private mapping of the whole file, which has exactly that size;
-        // pages never written show the file's current contents.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                FILE_BYTES,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE,
-                file.as_raw_fd(),
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            return Err(bad(io::Error::last_os_error().to_string()));
-        }
-        let g = Group {
-            map: p.cast(),
-            path: path.to_path_buf(),
-            id: (meta.dev(), meta.ino()),
-        };
-        let h = &g.layout().header;
-        if h.magic != MAGIC {
-            return Err(bad("not a group file".into()));
-        }
-        if h.version != VERSION
-            || h.header_bytes as usize != std::mem::size_of::<Header>()
-            || h.slots as usize != SLOTS
-            || h.devices as usize != DEVICES
-        {
-            return Err(bad(format!(
-                "layout version {} (this gpuguard's is {VERSION})",
-                h.version
-            )));
-        }
-        if h.uid != owner {
-            return Err(bad("made by another user".into()));
-        }
-        Ok(g)
     }
 }
 

@@ -17,17 +17,15 @@ use std::path::{Path, PathBuf};
 
 /// `gpuguard group` options.
 #[derive(clap::Args)]
-#[command(
-    after_help = "The group's file is STATUS_DIR/groups/NAME.group, in the status \
-    directory `gpuguard ps` reads ($GPUGUARD_STATUS_DIR, else $XDG_RUNTIME_DIR/gpuguard, \
-    else /dev/shm/gpuguard-UID). Members that are gone are taken out first, and their \
-    bytes given back to the group.\n\n\
+#[command(after_help = "The group's file is DIR/groups/NAME.group, DIR being \
+    $GPUGUARD_STATUS_DIR where set, else /dev/shm/gpuguard-UID (whatever \
+    $XDG_RUNTIME_DIR says: every member finds the same file). Members that are gone \
+    are taken out first, and their bytes given back to the group.\n\n\
     --cap takes a size for every device of the group (8GiB), a size per device named \
     by its UUID or a prefix of it (GPU-3b2f:8GiB, as listed here), or none to lift \
     the budget (GPU-3b2f:none for one device); comma-separated. Ordinals (0:8GiB) and \
     fractions (0.5) are refused: ordinals differ per process and the command does not \
-    know a device's total memory."
-)]
+    know a device's total memory.")]
 pub struct GroupArgs {
     /// The group's name (GPUGUARD_GROUP)
     #[arg(value_name = "NAME")]

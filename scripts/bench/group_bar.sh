@@ -36,7 +36,7 @@ cc -O2 -g -fno-omit-frame-pointer -I tests/sim -o "$BUILD/microbench" scripts/be
 TMP=$(mktemp -d /tmp/gg-group-bar.XXXXXX)
 trap 'rm -rf "$TMP"' EXIT
 mkdir -m 700 "$TMP/run"
-export SIMCUDA_MEM=$((1 << 40)) SIMCUDA_DEVICES=1 GPUGUARD_DIR=$TMP GPUGUARD_LOG=warn XDG_RUNTIME_DIR=$TMP/run
+export SIMCUDA_MEM=$((1 << 40)) SIMCUDA_DEVICES=1 GPUGUARD_DIR=$TMP GPUGUARD_LOG=warn GPUGUARD_STATUS_DIR=$TMP/run
 RES=$BUILD/results.txt
 : >"$RES"
 batch() { # N, with-group (0/1), round

@@ -16,8 +16,9 @@ rm -rf "$d" && mkdir -p "$d"
 gg=${GGV_CLI:-$PWD/target/release/gpuguard}
 here=scripts/gpu/group
 mkdir -m 700 "$d/rt"
-export XDG_RUNTIME_DIR=$PWD/$d/rt GPUGUARD_GROUP=gpucheck GPUGUARD_GROUP_CAP=${BUDGET:-40GiB}
-[ "${d:0:1}" = / ] && export XDG_RUNTIME_DIR=$d/rt
+# The members' status files and the group's file in one private directory.
+export GPUGUARD_STATUS_DIR=$PWD/$d/rt GPUGUARD_GROUP=gpucheck GPUGUARD_GROUP_CAP=${BUDGET:-40GiB}
+[ "${d:0:1}" = / ] && export GPUGUARD_STATUS_DIR=$d/rt
 (
     while [ ! -e "$d/stop.sampler" ]; do
         t=$(date +%s.%N)

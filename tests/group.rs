@@ -142,12 +142,7 @@ fn spawn_member_with(args: &[&str], env: &[(String, String)], lib: &Path) -> Mem
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
-    for (k, _) in std::env::vars_os() {
-        let k = k.to_string_lossy().into_owned();
-        if k.starts_with("GPUGUARD_") || k.starts_with("SIMCUDA") || k == "LD_PRELOAD" {
-            cmd.env_remove(&k);
-        }
-    }
+    clear_gpuguard_env(&mut cmd);
     cmd.env("LD_LIBRARY_PATH", sim_dir())
         .env("LD_PRELOAD", lib)
         .env("GPUGUARD_DIR", &dir);

@@ -284,7 +284,7 @@ pub fn render(v: &GroupView) -> String {
         let program = m
             .program
             .as_deref()
-            .map_or_else(|| "-".to_string(), |p| printable(p, 24));
+            .map_or_else(|| "-".to_string(), |p| super::text::printable(p, 24));
         if m.held.is_empty() {
             rows.push(vec![
                 m.pid.to_string(),
@@ -303,17 +303,6 @@ pub fn render(v: &GroupView) -> String {
         }
     }
     out.push_str(&super::text::columns(&rows, &[0, 3]));
-    out
-}
-
-/// A string of the process for a terminal: escaped, cut to `max` characters.
-fn printable(text: &str, max: usize) -> String {
-    let text = clean(text);
-    let mut out: String = text.chars().take(max).collect();
-    if text.chars().count() > max {
-        out.pop();
-        out.push('…');
-    }
     out
 }
 

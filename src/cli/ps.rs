@@ -87,8 +87,8 @@ pub fn render_table(statuses: &[Status], dir: &Path, now_ms: u64) -> String {
     ];
     for s in statuses {
         let age = age(now_ms.saturating_sub(s.updated_unix_ms));
-        let program = printable(&s.program, 24);
-        let reports = printable(&s.report_dir, 200);
+        let program = super::text::printable(&s.program, 24);
+        let reports = super::text::printable(&s.report_dir, 200);
         if s.devices.is_empty() {
             rows.push([
                 s.pid.to_string(),
@@ -151,18 +151,6 @@ fn age(ms: u64) -> String {
     } else {
         format!("{} h ago", ms / 3_600_000)
     }
-}
-
-/// A file's string for a terminal: control characters escaped (a program name is
-/// whatever the process chose), cut to `max` characters.
-fn printable(text: &str, max: usize) -> String {
-    let text = clean(text);
-    let mut out: String = text.chars().take(max).collect();
-    if text.chars().count() > max {
-        out.pop();
-        out.push('…');
-    }
-    out
 }
 
 /// One look, rendered.

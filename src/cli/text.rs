@@ -223,6 +223,18 @@ pub fn columns(rows: &[Vec<String>], right: &[usize]) -> String {
     out
 }
 
+/// A file's string for a terminal: control characters escaped (a program name is
+/// whatever the process chose), cut to `max` characters.
+pub fn printable(text: &str, max: usize) -> String {
+    let text = clean(text);
+    let mut out: String = text.chars().take(max).collect();
+    if text.chars().count() > max {
+        out.pop();
+        out.push('…');
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

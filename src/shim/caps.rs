@@ -356,10 +356,12 @@ impl Books {
     /// `REARM_PERCENT` of it, so usage hovering at the threshold does not fire on
     /// every step.
     pub fn after_free(&self, device: i32, _kind: Kind) {
-        super::group::after_free(self, device);
+        // Uncapped devices in no group stop here, at the line every hook reads: the
+        // lease's line is read only where a lease can be.
         if !self.capped(device) {
             return;
         }
+        super::group::after_free(self, device);
         let charged = self.ledger.device(device).charged();
         let t = &self.thresholds[device as usize];
         for (limit, fired) in [

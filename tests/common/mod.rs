@@ -411,12 +411,7 @@ pub fn run_timeout(
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
-    for (k, _) in std::env::vars_os() {
-        let k = k.to_string_lossy().into_owned();
-        if k.starts_with("GPUGUARD_") || k.starts_with("SIMCUDA") || k == "LD_PRELOAD" {
-            cmd.env_remove(&k);
-        }
-    }
+    clear_gpuguard_env(&mut cmd);
     cmd.env("LD_LIBRARY_PATH", &sim).env("GPUGUARD_DIR", &dir);
     if preload {
         cmd.env("LD_PRELOAD", shim());
@@ -869,4 +864,15 @@ pub fn remembered_captures(r: &Run) -> u64 {
         .and_then(|t| t.split(' ').next())
         .and_then(|t| t.parse().ok())
         .unwrap_or_else(|| panic!("no count of stack captures\n{}", r.stderr))
+}
+
+/// Removes from `cmd` the test runner's own `GPUGUARD_*`, `SIMCUDA*` and
+/// `LD_PRELOAD` variables: each test gives its program exactly the ones it means.
+pub fn clear_gpuguard_env(cmd: &mut Command) {
+    for (k, _) in std::env::vars_os() {
+        let k = k.to_string_lossy().into_owned();
+        if k.starts_with("GPUGUARD_") || k.starts_with("SIMCUDA") || k == "LD_PRELOAD" {
+            cmd.env_remove(&k);
+        }
+    }
 }

@@ -339,7 +339,9 @@ impl Config {
         }
         if let Some(v) = vars.text("GPUGUARD_GROUP")? {
             let name = v.trim().to_string();
-            crate::group::check_name(&name).map_err(|_| refuse("GPUGUARD_GROUP", &v))?;
+            if !crate::group_name::valid(&name) {
+                return Err(refuse("GPUGUARD_GROUP", &v));
+            }
             cfg.group = Some(name);
         }
         if let Some(v) = vars.text("GPUGUARD_GROUP_CAP")? {
@@ -430,9 +432,7 @@ fn accepted(var: &str) -> String {
             "a comma list of TERM, INT, HUP, ABRT (the default: all four), or none".into()
         }
         "GPUGUARD_CAP" | "GPUGUARD_GROUP_CAP" => crate::cap::ACCEPTED.into(),
-        "GPUGUARD_GROUP" => {
-            "a group name: 1 to 64 of A-Z a-z 0-9 . _ -, not starting with '.'".into()
-        }
+        "GPUGUARD_GROUP" => format!("a group name: {}", crate::group_name::RULE),
         "GPUGUARD_GROUP_ON_ERROR" => "stop or run".into(),
         "GPUGUARD_WARN_AT" | "GPUGUARD_TRIM_AT" => {
             "a fraction of the cap in (0, 1] (0.8 or 80%), or off".into()

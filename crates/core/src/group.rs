@@ -98,20 +98,15 @@ fn err(msg: impl Into<String>) -> GroupError {
     GroupError(msg.into())
 }
 
-/// Whether `name` may name a group: 1 to 64 of `A-Z a-z 0-9 . _ -`, not starting
-/// with `.` (no `/`, no `..`: it becomes a file name).
+/// Whether `name` may name a group ([`crate::group_name::valid`]), as an error that
+/// says the rule.
 pub fn check_name(name: &str) -> Result<(), GroupError> {
-    let ok = !name.is_empty()
-        && name.len() <= 64
-        && !name.starts_with('.')
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'_' || b == b'-');
-    if ok {
+    if crate::group_name::valid(name) {
         Ok(())
     } else {
         Err(err(format!(
-            "GPUGUARD_GROUP={name:?}: a group name is 1 to 64 of A-Z a-z 0-9 . _ - and does not start with '.'"
+            "GPUGUARD_GROUP={name:?}: a group name is {}",
+            crate::group_name::RULE
         )))
     }
 }

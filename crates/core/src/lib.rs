@@ -29,6 +29,7 @@ pub mod config;
 pub mod escape;
 #[allow(unsafe_code)]
 pub mod group;
+pub mod group_name;
 pub mod growth;
 pub mod ledger;
 pub mod oom;

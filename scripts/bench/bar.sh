@@ -14,10 +14,14 @@
 # functions and prints the median in-process delta (hooked - raw). The line gives the
 # median of those medians over the rounds, and their range.
 #
-# Knobs: ROUNDS (5), ITERS (2500), REPS (7), PATHS (pool; e.g. pool,link), SKIP_BUILD=1 (use the
+# Knobs: ROUNDS (5), ITERS (2500), REPS (7), PATHS (pool; e.g. pool,link), LIB (the build to
+# measure; target/release/libgpuguard.so), SKIP_BUILD=1 (use the
 # library already in target/release), BASE_LIB=/path/to/another/libgpuguard.so (e.g. a
 # build of main: its processes are interleaved with this build's in every round and a
-# second line gives its figures, so a regression shows against the same moment's load).
+# second line gives its figures, so a regression shows against the same moment's load),
+# THREADS (1: microbench's --threads), BAR_ENV (settings for every process, e.g.
+# BAR_ENV="SIMCUDA_DEVICES=2 GPUGUARD_CAP=1:1TiB": a cap on device 1 makes the books
+# direct, so device 0's pairs take the direct path uncapped).
 # Exits 1 if anything failed to build or run.
 set -u
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -26,8 +30,10 @@ ROUNDS=${ROUNDS:-5}
 ITERS=${ITERS:-2500}
 REPS=${REPS:-7}
 PATHS=${PATHS:-pool}
+THREADS=${THREADS:-1}
+read -r -a EXTRA_ENV <<<"${BAR_ENV:-}"
 BUILD=${BENCH_BUILD:-$ROOT/target/bench/bar}
-LIB=$ROOT/target/release/libgpuguard.so
+LIB=${LIB:-$ROOT/target/release/libgpuguard.so}
 mkdir -p "$BUILD"
 LOG=$BUILD/build.log
 if [ "${SKIP_BUILD:-0}" != 1 ]; then
@@ -56,7 +62,8 @@ for r in $(seq 1 "$ROUNDS"); do
       *) depth=16; rate=all; name=all ;;
     esac
     [ $((v / 3)) = 1 ] && name=base_$name
-    LD_PRELOAD=$lib GPUGUARD_STACK_DEPTH=$depth GPUGUARD_STACK_RATE=$rate timeout 120 "$BUILD/microbench" --paths "$PATHS" \
+    env ${EXTRA_ENV[@]+"${EXTRA_ENV[@]}"} LD_PRELOAD="$lib" GPUGUARD_STACK_DEPTH=$depth GPUGUARD_STACK_RATE=$rate \
+      timeout 120 "$BUILD/microbench" --paths "$PATHS" --threads "$THREADS" \
       --iters "$ITERS" --reps "$REPS" --live 0 2>>"$BUILD/stderr.txt" | sed -n "s/^PATH /$name /p" >>"$RES"
   done
 done
@@ -82,5 +89,5 @@ print(f"bar: added ns/pair, median of {rounds} rounds [min-max]: stacks-off {par
 if any(v.startswith("base_") for (v, _) in d):
     print(f"base: added ns/pair, median of {rounds} rounds [min-max]: stacks-off "
           f"{part('base_s0')} | default {part('base_s16')} | every stack {part('base_all')} "
-          "(BASE_LIB; a build before GPUGUARD_STACK_RATE warns of it and captures every stack)")
+          "(BASE_LIB)")
 PY

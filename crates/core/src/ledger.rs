@@ -166,44 +166,15 @@ pub type AddrMap<V> = DashMap<Key, V, BuildHasherDefault<AddrHasher>>;
 /// A concurrent map keyed by a handle or address (pools, contexts, NVML devices).
 pub type U64Map<V> = DashMap<u64, V, BuildHasherDefault<AddrHasher>>;
 
-/// Stripes of the counters of an uncapped device: a thread updates the stripe its id
-/// falls in, so threads allocating on one device do not share a cache line.
-pub const STRIPES: usize = 16;
-
-/// A stripe's net live bytes are folded into the device's shared figure once they
-/// pass this (either way), or at once when they could make a new peak. So on an
-/// uncapped device with threads allocating at once the peak is within
-/// `(STRIPES - 1) * FLUSH_BYTES` (3.75 MiB) of the true one, either way, beyond the
-/// bytes of calls in flight (see `DeviceCounters::peak`); with one thread it is exact. `current`, `allocs` and `frees` are exact whenever they are read.
-pub const FLUSH_BYTES: i64 = 256 << 10;
-
-/// One thread stripe of an uncapped device's counters, alone on its cache line.
-#[derive(Default)]
-#[repr(align(128))]
-struct Stripe {
-    /// Live bytes committed minus taken since the last fold into `DeviceCounters::folded`.
-    net: AtomicI64,
-    allocs: AtomicU64,
-    frees: AtomicU64,
-    /// Live bytes of pool blocks made by this stripe's threads, net.
-    pool: AtomicI64,
-}
-
-/// Where a change of live bytes goes: the thread's stripe (hooks on the direct path),
-/// or the shared figure (the journal's drain).
-#[derive(Clone, Copy)]
-enum Live {
-    Stripe(u32),
-    Exact,
-}
-
 /// The limit of a device that has no cap of its own but is shared by a group: its
 /// charge is counted (reservations against the group's lease) without a cap.
 pub const NO_OWN_CAP: u64 = u64::MAX;
 
-/// Counters of one device. The shared line holds what needs one global figure: the
-/// cap's reservation (`charge`), and for capped devices the live bytes and peak; on
-/// an uncapped device the hot path writes only its thread's stripe (see `STRIPES`).
+/// Counters of one device. Every figure is one shared atomic: the hooks of all
+/// threads write the first cache line (live bytes, the peak, the counts, and on a
+/// capped device the charge), the rest is written rarely. Without a cap the hooks
+/// write none of it: their journals are applied by the helper thread, one at a time
+/// (`drain`), so the line is not shared by allocating threads at all.
 ///
 /// Accounting mode follows `limit` (set through `set_limit`): the shim sets it before
 /// the device's first allocation, and the C API may change it while the program runs.
@@ -213,31 +184,31 @@ pub struct DeviceCounters {
     /// Capped devices: live bytes plus reservations of allocations in flight and of
     /// frees not yet confirmed, what the cap is checked against. 0 when uncapped.
     pub charge: AtomicU64,
-    /// Capped devices: live bytes (committed, not yet taken for a free). Uncapped: the
-    /// part of the live bytes folded in from the stripes.
+    /// Live bytes: committed, not yet taken for a free.
     live: AtomicI64,
     /// Highest live bytes seen at a commit. Live bytes rise at `commit` (after the
     /// driver made the allocation) and fall at `take` (before the real free), so they
     /// are never above what the driver holds: never a reservation, never an
-    /// allocation in flight. Capped devices: exact with one thread, and below the true
-    /// peak by at most the bytes of calls in flight with several. Uncapped: see
-    /// `FLUSH_BYTES`. Read it through `snapshot()` (which also counts unfolded bytes).
+    /// allocation in flight. Exact when one thread commits at a time (the journals'
+    /// drain, a single-threaded program); with several committing directly at once,
+    /// below the true peak by at most the bytes of calls in flight.
     pub peak: AtomicU64,
     /// Highest live bytes since the helper thread last read it (`take_high`): raised
     /// where `peak` is, on the same line, so the timeline's samples carry what
     /// happened between them. Never written by a hook beyond that raise.
     high: AtomicU64,
-    pub failed: AtomicU64,
-    pub denied: AtomicU64,
+    pub allocs: AtomicU64,
+    pub frees: AtomicU64,
     /// Set once a device has been touched, so reports list only devices in use.
     pub seen: AtomicU64,
     /// The cap in bytes; 0 when uncapped. Changed only through `set_limit`.
     pub limit: AtomicU64,
-    /// On the next line (written only when a free finds no record): the first line
-    /// keeps what every hook reads or writes, `high` among it (a test checks).
+    /// From here on the next line, written rarely: the first line keeps what every
+    /// commit and free reads or writes (a test checks).
+    pub failed: AtomicU64,
+    pub denied: AtomicU64,
     pub unknown_frees: AtomicU64,
-    /// Live bytes of stream-ordered pool blocks: all of them on a capped device; on
-    /// an uncapped one, the stripes hold them (see `pool_live_bytes`).
+    /// Live bytes of stream-ordered pool blocks.
     pub pool_live: AtomicU64,
     /// What this device's pools hold from the driver, as last measured: charged
     /// against a cap beyond the live blocks. Changed through `pool_reserved_add` /
@@ -250,7 +221,6 @@ pub struct DeviceCounters {
     /// reserved of the group's budget (its lease), which the charge may not pass;
     /// 0 when the device is in no group. See `crate::group` and the shim's `group`.
     group_lease: AtomicU64,
-    stripes: [Stripe; STRIPES],
 }
 
 /// A plain copy of the counters at one moment.
@@ -274,11 +244,6 @@ impl DeviceCounters {
     #[inline]
     fn capped(&self) -> bool {
         self.limit.load(Relaxed) != 0
-    }
-
-    #[inline]
-    fn stripe(&self, thread: u32) -> &Stripe {
-        &self.stripes[thread as usize % STRIPES]
     }
 
     /// The process's own cap (`None` also for a device limited only by a group).
@@ -352,12 +317,7 @@ impl DeviceCounters {
 
     /// Live bytes of pool blocks.
     pub fn pool_live_bytes(&self) -> u64 {
-        let global = self.pool_live.load(Relaxed);
-        if self.capped() {
-            return global;
-        }
-        let net: i64 = self.stripes.iter().map(|s| s.pool.load(Relaxed)).sum();
-        global.saturating_add_signed(net)
+        self.pool_live.load(Relaxed)
     }
 
     /// Bytes the device's pools hold beyond the live blocks in them.
@@ -380,18 +340,13 @@ impl DeviceCounters {
         held.saturating_add(self.pool_excess())
     }
 
-    /// Live bytes now. The stripes are summed in either mode: bytes a stripe took
-    /// before a cap was set at run time stay there until they are freed.
+    /// Live bytes now.
     pub fn current(&self) -> u64 {
-        let mut sum = self.live.load(Relaxed);
-        for s in &self.stripes {
-            sum = sum.wrapping_add(s.net.load(Relaxed));
-        }
-        sum.max(0) as u64
+        self.live.load(Relaxed).max(0) as u64
     }
 
     /// Sets the cap (`0`: none). Going from uncapped to capped starts the charge at
-    /// the live bytes (the stripes included), so what the program already holds counts
+    /// the live bytes, so what the program already holds counts
     /// against the new cap; an allocation in flight at that very moment is not charged
     /// (it was not reserved), which can leave the charge below the truth by its bytes
     /// until the device is uncapped again. Frees of bytes charged before are taken off
@@ -474,58 +429,18 @@ impl DeviceCounters {
     }
 
     /// Live bytes up by `bytes` (a commit, or a record put back), the peak checked.
-    /// `Live::Exact` (the journal's drain, one thread at a time) keeps the shared
-    /// figure, so the peak is exact.
     #[inline]
-    fn add_live(&self, to: Live, bytes: u64) {
+    fn add_live(&self, bytes: u64) {
         let bytes = bytes.min(i64::MAX as u64) as i64;
-        let Live::Stripe(thread) = to else {
-            // Stripes hold only what direct calls (a signal handler's, a runtime call
-            // with no driver call beneath) made while journals run: left out here, so
-            // the peak may miss those bytes; snapshots take the larger of the peak
-            // and the live bytes.
-            let now = self.live.fetch_add(bytes, Relaxed).wrapping_add(bytes);
-            self.raise_peak(now);
-            return;
-        };
-        if self.capped() {
-            let now = self.live.fetch_add(bytes, Relaxed).wrapping_add(bytes);
-            self.raise_peak(now);
-            return;
-        }
-        let s = self.stripe(thread);
-        let net = s.net.fetch_add(bytes, Relaxed).wrapping_add(bytes);
-        // Reads of the shared line only: it stays in every core's cache until a fold.
-        if net > FLUSH_BYTES
-            || self.live.load(Relaxed).wrapping_add(net) > self.peak.load(Relaxed) as i64
-        {
-            self.fold(s);
-        }
+        let now = self.live.fetch_add(bytes, Relaxed).wrapping_add(bytes);
+        self.raise_peak(now);
     }
 
     /// Live bytes down by `bytes` (a record taken for a free, or dropped).
     #[inline]
-    fn sub_live(&self, to: Live, bytes: u64) {
+    fn sub_live(&self, bytes: u64) {
         let bytes = bytes.min(i64::MAX as u64) as i64;
-        let Live::Stripe(thread) = to else {
-            self.live.fetch_sub(bytes, Relaxed);
-            return;
-        };
-        if self.capped() {
-            self.live.fetch_sub(bytes, Relaxed);
-            return;
-        }
-        let s = self.stripe(thread);
-        if s.net.fetch_sub(bytes, Relaxed).wrapping_sub(bytes) < -FLUSH_BYTES {
-            self.fold(s);
-        }
-    }
-
-    #[cold]
-    fn fold(&self, s: &Stripe) {
-        let v = s.net.swap(0, Relaxed);
-        let now = self.live.fetch_add(v, Relaxed).wrapping_add(v);
-        self.raise_peak(now);
+        self.live.fetch_sub(bytes, Relaxed);
     }
 
     /// Raises the peak and the high-water mark to `now`. Both sit on the line the
@@ -555,18 +470,12 @@ impl DeviceCounters {
     }
 
     pub fn snapshot(&self) -> CountersSnapshot {
-        let (mut allocs, mut frees) = (0u64, 0u64);
-        for s in &self.stripes {
-            allocs = allocs.wrapping_add(s.allocs.load(Relaxed));
-            frees = frees.wrapping_add(s.frees.load(Relaxed));
-        }
         let current = self.current();
         CountersSnapshot {
             current,
-            // Live bytes still in the stripes may stand above the last folded peak.
             peak: self.peak.load(Relaxed).max(current),
-            allocs,
-            frees,
+            allocs: self.allocs.load(Relaxed),
+            frees: self.frees.load(Relaxed),
             failed: self.failed.load(Relaxed),
             denied: self.denied.load(Relaxed),
             unknown_frees: self.unknown_frees.load(Relaxed),
@@ -877,11 +786,11 @@ impl Ledger {
                         if c.capped() {
                             c.charge.fetch_add(rec.bytes, Relaxed);
                         }
-                        c.count_commit(&rec, Live::Exact);
+                        c.count_commit(&rec);
                     }
                     (Some(j), Event::Free { .. }) => {
                         if let (Event::Alloc { rec, .. }, _) = events[j] {
-                            self.counters_for(&rec).sub_live(Live::Exact, rec.bytes);
+                            self.counters_for(&rec).sub_live(rec.bytes);
                             self.confirm_free(&rec);
                         }
                     }
@@ -912,7 +821,7 @@ impl Ledger {
                 if_absent,
             } => {
                 if if_absent {
-                    self.insert_if_absent_as(key, rec, Live::Exact);
+                    self.insert_if_absent_as(key, rec);
                 } else {
                     let c = self.counters_for(&rec);
                     if c.capped() {
@@ -920,7 +829,7 @@ impl Ledger {
                     }
                     let gone = match self.map(key.space).insert(key.value, rec) {
                         None => {
-                            c.count_commit(&rec, Live::Exact);
+                            c.count_commit(&rec);
                             None
                         }
                         Some(old) if old.t_ns > rec.t_ns => {
@@ -929,17 +838,17 @@ impl Ledger {
                             // was made. The newer stays; this one is counted as made and
                             // gone, and its free, when it comes, is its own.
                             self.map(key.space).insert(key.value, old);
-                            c.count_commit(&rec, Live::Exact);
-                            c.sub_live(Live::Exact, rec.bytes);
+                            c.count_commit(&rec);
+                            c.sub_live(rec.bytes);
                             c.release(&rec);
                             Some(rec)
                         }
                         Some(old) => {
                             // The address came back from the driver while this books'
                             // record of it lives: its free was missed, or is late.
-                            c.count_commit(&rec, Live::Exact);
+                            c.count_commit(&rec);
                             let oc = self.counters_for(&old);
-                            oc.sub_live(Live::Exact, old.bytes);
+                            oc.sub_live(old.bytes);
                             oc.release(&old);
                             Some(old)
                         }
@@ -953,7 +862,7 @@ impl Ledger {
                 }
             }
             Event::Free { key, t_ns, device } => {
-                if let Some(rec) = self.take_older_as(key, t_ns, Live::Exact) {
+                if let Some(rec) = self.take_older_as(key, t_ns) {
                     self.confirm_free(&rec);
                 } else if tries < 1 {
                     late.push((e, tries + 1));
@@ -971,7 +880,7 @@ impl Ledger {
                         // alone does not say this free's allocation was ever in the
                         // books (one made while they were paused, or before gpuguard
                         // saw it), and counting it would make frees exceed allocations.
-                        c.stripe(0).frees.fetch_add(1, Relaxed);
+                        c.frees.fetch_add(1, Relaxed);
                     } else {
                         c.unknown_frees.fetch_add(1, Relaxed);
                     }
@@ -1042,10 +951,10 @@ impl Ledger {
     pub fn insert_if_absent(&self, key: Key, rec: Record) -> bool {
         // A journal may hold its allocation (or its free), in time order before this.
         self.drain();
-        self.insert_if_absent_as(key, rec, Live::Stripe(rec.thread))
+        self.insert_if_absent_as(key, rec)
     }
 
-    fn insert_if_absent_as(&self, key: Key, rec: Record, to: Live) -> bool {
+    fn insert_if_absent_as(&self, key: Key, rec: Record) -> bool {
         match self.map(key.space).entry(key.value) {
             dashmap::mapref::entry::Entry::Occupied(_) => return false,
             dashmap::mapref::entry::Entry::Vacant(v) => {
@@ -1056,30 +965,26 @@ impl Ledger {
         if c.capped() {
             c.charge.fetch_add(rec.bytes, Relaxed);
         }
-        c.count_commit(&rec, to);
+        c.count_commit(&rec);
         true
     }
 
     /// The allocation went through: its bytes (already reserved) become a record.
     #[inline]
     pub fn commit(&self, key: Key, rec: Record) {
-        let _ = self.commit_as(key, rec, Live::Stripe(rec.thread));
+        let _ = self.commit_as(key, rec);
     }
 
     /// Returns the record it replaced, if any.
     #[inline]
-    fn commit_as(&self, key: Key, rec: Record, to: Live) -> Option<Record> {
-        self.counters_for(&rec).count_commit(&rec, to);
+    fn commit_as(&self, key: Key, rec: Record) -> Option<Record> {
+        self.counters_for(&rec).count_commit(&rec);
         let old = self.map(key.space).insert(key.value, rec);
         if let Some(old) = old {
             // The driver handed out an address we still hold: our books missed a free
             // (an unhooked path). Drop the stale bytes so the counters stay true.
             let oc = self.counters_for(&old);
-            let from = match to {
-                Live::Stripe(_) => Live::Stripe(old.thread),
-                Live::Exact => Live::Exact,
-            };
-            oc.sub_live(from, old.bytes);
+            oc.sub_live(old.bytes);
             oc.release(&old);
         }
         old
@@ -1111,7 +1016,7 @@ impl Ledger {
     fn take_now(&self, key: Key) -> Option<Record> {
         let (_, rec) = self.map(key.space).remove(&key.value)?;
         self.counters_for(&rec)
-            .sub_live(Live::Stripe(rec.thread), rec.bytes);
+            .sub_live(rec.bytes);
         Some(rec)
     }
 
@@ -1120,18 +1025,14 @@ impl Ledger {
     /// must not take a newer allocation the driver placed at the same address since.
     pub fn take_older(&self, key: Key, t_ns: u64) -> Option<Record> {
         self.drain();
-        self.take_older_as(key, t_ns, Live::Stripe(0))
+        self.take_older_as(key, t_ns)
     }
 
-    fn take_older_as(&self, key: Key, t_ns: u64, to: Live) -> Option<Record> {
+    fn take_older_as(&self, key: Key, t_ns: u64) -> Option<Record> {
         let (_, rec) = self
             .map(key.space)
             .remove_if(&key.value, |_, r| r.t_ns <= t_ns)?;
-        let to = match to {
-            Live::Stripe(_) => Live::Stripe(rec.thread),
-            Live::Exact => Live::Exact,
-        };
-        self.counters_for(&rec).sub_live(to, rec.bytes);
+        self.counters_for(&rec).sub_live(rec.bytes);
         Some(rec)
     }
 
@@ -1143,8 +1044,8 @@ impl Ledger {
         if c.capped() {
             c.charge.fetch_add(rec.bytes, Relaxed);
         }
-        c.count_commit(&rec, Live::Stripe(rec.thread));
-        c.sub_live(Live::Stripe(rec.thread), rec.bytes);
+        c.count_commit(&rec);
+        c.sub_live(rec.bytes);
         self.confirm_free(&rec);
     }
 
@@ -1160,17 +1061,17 @@ impl Ledger {
     pub fn confirm_free(&self, rec: &Record) {
         let c = self.counters_for(rec);
         c.release(rec);
-        c.stripe(rec.thread).frees.fetch_add(1, Relaxed);
+        c.frees.fetch_add(1, Relaxed);
     }
 
     /// The free failed in the driver: the memory is still live, put the record back
     /// (its bytes never left the cap's charge).
     pub fn restore(&self, key: Key, rec: Record) {
         self.counters_for(&rec)
-            .add_live(Live::Stripe(rec.thread), rec.bytes);
+            .add_live(rec.bytes);
         if let Some(old) = self.map(key.space).insert(key.value, rec) {
             let oc = self.counters_for(&old);
-            oc.sub_live(Live::Stripe(old.thread), old.bytes);
+            oc.sub_live(old.bytes);
             oc.release(&old);
         }
     }
@@ -1191,9 +1092,9 @@ impl Ledger {
             self.map(space).retain(|&value, r| {
                 if pred(&Key { space, value }, r) {
                     let c = self.counters_for(r);
-                    c.sub_live(Live::Stripe(r.thread), r.bytes);
+                    c.sub_live(r.bytes);
                     c.release(r);
-                    c.stripe(r.thread).frees.fetch_add(1, Relaxed);
+                    c.frees.fetch_add(1, Relaxed);
                     n += 1;
                     bytes += r.bytes;
                     false
@@ -1268,39 +1169,28 @@ impl DeviceCounters {
             saturating_sub(&self.charge, rec.bytes);
         }
         if rec.kind == Kind::Pool {
+            saturating_sub(&self.pool_live, rec.bytes);
             if capped {
-                saturating_sub(&self.pool_live, rec.bytes);
                 self.pool_gen.fetch_add(1, Release);
-            } else {
-                let b = rec.bytes.min(i64::MAX as u64) as i64;
-                self.stripe(rec.thread).pool.fetch_sub(b, Relaxed);
             }
         }
     }
 
     /// A record made: counted, its bytes live.
     #[inline]
-    fn count_commit(&self, rec: &Record, to: Live) {
+    fn count_commit(&self, rec: &Record) {
         // Read before writing: this line is shared by every allocating thread.
         if self.seen.load(Relaxed) == 0 {
             self.seen.store(1, Relaxed);
         }
-        self.stripe(rec.thread).allocs.fetch_add(1, Relaxed);
+        self.allocs.fetch_add(1, Relaxed);
         if rec.kind == Kind::Pool {
-            self.pool_add(rec.thread, rec.bytes);
+            self.pool_live.fetch_add(rec.bytes, Relaxed);
+            if self.capped() {
+                self.pool_gen.fetch_add(1, Release);
+            }
         }
-        self.add_live(to, rec.bytes);
-    }
-
-    #[inline]
-    fn pool_add(&self, thread: u32, bytes: u64) {
-        if self.capped() {
-            self.pool_live.fetch_add(bytes, Relaxed);
-            self.pool_gen.fetch_add(1, Release);
-        } else {
-            let b = bytes.min(i64::MAX as u64) as i64;
-            self.stripe(thread).pool.fetch_add(b, Relaxed);
-        }
+        self.add_live(rec.bytes);
     }
 }
 
@@ -1457,9 +1347,8 @@ mod tests {
 
     #[test]
     fn a_cap_set_while_running_charges_what_is_already_live() {
-        // Allocations made uncapped sit in the thread stripes; a cap set later
-        // (the C API's gpuguard_set_cap) must count them, and frees must take
-        // them off again.
+        // Allocations made uncapped are live bytes; a cap set later (the C API's
+        // gpuguard_set_cap) must count them, and frees must take them off again.
         let l = Ledger::new();
         let d = l.device(0);
         assert!(l.reserve(0, false, 300));
@@ -1476,7 +1365,7 @@ mod tests {
         let r = l.take(Key::device(1)).unwrap();
         l.confirm_free(&r);
         assert_eq!((d.current(), d.charged()), (100, 100));
-        // Lifted again: the stripes take over, nothing is lost.
+        // Lifted again: nothing is lost.
         d.set_limit(0);
         assert!(l.reserve(0, false, 1 << 40));
         assert_eq!(d.current(), 100);
@@ -1596,7 +1485,7 @@ mod tests {
 
     #[test]
     fn one_thread_peak_is_exact() {
-        // Sizes around and past FLUSH_BYTES, freed in another order than made.
+        // Sizes from 1 B to 768 KiB, freed in another order than made.
         let l = Ledger::new();
         let (mut live, mut peak) = (0u64, 0u64);
         let mut held = Vec::new();
@@ -1606,7 +1495,7 @@ mod tests {
                 .wrapping_mul(6364136223846793005)
                 .wrapping_add(1442695040888963407);
             if x >> 62 != 0 || held.is_empty() {
-                let bytes = 1 + (x >> 20) % (3 * FLUSH_BYTES as u64);
+                let bytes = 1 + (x >> 20) % (768 << 10);
                 l.insert(Key::device(i), rec(bytes, 0, Kind::Device));
                 held.push((i, bytes));
                 live += bytes;
@@ -1668,9 +1557,9 @@ mod tests {
         }
     }
 
-    /// What a hook reads or writes on a device's shared line (the cap's charge and
-    /// limit, live bytes, the peak and the high-water mark, `seen`) is on one 64-byte
-    /// cache line: the high-water mark added no line to any hook.
+    /// What a commit or a free reads or writes on a device's shared line (the cap's
+    /// charge and limit, live bytes, the peak and the high-water mark, the counts,
+    /// `seen`) is on one 64-byte cache line.
     #[test]
     fn the_hot_counters_share_one_cache_line() {
         use std::mem::offset_of;
@@ -1679,6 +1568,8 @@ mod tests {
             offset_of!(DeviceCounters, live),
             offset_of!(DeviceCounters, peak),
             offset_of!(DeviceCounters, high),
+            offset_of!(DeviceCounters, allocs),
+            offset_of!(DeviceCounters, frees),
             offset_of!(DeviceCounters, seen),
             offset_of!(DeviceCounters, limit),
         ];
@@ -1687,11 +1578,9 @@ mod tests {
     }
 
     #[test]
-    fn unfolded_frees_bound_the_peak_from_above() {
-        // Thread 1 folds 200 KiB into the shared figure and frees it without a fold
-        // (-200 KiB stays in its stripe); thread 2's 100 KiB then looks like a new
-        // peak of 300 KiB. The true peak is 200 KiB: over by less than a stripe's
-        // unfolded bytes, as stated at `FLUSH_BYTES`.
+    fn a_free_on_one_thread_lowers_the_level_another_thread_starts_from() {
+        // Thread 1 makes 200 KiB and frees it; thread 2's 100 KiB after that is no
+        // new peak: the peak stays 200 KiB.
         let l = Ledger::new();
         let mut a = rec(200 << 10, 0, Kind::Device);
         a.thread = 1;
@@ -1702,9 +1591,7 @@ mod tests {
         l.confirm_free(&r);
         l.insert(Key::device(2), b);
         let s = l.device(0).snapshot();
-        assert_eq!(s.current, 100 << 10, "current stays exact");
-        assert!(s.peak >= 200 << 10);
-        assert!(s.peak <= (200 << 10) + (STRIPES as u64 - 1) * FLUSH_BYTES as u64);
+        assert_eq!((s.current, s.peak), (100 << 10, 200 << 10));
     }
 
     /// T threads each make `per` allocations, wait for each other, then free them
@@ -1740,28 +1627,21 @@ mod tests {
         (Arc::try_unwrap(l).unwrap_or_else(|_| unreachable!()), total)
     }
 
+    /// Every allocation is made before any is freed (a barrier between), so the
+    /// true peak is all of them at once: capped or not, the figures are exact.
     #[test]
-    fn storm_counts_are_exact_and_peak_within_bound() {
-        for bytes in [4096, 300 << 10] {
-            let (l, total) = storm(false, 8, 500, bytes);
-            let s = l.device(0).snapshot();
-            assert_eq!((s.current, s.allocs, s.frees), (0, 4000, 4000));
-            // Never above the truth; below it by at most a stripe's unfolded bytes
-            // per thread.
-            assert!(s.peak <= total, "{} > {total}", s.peak);
-            assert!(
-                s.peak + 8 * FLUSH_BYTES as u64 >= total,
-                "{} too far below {total}",
-                s.peak
-            );
-            // Capped devices keep one exact figure: the peak is the truth.
-            let (l, total) = storm(true, 8, 500, bytes);
-            let s = l.device(0).snapshot();
-            assert_eq!(
-                (s.current, s.peak, s.allocs, s.frees),
-                (0, total, 4000, 4000)
-            );
-            assert_eq!(l.device(0).charged(), 0);
+    fn storm_counts_and_peak_are_exact() {
+        for capped in [false, true] {
+            for bytes in [4096, 300 << 10] {
+                let (l, total) = storm(capped, 8, 500, bytes);
+                let s = l.device(0).snapshot();
+                assert_eq!(
+                    (s.current, s.peak, s.allocs, s.frees),
+                    (0, total, 4000, 4000),
+                    "capped {capped}, {bytes} B"
+                );
+                assert_eq!(l.device(0).charged(), 0);
+            }
         }
     }
 

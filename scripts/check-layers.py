@@ -25,7 +25,8 @@ LAYERS = [
               "python::exit_status", "python::frames", "python::names", "bench_switch"], ["ffi"]),
     ("books", ["books", "group", "caps"], ["ffi", "base"]),
     ("state", ["state"], ["ffi", "base", "books"]),
-    ("track", ["track", "track::stash", "track::memo", "track::stack", "track::runtime"], ["ffi", "base", "books", "state"]),
+    ("track", ["track", "track::stash", "track::memo", "track::stack", "track::thread", "track::runtime",
+               "track::admission"], ["ffi", "base", "books", "state"]),
     ("hooks", ["hooks"], ["ffi", "base", "books", "state", "track"]),
     # The service reads the books from the side: it never reaches into the hot path.
     ("service", ["symbolize", "oom", "report", "python", "trim", "observe", "worker", "lifecycle"],

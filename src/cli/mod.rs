@@ -33,7 +33,10 @@ pub mod report_name;
 pub mod run;
 pub mod show;
 pub mod text;
+pub mod trend;
 pub mod trim;
+pub mod trim_report;
+pub mod words;
 
 /// Exit status when a check the user asked for failed (`diff --fail-on-growth`).
 pub const EXIT_CHECK_FAILED: u8 = 1;

@@ -5,20 +5,22 @@
 //! Why one file of about 800 lines before its tests: the text and the `--json` output
 //! are built from the same pieces side by side, so that both always say the same; the
 //! site and trend logic they share is in `growth.rs`, a refusal's answer (`oom` and
-//! cap reports) in `refusals.rs`.
+//! cap reports) in `refusals.rs`; what `diff`, `trim` and `run` print too is in
+//! `trend.rs`, `trim_report.rs` and `words.rs`.
 
 use super::growth::{
     Live, MergedSite, PYTHON_STACK, SiteKey, SiteTrend, live_allocations, native_sites,
-    python_sites, unit,
+    python_sites,
 };
 use super::holders;
 use super::json;
 use super::load::{load_all_keeping, shown};
 use super::output::print;
 use super::refusals::{render_oom, render_refusal};
-use super::text::{
-    FRAMES_SHOWN, clean, command_line, count, frames, human_byte_counts, readable_frames,
-};
+use super::text::{FRAMES_SHOWN, clean, command_line, count, frames, readable_frames};
+use super::trend::{JsonGrowth, render_rows_answered};
+use super::trim_report::render_trim;
+use super::words::{holding, pinned_line, rank_words};
 use super::{Failure, Outcome};
 use gpuguard_core::growth::{Suspect, suspects};
 use gpuguard_core::report::{self, Report, human_bytes};
@@ -119,20 +121,6 @@ fn render_header(out: &mut String, file: &str, r: &Report) {
     }
 }
 
-/// `, rank 1/2 on host n0` for a report of a distributed run; empty otherwise.
-pub fn rank_words(r: &Report) -> String {
-    let Some(rank) = r.rank else {
-        return String::new();
-    };
-    format!(
-        ", rank {rank}{}{}",
-        r.world_size.map_or(String::new(), |w| format!("/{w}")),
-        r.host
-            .as_deref()
-            .map_or(String::new(), |h| format!(" on host {}", clean(h)))
-    )
-}
-
 /// Bytes for a table cell; `-` where nobody could say.
 fn cell(bytes: Option<u64>) -> String {
     bytes.map_or_else(|| "-".into(), human_bytes)
@@ -190,22 +178,6 @@ fn render_devices(out: &mut String, r: &Report) {
     }
 }
 
-/// Pinned host memory, counted apart from device memory; `None` when the process
-/// never pinned any.
-pub fn pinned_line(r: &Report) -> Option<String> {
-    let h = &r.host_pinned;
-    (h.allocs > 0 || h.peak_bytes > 0).then(|| {
-        format!(
-            "pinned host memory: {} live in {}, peak {} ({} made, {} freed)",
-            human_bytes(h.current_bytes),
-            count(h.live_count, "allocation"),
-            human_bytes(h.peak_bytes),
-            h.allocs,
-            h.frees
-        )
-    })
-}
-
 /// A site's figures and frames, as the top lists and the details show them.
 /// One site: its label, bytes (`~` before an estimate), what holds them, frames.
 fn render_site(
@@ -232,20 +204,6 @@ fn render_site(
             "        ... {}",
             count((shown.len() - FRAMES_SHOWN) as u64, "more frame")
         );
-    }
-}
-
-/// What a merged site holds: `34 allocations`, `5 blocks (pytorch)`,
-/// `34 allocations (python-stack)`; an estimate says how many were captured:
-/// `~3,200 allocations (est. from 25 captured)`.
-pub fn holding(s: &MergedSite) -> String {
-    let mut n = count(s.live_count, unit(s.python));
-    if let Some(c) = s.captured {
-        n = format!("~{n} (est. from {c} captured)");
-    }
-    match s.python {
-        Some(fw) => format!("{n} ({})", clean(fw)),
-        None => n,
     }
 }
 
@@ -385,56 +343,6 @@ fn processes<'a>(reports: &[&'a Report]) -> Vec<Vec<&'a Report>> {
             (group.len() >= 2).then_some(group)
         })
         .collect()
-}
-
-/// A site's growth, with its live bytes in each report.
-pub fn render_trend(out: &mut String, t: &SiteTrend, labels: &[String], sign: char, amount: u64) {
-    put!(out, "    {sign}{}", human_bytes(amount));
-    render_trend_rows(out, t, labels);
-}
-
-/// A site's live figures in each report, its framework and its frames.
-fn render_trend_rows(out: &mut String, t: &SiteTrend, labels: &[String]) {
-    render_rows_answered(out, t, labels, &[]);
-}
-
-/// `render_trend_rows`, where the reports whose framework did not answer (true in
-/// `unanswered`) show no figure: it is unknown, not 0, and was left out.
-fn render_rows_answered(out: &mut String, t: &SiteTrend, labels: &[String], unanswered: &[bool]) {
-    let unit = unit(t.key.python.as_deref());
-    for (i, (label, live)) in labels.iter().zip(&t.live).enumerate() {
-        if unanswered.get(i) == Some(&true) {
-            put!(
-                out,
-                "      {label:<10} {:>11}    (the framework did not answer: left out)",
-                "-"
-            );
-        } else {
-            let approx = if live.estimated { "~" } else { "" };
-            put!(
-                out,
-                "      {label:<10} {:>11} in {approx}{}",
-                format!("{approx}{}", human_bytes(live.bytes)),
-                count(live.count, unit)
-            );
-        }
-    }
-    match t.key.python.as_deref() {
-        Some(PYTHON_STACK) => put!(out, "        [allocations, Python stack]"),
-        Some(fw) => put!(out, "        [{} blocks, Python]", clean(fw)),
-        None => {}
-    }
-    let shown = frames(&t.key.frames);
-    for f in shown.iter().take(FRAMES_SHOWN) {
-        put!(out, "        {f}");
-    }
-    if shown.len() > FRAMES_SHOWN {
-        put!(
-            out,
-            "        ... {}",
-            count((shown.len() - FRAMES_SHOWN) as u64, "more frame")
-        );
-    }
 }
 
 /// A suspect as a trend over its reports (for the rows and the JSON).
@@ -737,46 +645,6 @@ fn render_classes(out: &mut String, r: &Report) {
     }
 }
 
-/// What a trim gave back, per device and per mechanism, in human sizes.
-pub fn render_trim(out: &mut String, t: &report::TrimReport) {
-    put!(
-        out,
-        "\n  trim ({}, {}): {} released; Python side: {}",
-        clean(&t.trigger),
-        count(t.merged, "request"),
-        human_bytes(t.released_bytes),
-        clean(&t.python)
-    );
-    if let Some(d) = &t.deferred {
-        put!(
-            out,
-            "    deferred {:.1} s by a CUDA graph capture, then {}: {}",
-            d.waited_ms as f64 / 1000.0,
-            clean(&d.outcome),
-            clean(&d.detail)
-        );
-    }
-    for d in &t.devices {
-        put!(
-            out,
-            "    device {}: {} -> {}",
-            d.device,
-            human_bytes(d.before_bytes),
-            human_bytes(d.after_bytes)
-        );
-    }
-    for m in &t.mechanisms {
-        put!(
-            out,
-            "    {:<11} {:<15} {:>11}  {}",
-            clean(&m.name),
-            clean(&m.status),
-            human_bytes(m.released_bytes),
-            clean(&human_byte_counts(m.detail.as_deref().unwrap_or("")))
-        );
-    }
-}
-
 // ---------------------------------------------------------------------------
 // --json: the same summary for programs
 // ---------------------------------------------------------------------------
@@ -881,29 +749,6 @@ struct JsonLeak {
     /// 0), and they were left out of the judgment.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     unanswered_seqs: Vec<u64>,
-}
-
-#[derive(Serialize)]
-pub struct JsonGrowth {
-    #[serde(skip_serializing_if = "Option::is_none")]
-    python_framework: Option<String>,
-    /// Live bytes gained (or, in `diff`'s `shrank`, lost) from first to last (for a
-    /// suspected leak: over the reports judged).
-    change_bytes: u64,
-    /// Live bytes in each report compared, in order.
-    live_bytes: Vec<u64>,
-    frames: Vec<String>,
-}
-
-impl JsonGrowth {
-    pub fn new(t: &SiteTrend, change_bytes: u64) -> JsonGrowth {
-        JsonGrowth {
-            python_framework: t.key.python.clone(),
-            change_bytes,
-            live_bytes: t.live.iter().map(|l| l.bytes).collect(),
-            frames: readable_frames(&t.key.frames),
-        }
-    }
 }
 
 fn top_sites(r: &Report, top: usize) -> Vec<JsonSite> {

@@ -2,6 +2,7 @@
 //! driver call beneath labels and counts a runtime allocation; what the runtime did
 //! without a driver call gpuguard saw is recorded here, once.
 
+use super::thread::RuntimeFrame;
 use super::*;
 
 /// A runtime allocation: the driver call beneath labels and counts it. If none was

@@ -5,6 +5,12 @@
 
 use super::*;
 
+pub(super) const MAX_FRAMES: usize = gpuguard_core::config::MAX_STACK_DEPTH;
+/// Python frames kept after the native ones, in a thread running Python.
+pub(super) const PY_FRAMES: usize = 16;
+/// Native frames kept (at most) in a thread running Python.
+const PY_THREAD_NATIVE: usize = 8;
+
 /// This thread's stack bounds, asked once per thread.
 pub(super) fn stack_bounds(t: &ThreadState) -> (usize, usize) {
     let b = &t.stack;

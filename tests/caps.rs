@@ -869,11 +869,19 @@ fn assert_caps_in_every_report(r: &Run, caps: &[Option<u64>]) {
 #[test]
 fn cap_report_names_the_refused_call() {
     let cap = 16 * MIB;
+    // `wait`: the program goes on once the helper thread wrote the first refusal's
+    // report (it waits for the file).
     let r = cap_run(
-        &["deny_loop", "1000", "300"],
+        &["deny_loop", "1000", "wait"],
         &[("GPUGUARD_CAP", "0:16MiB")],
     );
     r.assert_ok();
+    assert_eq!(
+        last(r.out(), "CAPWAIT", "written", &r),
+        1,
+        "{}",
+        r.describe()
+    );
     let reports = cap_reports(&r);
     assert!(!reports.is_empty(), "no cap report\n{}", r.describe());
     let (path, rep) = reports
@@ -1006,7 +1014,7 @@ fn cap_report_says_the_refusal_and_the_writing_apart() {
 #[test]
 fn runtime_refusal_report_starts_at_the_program() {
     let r = cap_run(
-        &["deny_loop", "3", "0", "rt"],
+        &["deny_loop", "3", "nowait", "rt"],
         &[("GPUGUARD_CAP", "0:16MiB")],
     );
     r.assert_ok();
@@ -1027,17 +1035,24 @@ fn runtime_refusal_report_starts_at_the_program() {
 }
 
 /// Cap reports are written at the first refusal and at most once a second after:
-/// 1000 refusals in a few milliseconds and an exit within the second give one
-/// (one more per second the run lasted, should it straddle a boundary).
+/// a refusal, its report written (the program waits for the file), 999 refusals
+/// more in a few milliseconds and an exit within the second give one (one more per
+/// second the run lasted, should it straddle a boundary).
 #[test]
 fn cap_reports_are_rate_limited() {
     let start = Instant::now();
     let r = cap_run(
-        &["deny_loop", "1000", "300"],
+        &["deny_loop", "1000", "wait"],
         &[("GPUGUARD_CAP", "0:16MiB")],
     );
     let elapsed = start.elapsed().as_secs_f64();
     r.assert_ok();
+    assert_eq!(
+        last(r.out(), "CAPWAIT", "written", &r),
+        1,
+        "{}",
+        r.describe()
+    );
     let n = cap_reports(&r).len();
     let allowed = 1 + elapsed.floor() as usize;
     assert!(
@@ -1051,7 +1066,10 @@ fn cap_reports_are_rate_limited() {
 /// A refusal just before the program exits still gets its report.
 #[test]
 fn a_refusal_just_before_exit_gets_a_report() {
-    let r = cap_run(&["deny_loop", "1", "0"], &[("GPUGUARD_CAP", "0:16MiB")]);
+    let r = cap_run(
+        &["deny_loop", "1", "nowait"],
+        &[("GPUGUARD_CAP", "0:16MiB")],
+    );
     r.assert_ok();
     assert_eq!(
         cap_reports(&r).len(),
@@ -1066,13 +1084,14 @@ fn a_refusal_just_before_exit_gets_a_report() {
 
 /// `gg_cap warn` (20, 36, 40, 20, 36 MiB on device 0): with a threshold between 20
 /// and 36 MiB, one warning at each upward crossing, none while above, each naming
-/// the charge and the peak at that point.
+/// the charge and the peak at that point. The crossing thread writes the line inside
+/// the allocation call, so it comes before the program's next MARK with no waiting.
 fn check_warn(cap: &str, warn_at: Option<&str>) {
     let mut env = vec![("GPUGUARD_CAP", cap)];
     if let Some(w) = warn_at {
         env.push(("GPUGUARD_WARN_AT", w));
     }
-    let r = cap_run(&["warn", "200"], &env);
+    let r = cap_run(&["warn"], &env);
     r.assert_ok();
     let prefix = format!("gpuguard[{}]:", r.pid);
     let lines: Vec<&str> = r.stderr.lines().collect();
@@ -1137,7 +1156,7 @@ fn warn_at_defaults_to_80_percent() {
 #[test]
 fn warn_at_off_says_nothing() {
     let r = cap_run(
-        &["warn", "50"],
+        &["warn"],
         &[("GPUGUARD_CAP", "0:40MiB"), ("GPUGUARD_WARN_AT", "off")],
     );
     r.assert_ok();
@@ -1174,8 +1193,13 @@ fn trim_at_trims_pools_when_crossed() {
         r.describe()
     );
 
-    let r = cap_run(&["trim_at", "300"], &[("GPUGUARD_CAP", "0:64MiB")]);
+    // `settle`: the program reads the pools once the helper thread has finished a
+    // round of its work begun after the allocation (two report signals answered):
+    // a trim the allocation asked for would be done by then.
+    let r = cap_run(&["trim_at", "settle"], &[("GPUGUARD_CAP", "0:64MiB")]);
     r.assert_ok();
+    assert_eq!(last(r.out(), "SETTLED", "ok", &r), 1, "{}", r.describe());
+    assert_eq!(reports_with_reason(&r, "trim").len(), 0, "{}", r.describe());
     assert_eq!(
         sim_of(r.section("after"), 0, &r)["pool_reserved"],
         before,
@@ -1238,7 +1262,6 @@ fn gpuguard_run_sets_cap_warn_and_dir() {
             "--",
             prog.to_str().unwrap(),
             "warn",
-            "100",
         ],
         &[],
         false,

@@ -261,7 +261,7 @@ fn run_summary_tells_caps_hit() {
             s(&gg_cap),
             "deny_loop",
             "3",
-            "0",
+            "nowait",
             "rt",
         ],
         &[],

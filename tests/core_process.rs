@@ -290,12 +290,28 @@ fn signal_reports(r: &Run) -> Vec<(std::path::PathBuf, serde_json::Value)> {
     reports_with_reason(r, "signal")
 }
 
-/// SIGUSR1 before any CUDA call: the program lives on, nothing is written.
+/// SIGUSR1 before any CUDA call: the program lives on, nothing is written, and no
+/// thread of gpuguard's was started that could answer the signal after the program
+/// looked (as many threads as in the program alone).
 #[test]
 fn signal_before_cuda_is_survived_silently() {
     for prog in ["gg", "gg_dl"] {
         let r = gg_run(prog, &["signal_before"], &[]);
         r.assert_ok();
+        let alone = bare_run(prog, &["nocuda"], &[]);
+        alone.assert_ok();
+        assert_eq!(
+            alone.out().lines("THREADS").len(),
+            1,
+            "{}",
+            alone.describe()
+        );
+        assert_eq!(
+            r.out().lines("THREADS"),
+            alone.out().lines("THREADS"),
+            "{prog}\n{}",
+            r.describe()
+        );
         assert!(dir_files(&r).is_empty(), "{prog}: {:?}", dir_files(&r));
         assert!(gg_stderr_lines(&r, r.pid).is_empty(), "{}", r.describe());
     }

@@ -51,13 +51,16 @@ fn counter(events: &[Value], key: &str) -> Vec<u64> {
         .collect()
 }
 
+/// `trace wait` waits for the helper's sample of its 30 MiB in the trace (a
+/// handshake); the trim is waited for by `gpuguard_trim`; the 8 MiB left behind are
+/// in the exit's last sample.
 #[test]
 fn trace_has_counters_refusal_trim_and_report_events() {
     let dir = fresh_dir("trace");
     let trace = dir.join("mem.trace.json");
     let r = run(
         "gg_obs",
-        &["trace", "150"],
+        &["trace", "wait"],
         &[
             ("GPUGUARD_TRACE", s(&trace)),
             ("GPUGUARD_CAP", "0:64MiB"),
@@ -66,6 +69,7 @@ fn trace_has_counters_refusal_trim_and_report_events() {
         true,
     );
     r.assert_ok();
+    assert!(!r.stderr.contains("gave up"), "{}", r.describe());
     assert_eq!(
         r.rc("refused"),
         Some(2),
@@ -171,7 +175,7 @@ fn a_moment_between_two_samples_is_the_timelines_peak() {
 fn a_trace_that_cannot_be_written_warns_once_and_the_program_runs() {
     let r = run(
         "gg_obs",
-        &["trace", "10"],
+        &["trace"],
         &[
             ("GPUGUARD_TRACE", "/nonexistent-dir/t.json"),
             ("GPUGUARD_CAP", "0:64MiB"),
@@ -620,15 +624,32 @@ fn ctypes_example_uses_the_c_api() {
     assert_eq!(bare.status.code(), Some(1), "{}", bare.describe());
 }
 
+/// The program waited for `n` memory lines and got them.
+fn assert_memory_lines(r: &Run, n: usize) {
+    assert!(!r.stderr.contains("gave up"), "{}", r.describe());
+    let lines = gg_stderr_lines(r, r.pid)
+        .into_iter()
+        .filter(|l| l.contains("]: memory:"))
+        .count();
+    assert!(lines >= n, "{lines} memory lines\n{}", r.describe());
+}
+
+/// The warning comes once, though the helper thread runs on past a status file's
+/// interval: `logevery 3` holds its memory until gpuguard wrote three memory lines,
+/// 400 ms apart (a handshake on the helper's own output, not a pause).
 #[test]
 fn a_status_directory_that_cannot_be_used_warns_once_and_the_program_runs() {
     let r = run(
         "gg_obs",
-        &["logevery", "1200"],
-        &[("XDG_RUNTIME_DIR", "/proc/no-such-dir")],
+        &["logevery", "3"],
+        &[
+            ("XDG_RUNTIME_DIR", "/proc/no-such-dir"),
+            ("GPUGUARD_LOG_EVERY", "400ms"),
+        ],
         true,
     );
     r.assert_ok();
+    assert_memory_lines(&r, 3);
     let lines: Vec<&str> = gg_stderr_lines(&r, r.pid)
         .into_iter()
         .filter(|l| l.contains("status file"))
@@ -644,11 +665,15 @@ fn a_status_directory_that_cannot_be_used_warns_once_and_the_program_runs() {
     std::fs::set_permissions(&open, std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
     let r = run(
         "gg_obs",
-        &["logevery", "300"],
-        &[("XDG_RUNTIME_DIR", s(&runtime))],
+        &["logevery", "3"],
+        &[
+            ("XDG_RUNTIME_DIR", s(&runtime)),
+            ("GPUGUARD_LOG_EVERY", "400ms"),
+        ],
         true,
     );
     r.assert_ok();
+    assert_memory_lines(&r, 3);
     let lines: Vec<&str> = gg_stderr_lines(&r, r.pid)
         .into_iter()
         .filter(|l| l.contains("status file"))

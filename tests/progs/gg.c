@@ -891,6 +891,11 @@ static int mode_quiet(int argc, char **argv)
     printf("MEMINFO %zu %zu\n", free_b, total_b);
     if (strcmp(ask, "signal") == 0) {
         signal_report();
+        /* Not a handshake and not replaceable by one: what the test needs here is
+         * time itself, a 1 ms GPUGUARD_SNAPSHOT_EVERY interval past for certain, so
+         * that the rounds answering the next two signals find a snapshot due (and
+         * must not write it: nothing was allocated). The loop reads the clock until
+         * 2 ms have passed; it guesses nothing about another thread. */
         long long first = mono_ms();
         while (mono_ms() < first + 2) sleep_ms(1);
         signal_report();
@@ -987,7 +992,7 @@ static void *sig_sender(void *arg)
     (void)arg;
     while (!g_sig_stop) {
         pthread_kill(g_sig_main, SIGALRM);
-        usleep(200);
+        usleep(200); /* the storm's pace, not a wait for anything */
     }
     return NULL;
 }

@@ -812,7 +812,8 @@ static int mode_nvml(int argc, char **argv)
     return 0;
 }
 
-/* ---- deny_loop N SLEEP_MS [drv|rt]: N refused calls in a tight loop ---- */
+/* The refused calls of deny_loop, each from a function of its own (the cap report's
+ * stack starts there). */
 __attribute__((noinline, noclone)) int refuse_here(size_t bytes)
 {
     CUdeviceptr p = SENTINEL;
@@ -838,10 +839,23 @@ static long long now_ms(void)
     return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
+/* ---- deny_loop N [wait|nowait] [rt]: device 0 holds 10 MiB (device 1, or device 0
+ * again with one device, 1 MiB), then N calls of 10 MiB in a tight loop, which a
+ * 16 MiB cap on device 0 refuses (by the runtime with `rt`). `wait`: after the first refusal,
+ * until gpuguard's helper thread has written its cap report (a handshake on the
+ * file), so the refusals after it come while the one-report-a-second limit holds;
+ * `nowait`: no waiting, the exit may be what writes the report. Lines:
+ *   LOOP n= refused= ms=      (ms: the loop's time, any wait included)
+ *   CAPWAIT written=<0|1>     (wait) whether the cap report came ---- */
 static int mode_deny_loop(int argc, char **argv)
 {
     int n = argc > 1 ? atoi(argv[1]) : 1000;
-    int pause = argc > 2 ? atoi(argv[2]) : 0;
+    const char *how = argc > 2 ? argv[2] : "nowait";
+    int wait = strcmp(how, "wait") == 0;
+    if (!wait && strcmp(how, "nowait") != 0) {
+        fprintf(stderr, "deny_loop: wait or nowait, not %s\n", how);
+        return 2;
+    }
     int rt = argc > 3 && strcmp(argv[3], "rt") == 0;
     gg_setup(0);
     CUdeviceptr a = dev_alloc(10 * MiB, 0);
@@ -855,6 +869,7 @@ static int mode_deny_loop(int argc, char **argv)
     print_sim();
     long long t0 = now_ms();
     int refused = 0;
+    int written = -1;
     for (int i = 0; i < n; i++) {
         int rc = rt ? refuse_rt_here(10 * MiB) : refuse_here(10 * MiB);
         if (rc == CUDA_ERROR_OUT_OF_MEMORY) refused++;
@@ -862,9 +877,10 @@ static int mode_deny_loop(int argc, char **argv)
             fprintf(stderr, "unexpected %d\n", rc);
             return 3;
         }
+        if (i == 0 && wait) written = wait_reports(".cap.json", 1);
     }
     printf("LOOP n=%d refused=%d ms=%lld\n", n, refused, now_ms() - t0);
-    sleep_ms(pause);
+    if (wait) printf("CAPWAIT written=%d\n", written);
     step("end");
     leak_line(a, 10 * MiB);
     leak_line(b, 1 * MiB);
@@ -1017,34 +1033,33 @@ static int mode_oom_hold(int argc, char **argv)
     return 0;
 }
 
-/* ---- warn: 20 MiB, 36 MiB, 40 MiB, 20 MiB, 36 MiB on device 0, a pause after each ---- */
+/* ---- warn: 20 MiB, 36 MiB, 40 MiB, 20 MiB, 36 MiB on device 0, a MARK after each
+ * step. No waiting: the GPUGUARD_WARN_AT line is written by the thread that crosses
+ * the threshold, inside the allocation call, so it is on stderr before that call
+ * returns (and before the MARK after it) ---- */
 static int mode_warn(int argc, char **argv)
 {
-    int pause = argc > 1 ? atoi(argv[1]) : 200;
+    (void)argc;
+    (void)argv;
     gg_setup(0);
     CUdeviceptr a = dev_alloc(20 * MiB, 0);
-    sleep_ms(pause);
     step("below1");
     print_sim();
     mark("below1");
     CUdeviceptr b = dev_alloc(16 * MiB, 0);
-    sleep_ms(pause);
     step("cross1");
     print_sim();
     mark("cross1");
     CUdeviceptr c = dev_alloc(4 * MiB, 0);
-    sleep_ms(pause);
     step("above");
     print_sim();
     mark("above");
     dev_free(b);
     dev_free(c);
-    sleep_ms(pause);
     step("below2");
     print_sim();
     mark("below2");
     CUdeviceptr d = dev_alloc(16 * MiB, 0);
-    sleep_ms(pause);
     step("cross2");
     print_sim();
     mark("cross2");
@@ -1055,13 +1070,35 @@ static int mode_warn(int argc, char **argv)
     return 0;
 }
 
-/* ---- trim_at [wait|MS]: pools holding freed chunks, then a plain allocation; then,
- * with `wait`, until the trim's report is in the folder (a run that must trim), else
- * MS ms (a run that must not: nothing to wait for) ---- */
+/* Two report signals, each report waited for (GG_WAIT_BOUND_MS at most): once the
+ * second is written, gpuguard's helper thread has finished a whole round of its loop
+ * begun after this was called, so whatever an earlier call left pending (a crossed
+ * GPUGUARD_TRIM_AT: the trim runs in the round that answers the first signal, after
+ * the report) is done. Returns 1, or 0 when a report did not come (no gpuguard, no
+ * folder, or past the bound). */
+static int helper_settled(void)
+{
+    for (int i = 0; i < 2; i++) {
+        int n = count_reports(".signal.json");
+        raise(SIGUSR1);
+        if (n < 0 || !wait_reports(".signal.json", n + 1)) return 0;
+    }
+    return 1;
+}
+
+/* ---- trim_at wait|settle: pools holding freed chunks, then a plain allocation;
+ * then, with `wait`, until the trim's report is in the folder (a run that must trim),
+ * with `settle`, until the helper thread is done with what the allocation left it
+ * (`helper_settled`: a run that must not trim, with nothing of its own to wait
+ * for). Line: SETTLED ok=<0|1> (settle) ---- */
 static int mode_trim_at(int argc, char **argv)
 {
-    int wait = argc > 1 && strcmp(argv[1], "wait") == 0;
-    int pause = argc > 1 && !wait ? atoi(argv[1]) : 300;
+    const char *how = argc > 1 ? argv[1] : "";
+    int wait = strcmp(how, "wait") == 0;
+    if (!wait && strcmp(how, "settle") != 0) {
+        fprintf(stderr, "trim_at: wait or settle, not %s\n", how);
+        return 2;
+    }
     gg_setup(0);
     CUstream s;
     MUST(cuStreamCreate(&s, 0));
@@ -1086,7 +1123,7 @@ static int mode_trim_at(int argc, char **argv)
     if (wait)
         wait_reports(".trim.json", trims + 1);
     else
-        sleep_ms(pause);
+        printf("SETTLED ok=%d\n", helper_settled());
     step("after");
     print_sim();
     print_gg();

@@ -14,7 +14,8 @@
  *   STEP <name>                            marks a phase; lines after it belong to it
  *   MIDREPORT <path>                       a report written on request mid-run (only
  *                                          with GG_MIDREPORT=1 and gpuguard loaded)
- *   THREADS <n>                            threads in the process (mode nocuda)
+ *   THREADS <n>                            threads in the process (modes nocuda,
+ *                                          signal_before)
  *   OK                                     the program reached its end
  * For VMM the "address" of ALLOC/FREE/LEAK is the allocation handle; for arrays
  * it is the array handle; host allocations use device -1.
@@ -249,12 +250,16 @@ static inline int mode_nocuda(void)
     return 0;
 }
 
-/* SIGUSR1 before any CUDA call: the shim's handler must not kill the process. */
+/* SIGUSR1 before any CUDA call: the shim's handler must not kill the process.
+ * raise() sends it to this thread, so it is handled before raise() returns: a
+ * handler that killed the process has done so by then. THREADS after it: with no
+ * thread of gpuguard's running, nothing can answer the signal later (no waiting
+ * for something that must not come). */
 static inline int mode_signal_before(void)
 {
     fflush(stdout);
     raise(SIGUSR1);
-    sleep_ms(200);
+    printf("THREADS %d\n", thread_count());
     puts("OK");
     return 0;
 }

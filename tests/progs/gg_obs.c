@@ -62,21 +62,24 @@ static void wait_stdin(void)
     }
 }
 
-/* ---- trace: 30 MiB, a refused 40 MiB (cap 64 MiB), a trim, 8 MiB left behind ---- */
+static void wait_trace(const char *text); /* below */
+
+/* ---- trace [wait]: 30 MiB, a refused 40 MiB (cap 64 MiB), a trim (gpuguard_trim
+ * waits for its report), 8 MiB left behind (the exit's last sample has it). `wait`:
+ * before the refusal, until the trace holds a sample of the 30 MiB (a handshake on
+ * the file; leave it out when the trace cannot be written) ---- */
 static int mode_trace(int argc, char **argv)
 {
-    int pause = argc > 1 ? atoi(argv[1]) : 150;
+    int wait = argc > 1 && strcmp(argv[1], "wait") == 0;
     setup();
     CUdeviceptr a = dev_alloc(30 * MiB);
-    sleep_ms(pause);
+    if (wait) wait_trace("\"live\":31457280,");
     CUdeviceptr b;
     rc_line("refused", cuMemAlloc_v2(&b, 40 * MiB));
-    sleep_ms(pause);
     trim_now();
     dev_free(a);
     CUdeviceptr c = dev_alloc(8 * MiB);
     leak_line(c, 8 * MiB);
-    sleep_ms(pause);
     puts("OK");
     return 0;
 }
@@ -94,25 +97,40 @@ static int mode_hold(int argc, char **argv)
 }
 
 /* ---- fork_hold: the parent holds 8 MiB, a forked child 4 MiB of its own; both
- * until stdin ends (CHILD <pid> names the child) ---- */
+ * until stdin ends (CHILD <pid> names the child). READY once both hold theirs: the
+ * child says so through a pipe ---- */
 static int mode_fork_hold(int argc, char **argv)
 {
     (void)argc; (void)argv;
     setup();
     CUdeviceptr a = dev_alloc(8 * MiB);
+    int ready[2];
+    MUST(pipe(ready));
     fflush(stdout);
     pid_t child = fork();
     if (child == 0) {
+        close(ready[0]);
         CUdeviceptr p;
         MUST(cuMemAlloc_v2(&p, 4 * MiB));
         printf("CHILD %d\n", (int)getpid());
         fflush(stdout);
+        MUST(write(ready[1], "1", 1) != 1);
+        close(ready[1]);
         char buf[64];
         while (fread(buf, 1, sizeof buf, stdin) > 0) {
         }
         exit(0); /* its exit handler removes its status file */
     }
-    sleep_ms(10);
+    close(ready[1]);
+    char byte;
+    ssize_t got;
+    while ((got = read(ready[0], &byte, 1)) < 0 && errno == EINTR) {
+    }
+    close(ready[0]);
+    if (got != 1) {
+        fprintf(stderr, "fork_hold: the child ended before it held its memory\n");
+        return 3;
+    }
     wait_stdin();
     int st;
     waitpid(child, &st, 0);
@@ -257,17 +275,16 @@ static int mode_logevery_sync(int argc, char **argv)
     return 0;
 }
 
-/* ---- logevery PAUSE: 10 MiB; 30 MiB for a moment; 10 MiB again ---- */
+/* ---- logevery N (run with GPUGUARD_LOG_EVERY): 10 MiB held until gpuguard has
+ * written N memory lines (a handshake on its own output, through the tee: its helper
+ * thread has run through N periods, whatever the machine's load) ---- */
 static int mode_logevery(int argc, char **argv)
 {
-    int pause = argc > 1 ? atoi(argv[1]) : 500;
+    int n = argc > 1 ? atoi(argv[1]) : 3;
+    tee_stderr();
     setup();
     CUdeviceptr a = dev_alloc(10 * MiB);
-    sleep_ms(pause);
-    CUdeviceptr b = dev_alloc(20 * MiB);
-    dev_free(b);
-    fprintf(stderr, "MARK spike\n");
-    sleep_ms(pause);
+    wait_memory_lines(n);
     fprintf(stderr, "MARK end\n");
     dev_free(a);
     puts("OK");

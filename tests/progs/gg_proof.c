@@ -398,8 +398,16 @@ static int mode_stress(int argc, char **argv)
     for (int t = 0; t < n; t++) pthread_join(w[t].th, NULL);
     __atomic_store_n(&g_workers_done, 1, __ATOMIC_RELEASE);
     if (with_storm) pthread_join(st, NULL);
-    /* signals sent by kill() may still be pending in this thread's view: let them land */
-    sleep_ms(50);
+    /* The storm is over (joined): no signal is sent any more, but one sent by kill()
+     * may still be pending, not yet handled by a thread. Wait until none is (a bound
+     * only against a broken build): every signal sent has then been counted. */
+    for (long waited = 0; waited < GG_WAIT_BOUND_MS; waited++) {
+        sigset_t pending;
+        sigemptyset(&pending);
+        MUST(sigpending(&pending));
+        if (!sigismember(&pending, SIGUSR1) && !sigismember(&pending, SIGUSR2)) break;
+        sleep_ms(1);
+    }
     unsigned long long allocs[MAX_DEV] = {0}, frees[MAX_DEV] = {0}, cur[MAX_DEV] = {0};
     long total_ops = 0;
     for (int t = 0; t < n; t++) {

@@ -1032,6 +1032,14 @@ fn runtime_refusal_report_starts_at_the_program() {
             d["frames"]
         );
     }
+    // The cap refused beneath cudaMalloc: the driver refused nothing.
+    assert!(
+        reports_with_reason(&r, "oom").is_empty(),
+        "a cap's refusal of a runtime call is no refusal by the driver\n{}",
+        r.describe()
+    );
+    let g = gg_of(r.out(), 0, &r);
+    assert_eq!((g["failed"], g["denied"]), (0, 3), "{}", r.describe());
 }
 
 /// Cap reports are written at the first refusal and at most once a second after:

@@ -41,8 +41,8 @@ use stack::{capture_site_in, sampled_site};
 use stash::{signal_alloc, signal_free};
 pub(crate) use thread::{DriverScope, contexts_changed, ctx_device, enter_driver, set_current_tag};
 use thread::{
-    Entry, ThreadState, claim_for_runtime, ctx_device_in, enter_hook, hold, journal_in, label_for,
-    memos, runtime_stamp, thread, thread_id,
+    Entry, ThreadState, claim_for_runtime, ctx_device_in, enter_hook, hold, journal_in, memos,
+    runtime_stamp, thread, thread_id,
 };
 
 /// An allocation into the books: the thread's journal, or the map when the books are
@@ -271,7 +271,12 @@ fn driver_alloc_body(
             if m.key.space == gpuguard_core::ledger::Space::DevicePtr {
                 DRIVER.free(m.key.value);
             }
-            books.refused(dev, m.bytes, label_for(t, api), capture_site_in(books, t));
+            books.refused(
+                dev,
+                m.bytes,
+                claim_for_runtime(t, api),
+                capture_site_in(books, t),
+            );
             return OUT_OF_MEMORY;
         }
         if m.bytes < reserved {
@@ -300,7 +305,7 @@ fn driver_alloc_body(
                 books.refused(
                     dev,
                     plan.bytes,
-                    label_for(t, api),
+                    claim_for_runtime(t, api),
                     capture_site_in(books, t),
                 );
                 return OUT_OF_MEMORY;

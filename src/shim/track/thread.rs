@@ -363,15 +363,10 @@ pub(crate) fn contexts_changed() {
     CTX_EPOCH.fetch_add(1, Relaxed);
 }
 
-/// The API to name: the runtime call in progress on this thread, if any (it is what
-/// the program called), else the driver call.
-pub(super) fn label_for(t: &ThreadState, api: u8) -> u8 {
-    let f = t.runtime.get();
-    if f.active { f.api } else { api }
-}
-
 /// Tells a runtime call in progress that the driver call beneath it did the work (so
-/// the runtime hook records nothing itself); returns the name to label it with.
+/// the runtime hook records nothing itself: no record for an allocation, no `oom`
+/// for a cap's refusal); returns the name to label it with, the runtime call's (it is
+/// what the program called) or else the driver call's.
 pub(super) fn claim_for_runtime(t: &ThreadState, api: u8) -> u8 {
     let r = &t.runtime;
     let mut f = r.get();

@@ -17,7 +17,7 @@ use super::json;
 use super::load::{load_all_keeping, shown};
 use super::output::print;
 use super::refusals::{render_oom, render_refusal};
-use super::text::{FRAMES_SHOWN, clean, command_line, count, frames, readable_frames};
+use super::text::{FRAMES_SHOWN, clean, command_line, count, frames, put_frames, readable_frames};
 use super::trend::{JsonGrowth, render_rows_answered};
 use super::trim_report::render_trim;
 use super::words::{holding, pinned_line, rank_words};
@@ -194,17 +194,7 @@ fn render_site(
         "    {label:<12} {:>11} in {what}",
         format!("{approx}{}", human_bytes(bytes))
     );
-    let shown = frames(site_frames);
-    for f in shown.iter().take(FRAMES_SHOWN) {
-        put!(out, "        {f}");
-    }
-    if shown.len() > FRAMES_SHOWN {
-        put!(
-            out,
-            "        ... {}",
-            count((shown.len() - FRAMES_SHOWN) as u64, "more frame")
-        );
-    }
+    put_frames(out, site_frames);
 }
 
 /// The heading over a report's Python lines: framework blocks in use, or (for lines

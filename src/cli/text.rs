@@ -144,6 +144,22 @@ pub fn frames<S: AsRef<str>>(frames: &[S]) -> Vec<String> {
         .collect()
 }
 
+/// A site's frames under its line, indented: the first `FRAMES_SHOWN`, then how
+/// many more there are.
+pub fn put_frames<S: AsRef<str>>(out: &mut String, site_frames: &[S]) {
+    let shown = frames(site_frames);
+    for f in shown.iter().take(FRAMES_SHOWN) {
+        put!(out, "        {f}");
+    }
+    if shown.len() > FRAMES_SHOWN {
+        put!(
+            out,
+            "        ... {}",
+            count((shown.len() - FRAMES_SHOWN) as u64, "more frame")
+        );
+    }
+}
+
 /// Frames for machine-readable output: start-up frames cut, names demangled (JSON
 /// escapes control characters itself).
 pub fn readable_frames<S: AsRef<str>>(frames: &[S]) -> Vec<String> {

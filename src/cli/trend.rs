@@ -2,7 +2,7 @@
 //! (suspected leaks) print them, in the text and in `--json`.
 
 use super::growth::{PYTHON_STACK, SiteTrend, unit};
-use super::text::{FRAMES_SHOWN, clean, count, frames, readable_frames};
+use super::text::{clean, count, put_frames, readable_frames};
 use gpuguard_core::report::human_bytes;
 use serde::Serialize;
 
@@ -48,17 +48,7 @@ pub fn render_rows_answered(
         Some(fw) => put!(out, "        [{} blocks, Python]", clean(fw)),
         None => {}
     }
-    let shown = frames(&t.key.frames);
-    for f in shown.iter().take(FRAMES_SHOWN) {
-        put!(out, "        {f}");
-    }
-    if shown.len() > FRAMES_SHOWN {
-        put!(
-            out,
-            "        ... {}",
-            count((shown.len() - FRAMES_SHOWN) as u64, "more frame")
-        );
-    }
+    put_frames(out, &t.key.frames);
 }
 
 /// A site's growth in `--json`: an entry of `diff`'s `grew` or `shrank`, and (flattened)

@@ -1015,8 +1015,7 @@ impl Ledger {
     #[inline]
     fn take_now(&self, key: Key) -> Option<Record> {
         let (_, rec) = self.map(key.space).remove(&key.value)?;
-        self.counters_for(&rec)
-            .sub_live(rec.bytes);
+        self.counters_for(&rec).sub_live(rec.bytes);
         Some(rec)
     }
 
@@ -1067,8 +1066,7 @@ impl Ledger {
     /// The free failed in the driver: the memory is still live, put the record back
     /// (its bytes never left the cap's charge).
     pub fn restore(&self, key: Key, rec: Record) {
-        self.counters_for(&rec)
-            .add_live(rec.bytes);
+        self.counters_for(&rec).add_live(rec.bytes);
         if let Some(old) = self.map(key.space).insert(key.value, rec) {
             let oc = self.counters_for(&old);
             oc.sub_live(old.bytes);

@@ -170,16 +170,19 @@ pub type U64Map<V> = DashMap<u64, V, BuildHasherDefault<AddrHasher>>;
 /// charge is counted (reservations against the group's lease) without a cap.
 pub const NO_OWN_CAP: u64 = u64::MAX;
 
-/// Counters of one device. Every figure is one shared atomic: the hooks of all
-/// threads write the first cache line (live bytes, the peak, the counts, and on a
-/// capped device the charge), the rest is written rarely. Without a cap the hooks
-/// write none of it: their journals are applied by the helper thread, one at a time
-/// (`drain`), so the line is not shared by allocating threads at all.
+/// Counters of one device. Every figure is one shared atomic. A commit or a free
+/// reads and writes the first cache line (live bytes, the peak, the counts, and on
+/// a capped device the charge); the second is written by pool blocks' commits and
+/// frees (`pool_live`) and otherwise rarely. Who writes them: without a cap anywhere
+/// in the process, whoever drains the journals (the helper thread, or a thread
+/// whose journal is full, one at a time); once the books are direct (a cap or a
+/// group on any device), every allocating thread, on capped and uncapped devices
+/// alike.
 ///
 /// Accounting mode follows `limit` (set through `set_limit`): the shim sets it before
 /// the device's first allocation, and the C API may change it while the program runs.
 #[derive(Default)]
-#[repr(align(128))]
+#[repr(C, align(128))]
 pub struct DeviceCounters {
     /// Capped devices: live bytes plus reservations of allocations in flight and of
     /// frees not yet confirmed, what the cap is checked against. 0 when uncapped.
@@ -203,8 +206,8 @@ pub struct DeviceCounters {
     pub seen: AtomicU64,
     /// The cap in bytes; 0 when uncapped. Changed only through `set_limit`.
     pub limit: AtomicU64,
-    /// From here on the next line, written rarely: the first line keeps what every
-    /// commit and free reads or writes (a test checks).
+    /// From here on the second line (`repr(C)` keeps the order): the first keeps
+    /// what every commit and free reads or writes (a test checks).
     pub failed: AtomicU64,
     pub denied: AtomicU64,
     pub unknown_frees: AtomicU64,
@@ -1367,6 +1370,30 @@ mod tests {
         d.set_limit(0);
         assert!(l.reserve(0, false, 1 << 40));
         assert_eq!(d.current(), 100);
+    }
+
+    /// Pool blocks committed before a cap is set at run time are counted as live
+    /// pool blocks under it (not as pool excess), and leave the figure when freed,
+    /// with or without the cap.
+    #[test]
+    fn pool_blocks_stay_counted_across_a_cap_set_and_lifted() {
+        let l = Ledger::new();
+        let d = l.device(0);
+        l.commit(Key::device(1), rec(4 << 20, 0, Kind::Pool));
+        d.pool_reserved_add(8 << 20);
+        assert_eq!((d.pool_live_bytes(), d.pool_excess()), (4 << 20, 4 << 20));
+        d.set_limit(64 << 20);
+        assert_eq!((d.pool_live_bytes(), d.pool_excess()), (4 << 20, 4 << 20));
+        assert_eq!(d.charged(), 8 << 20, "4 MiB live + 4 MiB the pool keeps");
+        assert!(l.reserve(0, false, 2 << 20));
+        l.commit(Key::device(2), rec(2 << 20, 0, Kind::Pool));
+        d.set_limit(0);
+        for k in [1, 2] {
+            let r = l.take(Key::device(k)).unwrap();
+            l.confirm_free(&r);
+        }
+        assert_eq!((d.pool_live_bytes(), d.current()), (0, 0));
+        assert_eq!(d.pool_excess(), 8 << 20, "all the pool keeps is unused now");
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! A hooking thread's state, looked up once per hook: the guard that tells an outer
 //! hook from the driver's own calls and from a signal handler's, the runtime call in
-//! progress, the thread's journal and memos, its context cache. Per thread only: no
-//! lock, no I/O, no formatting.
+//! progress, the thread's journal and memos, its context cache. Per thread: no lock
+//! on the hot path (a thread's first journal is claimed under the ledger's lock), no
+//! I/O, no formatting.
 
 use super::memo::Memos;
 use super::stack::{MAX_FRAMES, PY_FRAMES};

@@ -288,6 +288,13 @@ def cmd_run(a):
             n_cap, "none" if a.expect_denial == "no" else "any number", (": " + " | ".join(cap_probs))
             if cap_probs else "")))
 
+    # A cap's refusal is the cap's, not the driver's: no `oom` report (a framework
+    # allocating through cudaMalloc once had its cap refusals reported twice).
+    ooms = [os.path.basename(p) for _, p in reps.get("oom", [])]
+    checks.append(("FAIL" if ooms else "PASS", "no_driver_refusal",
+                   "oom report(s) beside the cap's: " + ", ".join(ooms[:3]) if ooms
+                   else "no oom report: every refusal was the cap's"))
+
     exit_rep = cc.load(reps["exit"][-1][1]) if reps.get("exit") else None
     ex = cc.dev_entry(exit_rep, 0) if exit_rep else None
     exit_row = None

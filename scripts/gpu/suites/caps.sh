@@ -8,7 +8,8 @@
 # workload prints GGV_BASELINE after CUDA init and before its first allocation and
 # holds still, so the monitor sees the context's baseline; caps_check.py then
 # reports max(real - baseline) against the cap, the workload's own PASS/FAIL
-# lines, the cap reports (denial) and the exit report (cap_bytes, peak, denied,
+# lines, the cap reports (denial), that no refusal was reported as the driver's (no
+# oom report), and the exit report (cap_bytes, peak, denied,
 # pool_reserved_bytes). A summary table closes the log.
 #
 # Workloads, in order (the required ones first):

@@ -181,8 +181,8 @@ fn render(dir: &Path, format: Format, warned: &mut bool) -> Result<String, Failu
 #[derive(clap::Args)]
 #[command(
     after_help = "Each process running gpuguard keeps a status file, rewritten about \
-    once a second, in $XDG_RUNTIME_DIR/gpuguard (or /dev/shm/gpuguard-UID when that \
-    variable is unset); files of processes that are gone are removed here. A status \
+    once a second, in GPUGUARD_STATUS_DIR when set, else $XDG_RUNTIME_DIR/gpuguard, \
+    else /dev/shm/gpuguard-UID; files of processes that are gone are removed here. A status \
     directory the library would not use (not a directory of this user with mode 0700) \
     is skipped with a warning: nothing in it is listed or removed. Then a line per \
     group (GPUGUARD_GROUP) and device: its budget, what it uses and its members; \

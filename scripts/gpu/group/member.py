@@ -6,7 +6,9 @@ Takes 1 GiB tensors (arrays) at a time until TARGET_GIB or out of memory, then w
 DIR/NAME.ready (JSON: what it holds, mem_get_info, its framework's counters, its
 pid) and obeys DIR/NAME.cmd lines as they come: `more` (take 1 GiB tensors until
 out of memory again, 3 tries 1 s apart, then DIR/NAME.more.<n>), `drop K` (delete K
-tensors, keeping PyTorch's cache), `stop` (exit).
+tensors, keeping PyTorch's cache; then DIR/NAME.drop.<n>), `release K` (delete K
+tensors and empty PyTorch's cache; then DIR/NAME.release.<n>), `stop` (exit). Each
+answer file carries the time it was written (`t_done`, seconds since the epoch).
 """
 import json
 import os
@@ -42,7 +44,6 @@ else:
 
 
 def fill(limit):
-    errors = 0
     while len(held) < limit:
         try:
             take()
@@ -59,7 +60,7 @@ def write(path, obj):
 
 err = fill(target)
 write(os.path.join(d, name + ".ready"), {"pid": os.getpid(), "held_gib": len(held), "error": err, **counters()})
-seen, n = 0, 0
+seen, n, answered = 0, 0, {}
 end = time.time() + 240
 while time.time() < end:
     path = os.path.join(d, name + ".cmd")
@@ -68,9 +69,15 @@ while time.time() < end:
         seen += 1
         if c == "stop":
             sys.exit(0)
-        if c.startswith("drop"):
-            for _ in range(int(c.split()[1])):
+        if c.startswith("drop") or c.startswith("release"):
+            word, k = c.split()
+            for _ in range(int(k)):
                 held.pop()
+            if word == "release" and kind == "torch":
+                torch.cuda.empty_cache()
+            answered[word] = answered.get(word, 0) + 1
+            write(os.path.join(d, "%s.%s.%d" % (name, word, answered[word])),
+                  {"held_gib": len(held), "t_done": time.time(), **counters()})
         if c == "more":
             n += 1
             t0, before, tries = time.time(), len(held), []
@@ -80,5 +87,6 @@ while time.time() < end:
                 if len(held) > before:
                     break
                 time.sleep(1)
-            write(os.path.join(d, "%s.more.%d" % (name, n)), {"tries": tries, "held_gib": len(held), **counters()})
+            write(os.path.join(d, "%s.more.%d" % (name, n)),
+                  {"tries": tries, "held_gib": len(held), "t_done": time.time(), **counters()})
     time.sleep(0.05)

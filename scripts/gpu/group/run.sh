@@ -5,8 +5,9 @@
 # backend:cudaMallocAsync) in one group of BUDGET (40GiB) each take 1 GiB tensors up
 # to 14 GiB (56 GiB asked in all); then: member e is SIGKILLed and b asks for more
 # (it should get e's share); a drops 4 GiB of tensors into PyTorch's cache and c asks
-# for more (the squeeze should have a trim it back); a JAX member joins (default
-# preallocation) and reports what it could take. A sampler records `gpuguard ps
+# for more (the squeeze should have a trim it back); b releases 8 GiB (tensors and
+# cache) and a JAX member joins (default preallocation: 75% of the memory it is
+# shown, which should be what the group has left) and reports what it could take. A sampler records `gpuguard ps
 # --json` and nvidia-smi's per-process memory every 0.25 s. check.py judges.
 # Uses target/release/gpuguard and libgpuguard.so (GGV_CLI), built elsewhere.
 set -uo pipefail
@@ -50,9 +51,11 @@ kill -9 "$epid"
 echo more >>"$d/b.cmd"
 waitfile "$d/b.more.1"
 echo "drop 4" >>"$d/a.cmd"
-sleep 0.5
+waitfile "$d/a.drop.1"
 echo more >>"$d/c.cmd"
 waitfile "$d/c.more.1"
+echo "release 8" >>"$d/b.cmd"
+waitfile "$d/b.release.1"
 "$gg" group gpucheck --json >"$d/group2.json" 2>&1
 start j jax 8
 waitfile "$d/j.ready"

@@ -4,7 +4,7 @@
 //! driver, the `oom` moment.
 
 use super::stack::capture_site_in;
-use super::thread::{ThreadState, claim_for_runtime, ctx_device_in};
+use super::thread::{ThreadState, claim_for_runtime, ctx_device_in, refuse_for_runtime};
 use crate::shim::books::{Books, RETRY_REFUSED, RETRY_SUCCEEDED};
 use crate::shim::cuda::{OUT_OF_MEMORY, SUCCESS};
 use crate::shim::settings::config;
@@ -149,7 +149,7 @@ pub(super) fn admit_capped(
     books.refused(
         dev,
         plan.bytes,
-        claim_for_runtime(t, api),
+        refuse_for_runtime(t, api),
         capture_site_in(books, t),
     );
     Some(Admission::Refused)

@@ -42,7 +42,7 @@ use stash::{signal_alloc, signal_free};
 pub(crate) use thread::{DriverScope, contexts_changed, ctx_device, enter_driver, set_current_tag};
 use thread::{
     Entry, ThreadState, claim_for_runtime, ctx_device_in, enter_hook, hold, journal_in, memos,
-    runtime_stamp, thread, thread_id,
+    refuse_for_runtime, runtime_stamp, thread, thread_id,
 };
 
 /// An allocation into the books: the thread's journal, or the map when the books are
@@ -274,7 +274,7 @@ fn driver_alloc_body(
             books.refused(
                 dev,
                 m.bytes,
-                claim_for_runtime(t, api),
+                refuse_for_runtime(t, api),
                 capture_site_in(books, t),
             );
             return OUT_OF_MEMORY;
@@ -305,7 +305,7 @@ fn driver_alloc_body(
                 books.refused(
                     dev,
                     plan.bytes,
-                    claim_for_runtime(t, api),
+                    refuse_for_runtime(t, api),
                     capture_site_in(books, t),
                 );
                 return OUT_OF_MEMORY;

@@ -45,6 +45,7 @@ pub(crate) fn runtime_alloc(
         });
     } else if rc == RT_MEMORY_ALLOCATION
         && !frame.seen
+        && !frame.refused
         && t.driver_depth.get() == 0
         && !kind.is_host()
     {
@@ -151,6 +152,7 @@ pub(super) fn in_runtime_frame(
         active: true,
         seen: false,
         taken: taken.is_some(),
+        refused: false,
         t_ns,
     });
     // The taken record's cell is touched only where a frame (this or the one it

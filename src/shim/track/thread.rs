@@ -27,6 +27,9 @@ pub(super) struct RuntimeFrame {
     pub(super) seen: bool,
     /// A runtime free took the record before the real free (`runtime_taken`).
     pub(super) taken: bool,
+    /// A cap (or the group) refused the driver call beneath: the runtime's
+    /// out-of-memory answer is that refusal, not the driver's.
+    pub(super) refused: bool,
     /// With journals, a runtime free's stamp (taken before its real call), which
     /// the driver free beneath journals under (0: none).
     pub(super) t_ns: u64,
@@ -37,6 +40,7 @@ pub(super) const NO_FRAME: RuntimeFrame = RuntimeFrame {
     active: false,
     seen: false,
     taken: false,
+    refused: false,
     t_ns: 0,
 };
 
@@ -366,8 +370,8 @@ pub(crate) fn contexts_changed() {
 
 /// Tells a runtime call in progress that the driver call beneath it did the work (so
 /// the runtime hook records nothing itself: no record for an allocation, no `oom`
-/// for a cap's refusal); returns the name to label it with, the runtime call's (it is
-/// what the program called) or else the driver call's.
+/// for a refusal the driver hook kept); returns the name to label it with, the
+/// runtime call's (it is what the program called) or else the driver call's.
 pub(super) fn claim_for_runtime(t: &ThreadState, api: u8) -> u8 {
     let r = &t.runtime;
     let mut f = r.get();
@@ -375,6 +379,20 @@ pub(super) fn claim_for_runtime(t: &ThreadState, api: u8) -> u8 {
         return api;
     }
     f.seen = true;
+    r.set(f);
+    f.api
+}
+
+/// Tells a runtime call in progress that a cap (or the group) refused the driver call
+/// beneath it, so the runtime hook does not take its out-of-memory answer for the
+/// driver's; returns the name to label the refusal with (as `claim_for_runtime`).
+pub(super) fn refuse_for_runtime(t: &ThreadState, api: u8) -> u8 {
+    let r = &t.runtime;
+    let mut f = r.get();
+    if !f.active {
+        return api;
+    }
+    f.refused = true;
     r.set(f);
     f.api
 }

@@ -1042,6 +1042,50 @@ fn runtime_refusal_report_starts_at_the_program() {
     assert_eq!((g["failed"], g["denied"]), (0, 3), "{}", r.describe());
 }
 
+/// A fork while the helper thread initializes NVML for a cap report (the sim's NVML
+/// holds the initialization until the child has ended): the child's helper thread
+/// must not wait for an initialization only the parent's thread was making. The
+/// child writes its own cap and exit reports, and its exit waits for nothing.
+#[test]
+fn a_fork_during_nvmls_initialization_leaves_the_child_its_reports() {
+    let r = cap_run(
+        &["fork_in_nvml_init"],
+        &[("GPUGUARD_CAP", "0:16MiB"), ("SIMNVML_INIT_HOLD", "1")],
+    );
+    r.assert_ok();
+    assert_eq!(
+        last(r.out(), "NVMLWAIT", "waiting", &r),
+        1,
+        "the parent's helper thread was inside nvmlInit when it forked\n{}",
+        r.describe()
+    );
+    let child = last(r.out(), "CHILD", "pid", &r);
+    assert_eq!(last(r.out(), "CHILD", "status", &r), 0, "{}", r.describe());
+    let reasons: Vec<String> = r
+        .reports()
+        .iter()
+        .filter_map(|(p, _)| {
+            let name = p.file_name()?.to_str()?;
+            let mut parts = name.split('.');
+            (parts.nth(2)? == child.to_string()).then(|| parts.nth(1).unwrap_or("").to_string())
+        })
+        .collect();
+    for want in ["cap", "exit"] {
+        assert!(
+            reasons.iter().any(|x| x == want),
+            "the child ({child}) wrote no {want} report: {reasons:?}\n{}",
+            r.describe()
+        );
+    }
+    assert!(
+        !r.stderr
+            .lines()
+            .any(|l| l.starts_with(&format!("gpuguard[{child}]")) && l.contains("did not finish")),
+        "the child's exit waited for its helper thread\n{}",
+        r.describe()
+    );
+}
+
 /// Cap reports are written at the first refusal and at most once a second after:
 /// a refusal, its report written (the program waits for the file), 999 refusals
 /// more in a few milliseconds and an exit within the second give one (one more per

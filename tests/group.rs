@@ -758,6 +758,385 @@ fn a_reused_pid_is_not_taken_for_a_member() {
     let _ = std::fs::remove_dir_all(runtime);
 }
 
+// ---- chaos: members killed at random moments ----------------------------------------
+
+/// The seed of the chaos test's schedule (which member is killed or asked to trim,
+/// and when) and of its members' own choices: fixed, so that every run makes the
+/// same choices (the interleavings still differ from run to run: the assertions hold
+/// for every interleaving). Printed in every failure message.
+const CHAOS_SEED: u64 = 0x6767_0c4a_05ee_d001;
+
+/// splitmix64: the test's deterministic choices.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+/// A `gg_group chaos` member and how many times it was paused.
+struct ChaosMember {
+    m: Member,
+    id: u64,
+    pauses: u64,
+}
+
+/// Spawns chaos member `id`: 3 threads; even ids fork children, ids not 2 mod 3
+/// also allocate from the default pool (what a trim gives back). Started ("go")
+/// once it is set up (READY: a member).
+fn spawn_chaos(id: u64, env: &[(String, String)]) -> ChaosMember {
+    let seed = CHAOS_SEED.wrapping_add(id).to_string();
+    let mut args = vec!["chaos", "3", seed.as_str()];
+    if id.is_multiple_of(2) {
+        args.push("fork");
+    }
+    if id % 3 != 2 {
+        args.push("pool");
+    }
+    let mut m = spawn_member(&args, env);
+    m.wait_line("READY");
+    m.send("go");
+    ChaosMember { m, id, pauses: 0 }
+}
+
+/// Waits (bounded) for the `PAUSED` line of member `c`'s latest pause.
+fn wait_paused(c: &mut ChaosMember, ctx: &str) -> std::collections::BTreeMap<String, u64> {
+    let bound = Instant::now() + Duration::from_secs(60);
+    loop {
+        let open = c.m.pump();
+        if let Some(kv) =
+            c.m.lines
+                .iter()
+                .filter(|l| l.starts_with("PAUSED "))
+                .map(|l| kv_of(l))
+                .find(|kv| kv.get("seq") == Some(&c.pauses))
+        {
+            return kv;
+        }
+        if !open || Instant::now() > bound {
+            let what = if open { "timed out" } else { "stdout ended" };
+            panic!(
+                "{ctx}: member {} (id {}) {what} waiting for PAUSED seq={}\n{}",
+                c.m.pid,
+                c.id,
+                c.pauses,
+                c.m.describe_now()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+/// Polls (bounded by `bound`) until `done` holds; returns how long it took, or
+/// panics with `what()`, the state when it gave up.
+fn poll_or(bound: Duration, mut done: impl FnMut() -> bool, what: impl Fn() -> String) -> Duration {
+    let start = Instant::now();
+    loop {
+        if done() {
+            return start.elapsed();
+        }
+        assert!(
+            start.elapsed() < bound,
+            "{} (gave up after {bound:?})",
+            what()
+        );
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+/// What happens at one moment of a chaos round.
+#[derive(Clone, Copy, Debug)]
+enum ChaosEvent {
+    /// SIGKILL a member (chosen when it happens), and start a replacement.
+    Kill,
+    /// The trim signal (SIGUSR2) to a member.
+    Trim,
+    /// The trim signal, then SIGKILL 0 to 3 ms later: killed during its trim.
+    TrimThenKill,
+}
+
+/// Killing members at random moments (in the middle of their reservations, during
+/// their trims, during their forks) never leaks budget past the reclaim and never
+/// lets the group pass its budget. 5 members of a 2 GiB budget (4 GiB sims), each
+/// 3 threads allocating and freeing 2-64 MiB blocks at random, far more than the
+/// budget (so reservations, refusals, squeezes and dead-slot reclaims run all the
+/// time); some allocate from a pool (what trims give back), some fork children that
+/// join the group on their own and end normally, end holding memory, or are
+/// SIGKILLed by their parent (or with it: PR_SET_PDEATHSIG). Each of 4 rounds runs
+/// them for 0.6 s while the test SIGKILLs 1-2 members and sends the trim signal to
+/// 2-4 at moments of a fixed-seed schedule, starting a replacement for each killed
+/// member at once. Then every survivor stops between two operations (the `PAUSED`
+/// handshake: its children ended, its pool trimmed) and:
+/// 1. within the reclaim bound (`HELPER_RECLAIM`, counted from the handshake, after
+///    every death of the round) the file's members are exactly the live members, and
+///    its use is the sum of their slots: nothing of a dead member or child stays;
+/// 2. the group's use is within the budget, every member's sim holds no more than its
+///    slot reserves, and the sims together hold no more than the budget;
+/// 3. after a squeeze (the test asks for one through the file; answered within the
+///    same bound), every slot is exactly what its member's sim holds, so the group's
+///    use equals what the live members hold.
+///
+/// No member or child may crash or hang (a child forked while its parent's helper
+/// thread initialized NVML once kept that initialization "in progress" forever and
+/// took 10 s to exit). At the end every member ends normally and the group's use
+/// is 0, with no members.
+#[test]
+fn members_killed_at_random_moments_never_leak_or_pass_the_budget() {
+    const MEMBERS: u64 = 5;
+    const ROUNDS: u64 = 4;
+    const BUDGET: u64 = 2 * GIB;
+    const WINDOW_MS: u64 = 600;
+    let started = Instant::now();
+    let runtime = runtime_dir("chaos");
+    let name = "chaos";
+    let env = member_env(&runtime, name, "2GiB", 4 * GIB);
+    let mut rng = Rng(CHAOS_SEED);
+    let mut ms: Vec<ChaosMember> = (0..MEMBERS).map(|id| spawn_chaos(id, &env)).collect();
+    let mut next_id = MEMBERS;
+    let (g, dev) = open_group(&runtime, name);
+    assert_eq!(g.budget(dev), BUDGET);
+    let mut runs: Vec<Run> = Vec::new();
+    let (mut kills, mut trims, mut most_seen) = (0u64, 0u64, 0u64);
+
+    for round in 1..=ROUNDS {
+        let ctx = format!("chaos seed {CHAOS_SEED:#x}, round {round}");
+        // The round's schedule: moments (ms into the window) and what happens.
+        let mut events: Vec<(u64, ChaosEvent)> = Vec::new();
+        for _ in 0..1 + rng.below(2) {
+            let e = if rng.below(3) == 0 {
+                ChaosEvent::TrimThenKill
+            } else {
+                ChaosEvent::Kill
+            };
+            events.push((rng.below(WINDOW_MS), e));
+        }
+        for _ in 0..2 + rng.below(3) {
+            events.push((rng.below(WINDOW_MS), ChaosEvent::Trim));
+        }
+        events.sort_by_key(|e| e.0);
+        let t0 = Instant::now();
+        let mut watch_until = |until: Duration| {
+            // The file's use meanwhile, only recorded: a reservation in flight adds
+            // to its slot before it looks at the sum (and a member killed there
+            // leaves it until the reclaim), so the file may pass the budget for a
+            // moment without anyone holding the memory.
+            while t0.elapsed() < until {
+                most_seen = most_seen.max(g.used(dev));
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        };
+        for (at, e) in events {
+            watch_until(Duration::from_millis(at));
+            let i = rng.below(ms.len() as u64) as usize;
+            let gap = rng.below(4);
+            if matches!(e, ChaosEvent::Trim | ChaosEvent::TrimThenKill) {
+                // SAFETY: the member is our unreaped child: its pid is its own.
+                let rc = unsafe { libc::kill(ms[i].m.pid as i32, libc::SIGUSR2) };
+                assert_eq!(rc, 0, "{ctx}: SIGUSR2 to {}", ms[i].m.pid);
+                trims += 1;
+            }
+            if matches!(e, ChaosEvent::Kill | ChaosEvent::TrimThenKill) {
+                if matches!(e, ChaosEvent::TrimThenKill) {
+                    std::thread::sleep(Duration::from_millis(gap));
+                }
+                let c = ms.swap_remove(i);
+                let run = c.m.kill9();
+                assert_eq!(
+                    run.signal(),
+                    Some(libc::SIGKILL),
+                    "{ctx}: member id {} ended before the test killed it\n{}",
+                    c.id,
+                    run.describe()
+                );
+                runs.push(run);
+                kills += 1;
+                ms.push(spawn_chaos(next_id, &env));
+                next_id += 1;
+            }
+        }
+        watch_until(Duration::from_millis(WINDOW_MS));
+
+        // The handshake: every survivor stopped, its children ended.
+        for c in &mut ms {
+            c.pauses += 1;
+            c.m.send("pause");
+        }
+        let paused: Vec<_> = ms.iter_mut().map(|c| wait_paused(c, &ctx)).collect();
+        let quiet = Instant::now();
+        if let Some(i) = paused
+            .iter()
+            .position(|p| p["kids_hung"] != 0 || p["kids_bad"] != 0)
+        {
+            let (id, p) = (ms[i].id, paused[i].clone());
+            let r = ms.swap_remove(i).m.kill9();
+            panic!(
+                "{ctx}: member {} (id {id}): a forked child hung (kids_hung) or crashed \
+                 (kids_bad): {p:?}\n{}",
+                r.pid,
+                r.describe()
+            );
+        }
+        let live: std::collections::BTreeSet<u32> = ms.iter().map(|c| c.m.pid).collect();
+        let file_pids =
+            || -> std::collections::BTreeSet<u32> { g.members().iter().map(|m| m.pid).collect() };
+        let slot_sum = || g.members().iter().map(|m| m.held[dev]).sum::<u64>();
+        // 1. Nothing of the dead stays past the reclaim bound.
+        let reclaimed = poll_or(
+            HANDSHAKE,
+            || file_pids() == live && g.used(dev) == slot_sum(),
+            || {
+                format!(
+                    "{ctx}: the group's file never came to list exactly the live members \
+                     {live:?} with nothing outside their slots: {:?}, used {}",
+                    g.members(),
+                    g.used(dev)
+                )
+            },
+        );
+        assert!(
+            reclaimed <= HELPER_RECLAIM,
+            "{ctx}: the dead members' slots were taken back {reclaimed:?} after the \
+             survivors stopped, past the bound {HELPER_RECLAIM:?}: {:?}",
+            g.members()
+        );
+        // 2. Within the budget, by the file and by the sims' books.
+        let used = g.used(dev);
+        let sims: u64 = paused.iter().map(|p| p["sim"]).sum();
+        let members = g.members();
+        let report = || {
+            let per: Vec<String> = ms
+                .iter()
+                .zip(&paused)
+                .map(|(c, p)| {
+                    format!(
+                        "pid {} id {}: slot {:?} sim {} charged {} held {} pool {} refused {} \
+                         forks {} kids_killed {}",
+                        c.m.pid,
+                        c.id,
+                        slot_of(&g, c.m.pid, dev),
+                        p["sim"],
+                        p["charged"],
+                        p["held"],
+                        p["pool"],
+                        p["refused"],
+                        p["forks"],
+                        p["kids_killed"]
+                    )
+                })
+                .collect();
+            format!("used {} of {BUDGET}\n{}", g.used(dev), per.join("\n"))
+        };
+        assert!(
+            used <= BUDGET && sims <= BUDGET,
+            "{ctx}: the group passed its budget: the file's use {used}, the sims hold {sims}\n{}",
+            report()
+        );
+        for (c, p) in ms.iter().zip(&paused) {
+            let slot = slot_of(&g, c.m.pid, dev).unwrap_or(0);
+            assert!(
+                p["sim"] <= slot && p["charged"] <= slot,
+                "{ctx}: member {} (id {}) holds more than its slot reserves: {members:?}\n{}",
+                c.m.pid,
+                c.id,
+                report()
+            );
+        }
+        // 3. After a squeeze, the group's use is exactly what the live members hold.
+        g.squeeze();
+        let answered = poll_or(
+            HANDSHAKE,
+            || {
+                ms.iter()
+                    .zip(&paused)
+                    .all(|(c, p)| slot_of(&g, c.m.pid, dev) == Some(p["sim"]))
+            },
+            || {
+                format!(
+                    "{ctx}: after a squeeze the slots never came down to what the members \
+                     hold\n{}",
+                    report()
+                )
+            },
+        );
+        assert!(
+            answered <= HELPER_RECLAIM,
+            "{ctx}: the squeeze was answered after {answered:?}"
+        );
+        assert_eq!(
+            g.used(dev),
+            sims,
+            "{ctx}: the group's use vs what its live members hold\n{}",
+            report()
+        );
+        eprintln!(
+            "{ctx}: {} members hold {sims} of {BUDGET} (the file's use reached {most_seen} \
+             meanwhile); dead slots gone {reclaimed:?} and the squeeze answered {answered:?} \
+             after the handshake ({:?} in all); {kills} kills, {trims} trim signals so far",
+            ms.len(),
+            quiet.elapsed()
+        );
+        if round < ROUNDS {
+            for c in &mut ms {
+                c.m.send("go");
+            }
+        }
+    }
+
+    // The end: every member ends normally, giving everything back.
+    let ctx = format!("chaos seed {CHAOS_SEED:#x}, the end");
+    let (mut forks, mut kids_killed) = (0, 0);
+    for c in ms {
+        let id = c.id;
+        let r = c.m.finish();
+        assert!(
+            r.status.success() && r.out().ok(),
+            "{ctx}: member id {id} did not end cleanly\n{}",
+            r.describe()
+        );
+        let end = r.out().kv("CHAOS").pop().unwrap();
+        assert!(
+            end["kids_hung"] == 0 && end["kids_bad"] == 0,
+            "{ctx}: {}",
+            r.describe()
+        );
+        forks += end["forks"];
+        kids_killed += end["kids_killed"];
+        assert_eq!(
+            r.section("end").sim(0).unwrap()["live"],
+            0,
+            "{ctx}: {}",
+            r.describe()
+        );
+        runs.push(r);
+    }
+    assert_eq!(
+        (g.used(dev), g.members()),
+        (0, vec![]),
+        "{ctx}: the group's use with every member ended"
+    );
+    let trim_reports: usize = runs
+        .iter()
+        .map(|r| reports_with_reason(r, "trim").len())
+        .sum();
+    eprintln!(
+        "chaos seed {CHAOS_SEED:#x}: {} members in all, {kills} killed, {trims} trim \
+         signals ({trim_reports} trim reports), {forks} children of the survivors \
+         ({kids_killed} killed by their parent); {:?}",
+        next_id,
+        started.elapsed()
+    );
+    let _ = std::fs::remove_dir_all(runtime);
+}
+
 // ---- group files that must not be used ----------------------------------------------
 
 /// A file under the group's name, made by `make` from a good one: returns its path.

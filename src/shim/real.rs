@@ -12,7 +12,7 @@ use super::cuda::{
 };
 use std::ffi::{CStr, c_char, c_int, c_uint, c_void};
 use std::marker::PhantomData;
-use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering::*};
+use std::sync::atomic::{AtomicPtr, AtomicU8, AtomicUsize, Ordering::*};
 
 unsafe extern "C" {
     fn dlvsym(handle: *mut c_void, symbol: *const c_char, version: *const c_char) -> *mut c_void;
@@ -465,22 +465,54 @@ pub(crate) fn own_code() -> impl Fn(usize) -> bool + Copy {
     move |pc| pc >= lo && pc < hi
 }
 
-/// NVML's list of the processes using a device (pid, bytes), found by the device's
-/// UUID; `Err` says why there is none. Loads NVML if the program has not (helper
-/// thread only: at an `oom` report), and initializes it once.
-pub(crate) fn nvml_processes(uuid: &str) -> Result<Vec<(u32, u64)>, &'static str> {
-    static INIT: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    let ready = *INIT.get_or_init(|| {
-        // SAFETY: dlopen with a constant name; the handle is kept (never closed).
-        unsafe { libc::dlopen(c"libnvidia-ml.so.1".as_ptr(), libc::RTLD_LAZY) };
-        // SAFETY: nvmlInit_v2 takes no argument; NVML counts its initializations.
-        OWN.nvml_init
-            .get()
-            .is_some_and(|f| unsafe { f() } == NVML_SUCCESS)
-    });
-    if !ready {
-        return Err("NVML could not be loaded or initialized");
+/// Where gpuguard's own use of NVML stands: not tried; being loaded and initialized
+/// (by one thread, which may take seconds); ready; not usable. Not a `OnceLock`: a
+/// fork while another thread initializes would leave the child's copy waiting for
+/// a thread it does not have, and its helper thread blocked at its first report.
+static NVML_STATE: AtomicU8 = AtomicU8::new(NVML_UNTRIED);
+const NVML_UNTRIED: u8 = 0;
+const NVML_STARTING: u8 = 1;
+const NVML_READY: u8 = 2;
+const NVML_UNUSABLE: u8 = 3;
+
+/// Loads NVML if the program has not, and initializes it, once; never waits for
+/// another thread doing so (its report goes without NVML's figures).
+fn nvml_ready() -> Result<(), &'static str> {
+    match NVML_STATE.compare_exchange(NVML_UNTRIED, NVML_STARTING, AcqRel, Acquire) {
+        Ok(_) => {
+            // SAFETY: dlopen with a constant name; the handle is kept (never closed).
+            unsafe { libc::dlopen(c"libnvidia-ml.so.1".as_ptr(), libc::RTLD_LAZY) };
+            // SAFETY: nvmlInit_v2 takes no argument; NVML counts its initializations.
+            let ok = OWN
+                .nvml_init
+                .get()
+                .is_some_and(|f| unsafe { f() } == NVML_SUCCESS);
+            let to = if ok { NVML_READY } else { NVML_UNUSABLE };
+            // A child forked meanwhile has its own copy, marked unusable at the fork.
+            NVML_STATE.store(to, Release);
+            if ok {
+                Ok(())
+            } else {
+                Err("NVML could not be loaded or initialized")
+            }
+        }
+        Err(NVML_READY) => Ok(()),
+        Err(NVML_STARTING) => Err("NVML is being initialized by another thread"),
+        Err(_) => Err("NVML could not be loaded or initialized"),
     }
+}
+
+/// In a forked child: an initialization the parent had under way when it forked
+/// is left unfinished in NVML's own state too, so NVML is not used here.
+pub(crate) fn after_fork_in_child() {
+    let _ = NVML_STATE.compare_exchange(NVML_STARTING, NVML_UNUSABLE, AcqRel, Acquire);
+}
+
+/// NVML's list of the processes using a device (pid, bytes), found by the device's
+/// UUID; `Err` says why there is none. NVML is made ready at the first call (at an
+/// `oom` or cap report).
+pub(crate) fn nvml_processes(uuid: &str) -> Result<Vec<(u32, u64)>, &'static str> {
+    nvml_ready()?;
     let (Some(by_uuid), Some(list)) = (OWN.nvml_by_uuid.get(), OWN.nvml_processes.get()) else {
         return Err("this NVML has no per-process list");
     };

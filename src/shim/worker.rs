@@ -194,6 +194,7 @@ pub(super) fn after_fork_in_child() {
     REPORT_REQUESTS.store(0, Relaxed);
     TRIM_REQUESTS.store(0, Relaxed);
     capture::after_fork_in_child();
+    super::real::after_fork_in_child();
     report::after_fork_in_child();
     python::after_fork_in_child();
     observe::after_fork_in_child();

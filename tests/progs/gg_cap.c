@@ -37,6 +37,7 @@
 
 #include <pthread.h>
 #include <sched.h>
+#include <sys/wait.h>
 
 #define SENTINEL 0x5e5e5e5e5e5e5e5eULL
 #define SENTINEL32 0x5e5e5e5eu
@@ -1178,6 +1179,35 @@ static int mode_retry(int argc, char **argv)
     return 0;
 }
 
+/* ---- fork_in_nvml_init: a fork while gpuguard's helper thread initializes NVML for
+ * the first cap report (run with SIMNVML_INIT_HOLD=1 and a cap below 64 MiB): the
+ * child is refused once and exits; its own reports are then the test's to find.
+ * Lines: NVMLWAIT waiting=<calls waiting when it forked>, CHILD pid=P status=S ---- */
+static int mode_fork_in_nvml_init(int argc, char **argv)
+{
+    (void)argc; (void)argv;
+    gg_setup(0);
+    CUdeviceptr p;
+    rc_line("parent_refused", cuMemAlloc_v2(&p, 64 * MiB));
+    for (long i = 0; simnvml_init_waiting() == 0 && i < GG_WAIT_BOUND_MS; i++) sleep_ms(1);
+    printf("NVMLWAIT waiting=%d\n", simnvml_init_waiting());
+    fflush(stdout);
+    pid_t child = fork();
+    if (child < 0) return 3;
+    if (child == 0) {
+        CUdeviceptr q;
+        rc_line("child_refused", cuMemAlloc_v2(&q, 64 * MiB));
+        fflush(stdout);
+        exit(0);
+    }
+    int st = 0;
+    waitpid(child, &st, 0);
+    simnvml_init_release();
+    printf("CHILD pid=%d status=%d\n", (int)child, st);
+    puts("OK");
+    return 0;
+}
+
 static int mode_nocuda_(int argc, char **argv) { (void)argc; (void)argv; return mode_nocuda(); }
 
 static const struct gg_mode g_modes[] = {
@@ -1189,6 +1219,7 @@ static const struct gg_mode g_modes[] = {
     {"pool_trim", mode_pool_trim},
     {"meminfo", mode_meminfo},
     {"nvml", mode_nvml},
+    {"fork_in_nvml_init", mode_fork_in_nvml_init},
     {"deny_loop", mode_deny_loop},
     {"refuse_then_free", mode_refuse_then_free},
     {"oom_fill", mode_oom_fill},

@@ -22,6 +22,9 @@
  *   CUDA sees, this process with its live bytes there (when it has some), then the
  *   entries of SIMNVML_PROCS="PID:BYTES,..." (at most 8): processes the sim pretends
  *   use every device, as other processes on a shared GPU.
+ *   SIMNVML_INIT_HOLD=1: nvmlInit_v2 waits (60 s at most) until simnvml_init_release()
+ *   is called, as a slow initialization on a real machine, so a test can act while
+ *   one is under way (simnvml_init_waiting() counts the calls waiting).
  */
 #define _GNU_SOURCE
 #include "nvml_sim.h"
@@ -32,6 +35,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <time.h>
 #include <unistd.h>
 
 #define MAX_EXTRA 4
@@ -115,9 +119,23 @@ static struct nvmlDevice_st *dev_of(nvmlDevice_t d)
 }
 
 /* ---- init ---- */
+static int g_init_waiting, g_init_released;
+
+int simnvml_init_waiting(void) { return __atomic_load_n(&g_init_waiting, __ATOMIC_SEQ_CST); }
+
+void simnvml_init_release(void) { __atomic_store_n(&g_init_released, 1, __ATOMIC_SEQ_CST); }
+
 nvmlReturn_t nvmlInit_v2(void)
 {
     if (!loaded()) return NVML_ERROR_LIBRARY_NOT_FOUND;
+    const char *hold = getenv("SIMNVML_INIT_HOLD");
+    if (hold && strcmp(hold, "1") == 0) {
+        __atomic_add_fetch(&g_init_waiting, 1, __ATOMIC_SEQ_CST);
+        struct timespec ms = {0, 1000000};
+        for (int i = 0; i < 60000 && !__atomic_load_n(&g_init_released, __ATOMIC_SEQ_CST); i++)
+            nanosleep(&ms, NULL);
+        __atomic_sub_fetch(&g_init_waiting, 1, __ATOMIC_SEQ_CST);
+    }
     pthread_mutex_lock(&g_lock);
     g_refs++;
     pthread_mutex_unlock(&g_lock);

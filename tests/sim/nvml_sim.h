@@ -72,6 +72,10 @@ const char *nvmlErrorString(nvmlReturn_t result);
  * error. Needs no nvmlInit. */
 int simnvml_memory(unsigned int index, unsigned long long *total, unsigned long long *reserved,
                    unsigned long long *used, int *cuda_ordinal);
+/* With SIMNVML_INIT_HOLD=1: how many nvmlInit_v2 calls wait now, and the release of
+ * every one waiting or to come. */
+int simnvml_init_waiting(void);
+void simnvml_init_release(void);
 
 #ifdef __cplusplus
 }

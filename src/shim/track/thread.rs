@@ -372,27 +372,26 @@ pub(crate) fn contexts_changed() {
 /// the runtime hook records nothing itself: no record for an allocation, no `oom`
 /// for a refusal the driver hook kept); returns the name to label it with, the
 /// runtime call's (it is what the program called) or else the driver call's.
+#[inline]
 pub(super) fn claim_for_runtime(t: &ThreadState, api: u8) -> u8 {
-    let r = &t.runtime;
-    let mut f = r.get();
-    if !f.active {
-        return api;
-    }
-    f.seen = true;
-    r.set(f);
-    f.api
+    tell_runtime(t, api, |f| f.seen = true)
 }
 
 /// Tells a runtime call in progress that a cap (or the group) refused the driver call
 /// beneath it, so the runtime hook does not take its out-of-memory answer for the
 /// driver's; returns the name to label the refusal with (as `claim_for_runtime`).
 pub(super) fn refuse_for_runtime(t: &ThreadState, api: u8) -> u8 {
+    tell_runtime(t, api, |f| f.refused = true)
+}
+
+#[inline]
+fn tell_runtime(t: &ThreadState, api: u8, mark: impl FnOnce(&mut RuntimeFrame)) -> u8 {
     let r = &t.runtime;
     let mut f = r.get();
     if !f.active {
         return api;
     }
-    f.refused = true;
+    mark(&mut f);
     r.set(f);
     f.api
 }

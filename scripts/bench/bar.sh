@@ -34,16 +34,8 @@ THREADS=${THREADS:-1}
 read -r -a EXTRA_ENV <<<"${BAR_ENV:-}"
 BUILD=${BENCH_BUILD:-$ROOT/target/bench/bar}
 LIB=${LIB:-$ROOT/target/release/libgpuguard.so}
-mkdir -p "$BUILD"
-LOG=$BUILD/build.log
-if [ "${SKIP_BUILD:-0}" != 1 ]; then
-  cargo build --release --lib >"$LOG" 2>&1 || { echo "bar: cargo build failed (see $LOG)" >&2; exit 1; }
-fi
-[ -f "$LIB" ] || { echo "bar: missing $LIB" >&2; exit 1; }
-sh tests/sim/build.sh "$BUILD/sim" >>"$LOG" 2>&1 || { echo "bar: sim build failed (see $LOG)" >&2; exit 1; }
-cc -O2 -g -fno-omit-frame-pointer -I tests/sim -o "$BUILD/microbench" scripts/bench/microbench.c \
-  -L"$BUILD/sim" -Wl,-rpath,"$BUILD/sim" -lcuda -ldl -lpthread >>"$LOG" 2>&1 ||
-  { echo "bar: microbench build failed (see $LOG)" >&2; exit 1; }
+NAME=bar
+. scripts/bench/microbench_build.sh
 REPORTS=$(mktemp -d /tmp/gg-bar.XXXXXX)
 trap 'rm -rf "$REPORTS"' EXIT
 export SIMCUDA_MEM=$((1 << 40)) SIMCUDA_DEVICES=1 GPUGUARD_DIR=$REPORTS GPUGUARD_LOG=warn

@@ -24,15 +24,8 @@ REPS=${REPS:-7}
 PATHS=${PATHS:-pool}
 BUILD=${BENCH_BUILD:-$ROOT/target/bench/group}
 LIB=$ROOT/target/release/libgpuguard.so
-mkdir -p "$BUILD"
-LOG=$BUILD/build.log
-if [ "${SKIP_BUILD:-0}" != 1 ]; then
-  cargo build --release --lib >"$LOG" 2>&1 || { echo "group_bar: cargo build failed (see $LOG)" >&2; exit 1; }
-fi
-sh tests/sim/build.sh "$BUILD/sim" >>"$LOG" 2>&1 || { echo "group_bar: sim build failed (see $LOG)" >&2; exit 1; }
-cc -O2 -g -fno-omit-frame-pointer -I tests/sim -o "$BUILD/microbench" scripts/bench/microbench.c \
-  -L"$BUILD/sim" -Wl,-rpath,"$BUILD/sim" -lcuda -ldl -lpthread >>"$LOG" 2>&1 ||
-  { echo "group_bar: microbench build failed (see $LOG)" >&2; exit 1; }
+NAME=group_bar
+. scripts/bench/microbench_build.sh
 TMP=$(mktemp -d /tmp/gg-group-bar.XXXXXX)
 trap 'rm -rf "$TMP"' EXIT
 mkdir -m 700 "$TMP/run"

@@ -678,6 +678,27 @@ fn a_member_killed_while_holding_memory_gives_it_back() {
     let _ = std::fs::remove_dir_all(runtime);
 }
 
+/// A member that finds no other member is a new job, whose `GPUGUARD_GROUP_CAP` is
+/// the budget: also when the last job's member was SIGKILLed and its slot is not
+/// yet taken back (it is taken back first, with what it held).
+#[test]
+fn a_crashed_jobs_budget_and_bytes_do_not_carry_to_the_next_job() {
+    let runtime = runtime_dir("new-job");
+    let name = "newjob";
+    let mut x = spawn_member(&["hold", "100"], &member_env(&runtime, name, "256MiB", GIB));
+    assert_eq!(kv_of(&x.wait_line("HELD"))["rc"], 0);
+    assert_eq!(x.kill9().signal(), Some(libc::SIGKILL));
+    let z = member_run(&["fill", "1"], &member_env(&runtime, name, "512MiB", GIB));
+    z.assert_ok();
+    assert_eq!(
+        z.out().kv("FILL").pop().unwrap()["held"],
+        512 * MIB,
+        "the new job's budget, whole\n{}",
+        z.describe()
+    );
+    let _ = std::fs::remove_dir_all(runtime);
+}
+
 /// A slot whose owner word names a live pid with another start time is a dead
 /// member whose pid was reused: taken back. With the right start time it is a
 /// member: kept. With the core API, then through the library (a member's helper
@@ -1127,6 +1148,11 @@ fn members_killed_at_random_moments_never_leak_or_pass_the_budget() {
         .iter()
         .map(|r| reports_with_reason(r, "trim").len())
         .sum();
+    // The trims the schedule sent were answered (so kills did land among trims).
+    assert!(
+        trim_reports > 0,
+        "chaos seed {CHAOS_SEED:#x}: {trims} trim signals and no trim report"
+    );
     eprintln!(
         "chaos seed {CHAOS_SEED:#x}: {} members in all, {kills} killed, {trims} trim \
          signals ({trim_reports} trim reports), {forks} children of the survivors \

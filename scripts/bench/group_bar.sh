@@ -13,8 +13,9 @@
 # no-group ones; the line gives the median of those over the rounds and their range.
 # The bar: at most 150 ns, flat from 1 to 4 processes.
 #
-# Knobs: ROUNDS (5), ITERS (2500), REPS (7), PATHS (pool), SKIP_BUILD=1 (the library
-# already in target/release). Exits 1 if anything failed to build or run.
+# Knobs: ROUNDS (5), ITERS (2500), REPS (7), PATHS (pool), LIB (the build to measure;
+# target/release/libgpuguard.so), SKIP_BUILD=1 (the library already built). Exits 1
+# if anything failed to build or run.
 set -u
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cd "$ROOT" || exit 1
@@ -23,7 +24,7 @@ ITERS=${ITERS:-2500}
 REPS=${REPS:-7}
 PATHS=${PATHS:-pool}
 BUILD=${BENCH_BUILD:-$ROOT/target/bench/group}
-LIB=$ROOT/target/release/libgpuguard.so
+LIB=${LIB:-$ROOT/target/release/libgpuguard.so}
 NAME=group_bar
 . scripts/bench/microbench_build.sh
 TMP=$(mktemp -d /tmp/gg-group-bar.XXXXXX)
@@ -44,7 +45,9 @@ batch() { # N, with-group (0/1), round
     fi
     pids+=($!)
   done
-  wait "${pids[@]}" || return 1
+  local p rc=0
+  for p in "${pids[@]}"; do wait "$p" || rc=1; done
+  [ "$rc" = 0 ] || return 1
   for i in $(seq 1 "$n"); do
     sed -n "s/^PATH /$r $n $g /p" "$TMP/out.$i" >>"$RES"
   done
@@ -69,7 +72,7 @@ parts = []
 for n in (1, 2, 4):
     diffs = []
     for r in range(1, rounds + 1):
-        if (r, n, 1) not in d or (r, n, 0) not in d:
+        if any(len(d.get((r, n, g), [])) != n for g in (0, 1)):
             print(f"group_bar: incomplete results in {res}", file=sys.stderr)
             sys.exit(1)
         diffs.append(statistics.median(d[(r, n, 1)]) - statistics.median(d[(r, n, 0)]))

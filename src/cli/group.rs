@@ -48,14 +48,6 @@ pub struct NewCaps {
     pub per_uuid: Vec<(String, Budget)>,
 }
 
-/// `GPU-` and hex digits or dashes: a UUID or a prefix of one, as `GPUGUARD_CAP` reads it.
-fn uuid_name(s: &str) -> bool {
-    s.len() > 4
-        && s.is_char_boundary(4)
-        && s[..4].eq_ignore_ascii_case("gpu-")
-        && s[4..].bytes().all(|c| c.is_ascii_hexdigit() || c == b'-')
-}
-
 /// One value of `--cap`: a size or `none`.
 fn budget(text: &str) -> Result<Budget, String> {
     let t = text.trim();
@@ -94,7 +86,7 @@ pub fn parse_caps(text: &str) -> Result<NewCaps, String> {
                         "--cap {part:?}: a device ordinal differs from one process to another; name the device by its UUID (GPU-…), as `gpuguard group` lists it"
                     ));
                 }
-                if !uuid_name(dev) {
+                if !gpuguard_core::cap::uuid_name(dev) {
                     return Err(format!(
                         "--cap {part:?}: {dev:?} is not a device UUID (GPU-…) or a prefix of one"
                     ));

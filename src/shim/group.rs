@@ -105,19 +105,16 @@ fn join(name: &str) -> Result<Membership, String> {
     let start = gpuguard_core::status::process_start_ticks(Path::new("/proc"), pid)
         .ok_or_else(|| format!("group {name}: cannot read this process's start time"))?;
     let owner = file::owner_word(pid, start);
-    let slot = match group.join(owner) {
-        Some(s) => s,
-        None => {
-            group.reclaim_dead(Path::new("/proc"), false);
-            group.join(owner).ok_or_else(|| {
-                format!(
-                    "group {name}: all {} member slots are taken ({})",
-                    file::SLOTS,
-                    group.path().display()
-                )
-            })?
-        }
-    };
+    // The dead first: a member that finds no other is a new job (its budgets start
+    // again), which a crashed job's slots, not yet reclaimed, must not hide.
+    group.reclaim_dead(Path::new("/proc"), false);
+    let slot = group.join(owner).ok_or_else(|| {
+        format!(
+            "group {name}: all {} member slots are taken ({})",
+            file::SLOTS,
+            group.path().display()
+        )
+    })?;
     Ok(Membership {
         group,
         name: name.to_string(),

@@ -106,7 +106,8 @@ fn activate() -> Option<&'static Books> {
                 // Before any thread sees the books active: a device's first use,
                 // on whichever thread, must find the group joined.
                 shielded(super::group::join_at_activation);
-                HOT.state.store(ACTIVE, Release);
+                // Not over a DISABLED that a panic in the join left.
+                let _ = HOT.state.compare_exchange(INERT, ACTIVE, AcqRel, Acquire);
                 fence(SeqCst);
                 run_activation_action();
                 log(LogLevel::Info, format_args!("active: first CUDA call seen"));

@@ -115,10 +115,11 @@ impl CapSpec {
     }
 }
 
-/// `GPU-` and hex digits or dashes: a device UUID or a prefix of one.
-fn uuid_name(s: &str) -> bool {
+/// `GPU-` and hex digits or dashes: a device UUID or a prefix of one. Any text (the
+/// settings are the user's): no slicing inside a character.
+pub fn uuid_name(s: &str) -> bool {
     s.len() > 4
-        && s[..4].eq_ignore_ascii_case("gpu-")
+        && s.get(..4).is_some_and(|p| p.eq_ignore_ascii_case("gpu-"))
         && s[4..].bytes().all(|c| c.is_ascii_hexdigit() || c == b'-')
 }
 
@@ -248,6 +249,13 @@ pub fn uuid_string(u: &[u8; 16]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_device_name_with_a_wide_character_is_refused_not_a_panic() {
+        for text in ["aaaé:1GiB", "GPUé:1GiB", "é:1GiB", "GPU-é:1GiB"] {
+            assert!(CapSpec::parse(text).is_none(), "{text}");
+        }
+    }
 
     #[test]
     fn sizes() {

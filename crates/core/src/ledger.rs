@@ -175,9 +175,9 @@ pub const NO_OWN_CAP: u64 = u64::MAX;
 /// a capped device the charge); the second is written by pool blocks' commits and
 /// frees (`pool_live`) and otherwise rarely. Who writes them: without a cap anywhere
 /// in the process, whoever drains the journals (the helper thread, or a thread
-/// whose journal is full, one at a time); once the books are direct (a cap or a
-/// group on any device), every allocating thread, on capped and uncapped devices
-/// alike.
+/// whose journal is full, one at a time) and a hook recording what a signal handler
+/// did inside it; once the books are direct (a cap or a group on any device), every
+/// allocating thread, on capped and uncapped devices alike.
 ///
 /// Accounting mode follows `limit` (set through `set_limit`): the shim sets it before
 /// the device's first allocation, and the C API may change it while the program runs.

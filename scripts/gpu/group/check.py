@@ -58,7 +58,7 @@ smi_net = [sum(u - overhead.get(p, 0) for p, u in by.items()) for by in smi.valu
 try:
     budget = load("group1.json")["devices"][0]["budget_bytes"]
 except (TypeError, KeyError, IndexError):
-    budget = int(os.environ.get("BUDGET_BYTES", 40 * GIB))
+    sys.exit("check: no budget in group1.json (gpuguard group --json failed?)")
 v = {
     "budget": budget,
     "a_max_live_sum": max((x for _, x in live_sums), default=None),
@@ -70,7 +70,9 @@ v = {
     "c_more": load("c.more.1"),
     "group": [load("group%d.json" % i) for i in (1, 2, 3)],
 }
-v["a_never_over"] = v["a_max_live_sum"] is not None and v["a_max_live_sum"] <= budget
+# The four PyTorch members asked 56 GiB of the 40: a sample must have seen them near
+# the budget, or the samples missed them and "never over" says nothing.
+v["a_never_over"] = (v["a_max_live_sum"] is not None and budget - 4 * GIB <= v["a_max_live_sum"] <= budget)
 v["b_mem_get_info_is_a_share"] = all(
     r and r.get("mem_get_info") and r["mem_get_info"][0] <= r["mem_get_info"][1] <= budget
     for n, r in ready.items() if n in "abce")
@@ -95,7 +97,10 @@ pool = stats.get("bytes_limit", stats.get("pool_bytes"))
 v["e_group_left_at_join"] = left
 v["e_jax_pool_limit"] = pool
 v["e_jax_sized_to_what_was_left"] = (left is not None and pool is not None and left // 2 <= pool <= left)
-v["pass"] = bool(v["a_never_over"] and v["b_mem_get_info_is_a_share"] and v["c_b_gained_gib"] >= e_held
-                 and v["c_b_first_try_gib"] >= e_held and v["d_c_gained_gib"] >= 4
+# A second for the reclaim, a second for taking the tensors.
+v["c_in_time"] = v["c_seconds_kill_to_b"] is not None and v["c_seconds_kill_to_b"] <= 2.0
+v["pass"] = bool(v["a_never_over"] and v["b_mem_get_info_is_a_share"] and e_held > 0
+                 and v["c_b_gained_gib"] >= e_held and v["c_b_first_try_gib"] >= e_held and v["c_in_time"]
+                 and v["d_c_gained_gib"] >= 4
                  and v["e_jax_sized_to_what_was_left"])
 print(json.dumps(v, indent=1, default=str))

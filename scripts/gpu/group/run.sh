@@ -38,7 +38,12 @@ start() { # NAME KIND TARGET [ENV...]
     env "$@" GPUGUARD_DIR="$d/$n" "$gg" run -- python3 $here/member.py "$k" "$n" "$d" "$tg" \
         >"$d/$n/stdout.txt" 2>"$d/$n/stderr.txt" &
 }
-waitfile() { for _ in $(seq 600); do [ -e "$1" ] && return 0; sleep 0.1; done; return 1; }
+waitfile() { # polls for a member's answer (60 s at most); no answer ends the check
+    for _ in $(seq 600); do [ -e "$1" ] && return 0; sleep 0.1; done
+    echo "group check: no $1 within 60 s" >&2
+    touch "$d/stop.sampler"
+    exit 1
+}
 start a torch 14 PYTORCH_CUDA_ALLOC_CONF=
 start b torch 14 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
 start c torch 14 PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync

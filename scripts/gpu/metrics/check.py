@@ -64,7 +64,7 @@ for ready in sorted(glob.glob(os.path.join(d, "*.ready"))):
         "nvidia_smi_bytes": smi.get(pid),
     }
     j["match"] = (j["exporter_live_bytes"] is not None and j["exporter_live_bytes"] == j["report_current_bytes"]
-                  and pool == counter)
+                  and pool is not None and pool == counter)
     ok = ok and j["match"]
     jobs[name] = j
 print(json.dumps({"jobs": jobs, "pass": ok and len(jobs) == 4,

@@ -78,7 +78,7 @@ pub(super) enum Admission {
         dev: i32,
         reserved: u64,
     },
-    /// Host memory, or a device without a cap (as read once, here): nothing is
+    /// Host memory, or a device without a cap and in no group (as read once, here): nothing is
     /// reserved, nothing to give back or check against a cap after the call.
     Uncapped {
         books: &'static Books,
@@ -130,21 +130,27 @@ pub(super) fn admit_capped(
         dev,
         reserved,
     };
-    if books.ledger.reserve(dev, false, reserved) {
+    // A group member past its lease (every 64 MiB, and at each allocation near the
+    // budget's end): more of the group's budget, if it has room. Asked before the
+    // pools are trimmed: running past a lease is the normal course of a member, and
+    // a trim there would throw the program's pool cache away each time.
+    let reserve_extending = || {
+        for _ in 0..4 {
+            if !group::extend(books, dev, reserved) {
+                break;
+            }
+            if books.ledger.reserve(dev, false, reserved) {
+                return true;
+            }
+        }
+        false
+    };
+    if books.ledger.reserve(dev, false, reserved) || reserve_extending() {
         return Some(admitted());
     }
     books.trim_pools(dev);
-    if books.ledger.reserve(dev, false, reserved) {
+    if books.ledger.reserve(dev, false, reserved) || reserve_extending() {
         return Some(admitted());
-    }
-    // A group member past its lease: more of the group's budget, if it has room.
-    for _ in 0..4 {
-        if !group::extend(books, dev, reserved) {
-            break;
-        }
-        if books.ledger.reserve(dev, false, reserved) {
-            return Some(admitted());
-        }
     }
     books.refused(
         dev,
